@@ -1,0 +1,31 @@
+# forq: the two commands a newcomer needs are `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench chaos clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m supervisor.demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m tests.redis_server -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) -m tests.redis_server -- $(PY) bench/core.py
+
+chaos: $(STAMP)
+	$(PY) -m chaos
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,32 @@
+"""One way to open a Redis client from a URL, the same for producers, CLI and supervisor."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_url(url: str | None = None) -> str:
+    """The URL to use: the one given, else ``FORQ_REDIS_URL``, else the local default."""
+    return url or os.environ.get("FORQ_REDIS_URL") or DEFAULT_URL
+
+
+def connect(url: str | None = None, *, password: str | None = None, **kwargs) -> redis.Redis:
+    """A client for redis://, rediss:// (TLS) or unix:// URLs.
+
+    The password comes from the URL, else `password`, else ``FORQ_REDIS_PASSWORD``:
+    secrets belong in the environment or a file, not in a world-readable config.
+    """
+    url = redis_url(url)
+    options = {"decode_responses": True, "socket_connect_timeout": 5, "health_check_interval": 30}
+    options.update(kwargs)
+    client = redis.Redis.from_url(url, **options)
+    conn_kwargs = client.connection_pool.connection_kwargs
+    if not conn_kwargs.get("password"):
+        secret = password or os.environ.get("FORQ_REDIS_PASSWORD")
+        if secret:
+            conn_kwargs["password"] = secret
+    return client

@@ -1,0 +1,174 @@
+"""The job record as producers and operators see it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobFailed, JobNotFound, JobTimeout
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+SCHEDULED = "scheduled"
+PENDING = "pending"
+ACTIVE = "active"
+SUCCEEDED = "succeeded"
+DEAD = "dead"
+CANCELLED = "cancelled"
+STATES = (SCHEDULED, PENDING, ACTIVE, SUCCEEDED, DEAD, CANCELLED)
+TERMINAL = frozenset({SUCCEEDED, DEAD, CANCELLED})
+
+_INT_FIELDS = (
+    "priority",
+    "attempts",
+    "crashes",
+    "max_attempts",
+    "max_crashes",
+    "timeout_ms",
+    "memory_limit",
+    "result_ttl_ms",
+    "max_result_bytes",
+    "backoff_base_ms",
+    "backoff_max_ms",
+    "enqueued_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "lease_deadline",
+)
+
+
+def _loads(text: str | None) -> Any:
+    if text is None or text == "":
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@dataclass
+class Job:
+    """A snapshot of one job's record (``Queue.get``), or the handle `enqueue` returns.
+
+    Times (`enqueued_at`, `run_at`, ...) are Redis-clock milliseconds in `fields`;
+    `history` entries carry ``at`` in seconds, the unit the CLI prints.
+    """
+
+    id: str
+    queue: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    _queue: Queue | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_record(
+        cls, queue: Queue | None, record: dict[str, str], history: list[str]
+    ) -> Job:
+        fields: dict[str, Any] = dict(record)
+        for name in _INT_FIELDS:
+            if name in fields:
+                try:
+                    fields[name] = int(float(fields[name]))
+                except ValueError:
+                    pass
+        entries = []
+        for raw in history:
+            entry = _loads(raw)
+            if isinstance(entry, dict) and "at" in entry:
+                entry["at"] = entry["at"] / 1000.0
+            entries.append(entry)
+        return cls(fields["id"], fields["queue"], fields, entries, queue)
+
+    @property
+    def task(self) -> str:
+        return self.fields.get("task", "")
+
+    @property
+    def state(self) -> str:
+        return self.fields.get("state", "")
+
+    @property
+    def args(self) -> list[Any]:
+        return _loads(self.fields.get("args")) or []
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return _loads(self.fields.get("kwargs")) or {}
+
+    @property
+    def attempts(self) -> int:
+        return int(self.fields.get("attempts", 0))
+
+    @property
+    def crashes(self) -> int:
+        return int(self.fields.get("crashes", 0))
+
+    @property
+    def result(self) -> Any:
+        return _loads(self.fields.get("result"))
+
+    @property
+    def error(self) -> Any:
+        return _loads(self.fields.get("error"))
+
+    @property
+    def reason(self) -> str | None:
+        """Why the job is where it is: the dead reason, else the last error message."""
+        if self.fields.get("dead_reason"):
+            return self.fields["dead_reason"]
+        err = self.error
+        if isinstance(err, dict):
+            return err.get("reason") or err.get("message")
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape `forq job ID --json` prints."""
+        out = {
+            "id": self.id,
+            "queue": self.queue,
+            "task": self.task,
+            "state": self.state,
+            "attempts": self.attempts,
+            "crashes": self.crashes,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "result": self.result,
+            "error": self.error,
+            "reason": self.reason,
+            "history": self.history,
+        }
+        for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",
+                     "owner", "key", "parent"):
+            if name in self.fields:
+                out[name] = self.fields[name]
+        return out
+
+    def refresh(self) -> Job:
+        """Re-read the record; returns the fresh snapshot."""
+        if self._queue is None:
+            raise JobNotFound(f"job {self.id} has no queue to read from")
+        return self._queue.get(self.id)
+
+    def wait(self, timeout: float = 30.0, poll: float = 0.05) -> Any:
+        """Block until the job finishes; return its result or raise `JobFailed`.
+
+        Polls with a growing interval (capped at 0.5 s): waiting is rare and
+        bounded, and a poll costs the server two reads.
+        """
+        deadline = time.monotonic() + timeout
+        interval = min(poll, 0.01)
+        while True:
+            job = self.refresh()
+            if job.state == SUCCEEDED:
+                return job.result
+            if job.state in (DEAD, CANCELLED):
+                raise JobFailed(job.id, job.state, job.reason)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise JobTimeout(f"job {self.id} still {job.state} after {timeout}s")
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, 0.5)

@@ -1,0 +1,73 @@
+"""The Redis key schema. Every key of one queue shares the hash tag ``{queue}`` so a
+script touching them stays in one Redis Cluster slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT = "forq"
+QUEUES = f"{ROOT}:queues"  # set of every queue name ever enqueued to
+SUPERVISORS = f"{ROOT}:supervisors"  # hash: supervisor id -> JSON heartbeat record
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Names of one queue's keys; the Lua scripts derive job keys from `prefix`."""
+
+    queue: str
+
+    def __post_init__(self) -> None:
+        if not self.queue or any(c in self.queue for c in "{}: \t\n"):
+            raise ValueError(
+                f"queue name {self.queue!r} must be non-empty without braces, colons or spaces"
+            )
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}:{{{self.queue}}}:"
+
+    @property
+    def pending(self) -> str:
+        return self.prefix + "pending"
+
+    @property
+    def scheduled(self) -> str:
+        return self.prefix + "scheduled"
+
+    @property
+    def active(self) -> str:
+        return self.prefix + "active"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def limits(self) -> str:
+        return self.prefix + "limits"
+
+    @property
+    def bucket(self) -> str:
+        return self.prefix + "bucket"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def wake(self) -> str:
+        """Pub/sub channel: a message means "work may be claimable now or at <ms>"."""
+        return self.prefix + "wake"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def history(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}:history"
+
+    def done(self, job_id: str) -> str:
+        """Completion marker of an idempotent job, written before its ack."""
+        return f"{self.prefix}done:{job_id}"
+
+    def minute(self, minute: int) -> str:
+        return f"{self.prefix}minute:{minute}"

@@ -1,0 +1,149 @@
+"""Turn a producer's call into a job spec for the enqueue script, refusing bad input.
+
+JSON only, never pickle: a writable Redis must not mean code execution in every
+worker. Errors name the offending argument so the producer can fix the call.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import PayloadError
+from .units import UnitError, parse_duration, parse_size
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double
+
+OPTIONS = frozenset({
+    "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
+    "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
+    "max_result_bytes", "backoff", "idempotent",
+})
+
+
+def new_job_id() -> str:
+    """80 random bits as hex: unguessable and short enough to type."""
+    return secrets.token_hex(10)
+
+
+def _dumps(value: Any, where: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{where} is not JSON-serialisable: {exc}") from None
+
+
+def _encode_args(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    if not isinstance(args, (list, tuple)):
+        raise PayloadError(f"task {task!r}: args must be a list, got {type(args).__name__}")
+    if not isinstance(kwargs, Mapping):
+        raise PayloadError(f"task {task!r}: kwargs must be a mapping, got {type(kwargs).__name__}")
+    for i, value in enumerate(args):
+        _dumps(value, f"task {task!r}: args[{i}]")
+    for name, value in kwargs.items():
+        if not isinstance(name, str):
+            raise PayloadError(f"task {task!r}: kwargs key {name!r} is not a string")
+        _dumps(value, f"task {task!r}: kwargs[{name!r}]")
+    return _dumps(list(args), "args"), _dumps(dict(kwargs), "kwargs")
+
+
+def _largest(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    sizes = [(len(_dumps(v, "")), f"args[{i}]") for i, v in enumerate(args)]
+    sizes += [(len(_dumps(v, "")), f"kwargs[{k!r}]") for k, v in kwargs.items()]
+    size, name = max(sizes) if sizes else (0, "args")
+    return f"{name} ({size} bytes)"
+
+
+def _ms(value: Any, where: str) -> int:
+    try:
+        return int(round(parse_duration(value, where=where) * 1000))
+    except UnitError as exc:
+        raise PayloadError(str(exc)) from None
+
+
+def build_spec(
+    task: str,
+    options: Mapping[str, Any],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> dict[str, Any]:
+    """Validate one job and return the JSON-ready spec the enqueue script reads."""
+    if not isinstance(task, str) or not task:
+        raise PayloadError(f"task name must be a non-empty string, got {task!r}")
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise PayloadError(
+            f"task {task!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"pass handler keyword arguments as kwargs={{...}}"
+        )
+    args = options.get("args") or ()
+    kwargs = options.get("kwargs") or {}
+    args_json, kwargs_json = _encode_args(task, args, kwargs)
+    if len(args_json) + len(kwargs_json) > max_payload_bytes:
+        raise PayloadError(
+            f"task {task!r}: payload is {len(args_json) + len(kwargs_json)} bytes, over the "
+            f"{max_payload_bytes}-byte limit; largest is {_largest(task, args, kwargs)}"
+        )
+    spec: dict[str, Any] = {
+        "id": options.get("job_id") or new_job_id(),
+        "task": task,
+        "args": args_json,
+        "kwargs": kwargs_json,
+    }
+    priority = options.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_LIMIT:
+        raise PayloadError(
+            f"task {task!r}: priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], "
+            f"got {priority!r}"
+        )
+    spec["priority"] = priority
+    if options.get("delay") is not None:
+        spec["delay_ms"] = max(0, _ms(options["delay"], "delay"))
+    if options.get("run_at") is not None:
+        run_at = options["run_at"]
+        if hasattr(run_at, "timestamp"):
+            run_at = run_at.timestamp()
+        if not isinstance(run_at, (int, float)):
+            raise PayloadError(f"task {task!r}: run_at must be a datetime or Unix seconds")
+        spec["run_at_ms"] = int(run_at * 1000)
+    if options.get("key") is not None:
+        key = str(options["key"])
+        if not key:
+            raise PayloadError(f"task {task!r}: key must not be empty")
+        spec["key"] = key
+        if options.get("unique_for") is not None:
+            spec["unique_ms"] = _ms(options["unique_for"], "unique_for")
+    for name in ("max_attempts", "max_crashes"):
+        value = options.get(name)
+        if value is not None:
+            if not isinstance(value, int) or value < 1:
+                raise PayloadError(f"task {task!r}: {name} must be an integer >= 1, got {value!r}")
+            spec[name] = value
+    if options.get("timeout") is not None:
+        spec["timeout_ms"] = _ms(options["timeout"], "timeout")
+    if options.get("result_ttl") is not None:
+        spec["result_ttl_ms"] = _ms(options["result_ttl"], "result_ttl")
+    for name in ("memory_limit", "max_result_bytes"):
+        if options.get(name) is not None:
+            try:
+                spec[name] = parse_size(options[name], where=name)
+            except UnitError as exc:
+                raise PayloadError(f"task {task!r}: {exc}") from None
+    backoff = options.get("backoff")
+    if backoff is not None:
+        if not isinstance(backoff, Mapping):
+            raise PayloadError(f"task {task!r}: backoff must be a mapping of base/factor/max/jitter")
+        if "base" in backoff:
+            spec["backoff_base_ms"] = _ms(backoff["base"], "backoff.base")
+        if "max" in backoff:
+            spec["backoff_max_ms"] = _ms(backoff["max"], "backoff.max")
+        if "factor" in backoff:
+            spec["backoff_factor"] = float(backoff["factor"])
+        if "jitter" in backoff:
+            spec["backoff_jitter"] = float(backoff["jitter"])
+    if options.get("idempotent"):
+        spec["idempotent"] = 1
+    return spec

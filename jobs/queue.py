@@ -1,0 +1,353 @@
+"""The queue API: what producers call, and the lease transitions the supervisor calls.
+
+Every state change is one Lua script call (see ``lua/``); this module only builds
+arguments, batches them into pipelines, and turns replies into Python values.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from . import keys as keyspace
+from .connection import connect
+from .errors import JobNotFound
+from .job import Job
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec
+from .scripts import Scripts
+
+ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
+RECLAIM_BATCH = 1000
+
+
+@dataclass
+class Lease:
+    """A job leased to this supervisor: its record and the token that fences it."""
+
+    job: Job
+    token: str
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+
+@dataclass
+class ClaimResult:
+    leases: list[Lease]
+    next_due_ms: int  # earliest scheduled run-at (Redis ms), -1 if none
+    rate_wait_ms: int  # >0: the rate limit held jobs back this long
+    pending_left: int
+    held_by_max_in_flight: bool
+
+
+@dataclass
+class FailOutcome:
+    outcome: str  # "retry" | "dead" | "cancelled" | "lost"
+    run_at_ms: int
+    attempts: int
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=False))
+
+
+class Queue:
+    """One named queue on one Redis.
+
+    >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
+    >>> job = q.enqueue("emails.send", "ada@example.com", priority=5, delay="30s")
+    >>> job.wait(timeout=60)
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        redis: redis.Redis | None = None,
+        url: str | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.name = name
+        self.keys = keyspace.QueueKeys(name)
+        self.redis = redis if redis is not None else connect(url)
+        self.max_payload_bytes = max_payload_bytes
+        self.scripts = Scripts(self.redis)
+        self._registered = False
+
+    # -- producing ---------------------------------------------------------------
+
+    def enqueue(self, task: str, *args: Any, **options: Any) -> Job:
+        """Enqueue one job; returns a handle whose `id` is the job's (or, for a
+        duplicate idempotency `key`, the live job's that already holds the key).
+
+        Options: args=, kwargs= (handler arguments, instead of positional args),
+        priority (higher first), delay ("30s") or run_at (datetime / Unix seconds),
+        key (idempotency key) and unique_for (keep the key after the job finishes),
+        job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
+        max_result_bytes, backoff={base, factor, max, jitter}, idempotent.
+        """
+        if args:
+            if "args" in options:
+                raise TypeError("pass handler arguments positionally or as args=, not both")
+            options["args"] = args
+        return self._enqueue_specs([build_spec(task, options, max_payload_bytes=self.max_payload_bytes)])[0]
+
+    def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Enqueue many jobs in few round trips: each item is a mapping with ``task``
+        and the options of `enqueue`. Every job is validated before any is sent, so a
+        bad one refuses the whole batch and nothing is half-enqueued."""
+        specs = []
+        for i, item in enumerate(jobs):
+            item = dict(item)
+            task = item.pop("task", None)
+            try:
+                specs.append(build_spec(task, item, max_payload_bytes=self.max_payload_bytes))
+            except ValueError as exc:
+                raise type(exc)(f"jobs[{i}]: {exc}") from None
+        return self._enqueue_specs(specs)
+
+    def _enqueue_specs(self, specs: list[dict[str, Any]]) -> list[Job]:
+        pipe = self.redis.pipeline(transaction=False)
+        if not self._registered:
+            pipe.sadd(keyspace.QUEUES, self.name)
+        for start in range(0, len(specs), ENQUEUE_BATCH):
+            chunk = specs[start:start + ENQUEUE_BATCH]
+            self.scripts.enqueue(
+                keys=[self.keys.pending, self.keys.scheduled],
+                args=[self.keys.prefix, self.name, *(json.dumps(s) for s in chunk)],
+                client=pipe,
+            )
+        replies = pipe.execute()
+        if not self._registered:
+            replies = replies[1:]
+            self._registered = True
+        jobs = []
+        for reply in replies:
+            for i in range(0, len(reply), 3):
+                jid, status = reply[i], reply[i + 1]
+                jobs.append(Job(jid, self.name, {"id": jid, "queue": self.name,
+                                                 "enqueue_status": status}, [], self))
+        return jobs
+
+    # -- inspecting -------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        """The job's current record and history; `JobNotFound` if it does not exist."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.lrange(self.keys.history(job_id), 0, -1)
+        record, history = pipe.execute()
+        if not record:
+            raise JobNotFound(f"no job {job_id} in queue {self.name}")
+        return Job.from_record(self, record, history)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(self.keys.pending)
+        pipe.zcard(self.keys.scheduled)
+        pipe.zcard(self.keys.active)
+        pipe.zcard(self.keys.dead)
+        pipe.hgetall(self.keys.stats)
+        pipe.time()
+        pipe.zrange(self.keys.pending, 0, 0)
+        pending, scheduled, active, dead, totals, now, head = pipe.execute()
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        minute = now_ms // 60000
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.minute(minute))
+        pipe.hgetall(self.keys.minute(minute - 1))
+        if head:
+            pipe.hmget(self.keys.job(head[0]), "enqueued_at", "run_at")
+        replies = pipe.execute()
+        last_minute: dict[str, int] = {}
+        # the current minute so far plus the previous one, weighted: a sliding minute
+        frac = (now_ms % 60000) / 60000
+        for name in ("succeeded", "failed", "dead", "crashed", "retried"):
+            cur = int(replies[0].get(name, 0))
+            prev = int(replies[1].get(name, 0))
+            last_minute[name] = round(cur + prev * (1 - frac))
+        oldest = None
+        if head and replies[2][0]:
+            since = max(int(replies[2][0]), int(replies[2][1] or 0))
+            oldest = max(0.0, (now_ms - since) / 1000)
+        return {
+            "pending": pending,
+            "scheduled": scheduled,
+            "active": active,
+            "dead": dead,
+            "succeeded": int(totals.get("succeeded", 0)),
+            "failed": int(totals.get("failed", 0)),
+            "totals": {k: int(v) for k, v in totals.items()},
+            "last_minute": last_minute,
+            "oldest_pending_age": oldest,
+        }
+
+    def dead(self, limit: int = 100) -> list[Job]:
+        """The oldest dead jobs, with their reasons."""
+        ids = self.redis.zrange(self.keys.dead, 0, limit - 1)
+        return [j for j in (self._get_or_none(i) for i in ids) if j is not None]
+
+    def _get_or_none(self, job_id: str) -> Job | None:
+        try:
+            return self.get(job_id)
+        except JobNotFound:
+            return None
+
+    # -- operator actions ----------------------------------------------------------
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job: "cancelled", "cancelling" (active; its supervisor stops it within
+        one lease-extension period), "missing", or the terminal state it already had."""
+        return self.scripts.cancel(
+            keys=[self.keys.pending, self.keys.scheduled], args=[self.keys.prefix, job_id]
+        )
+
+    def requeue_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
+        """Requeue the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
+        mode_args = ["all", limit] if ids is None else ["ids", *ids]
+        reply = self.scripts.requeue_dead(
+            keys=[self.keys.dead, self.keys.pending], args=[self.keys.prefix, *mode_args]
+        )
+        return int(reply[0]), list(reply[1:])
+
+    def purge_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
+        """Delete the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
+        mode_args = ["all", limit] if ids is None else ["ids", *ids]
+        reply = self.scripts.purge_dead(keys=[self.keys.dead], args=[self.keys.prefix, *mode_args])
+        return int(reply[0]), list(reply[1:])
+
+    def set_limits(
+        self,
+        *,
+        rate: tuple[float, float] | None | bool = False,
+        max_in_flight: int | None | bool = False,
+    ) -> None:
+        """Set the queue's global limits, read by every supervisor's next claim.
+        rate=(count, period_seconds) or None to remove; max_in_flight=int or None.
+        An argument left False is left unchanged."""
+        pipe = self.redis.pipeline(transaction=True)
+        if rate is None:
+            pipe.hdel(self.keys.limits, "rate", "burst")
+            pipe.delete(self.keys.bucket)
+        elif rate is not False:
+            count, period = rate
+            per_ms = count / (period * 1000.0)
+            # a burst of one second's worth (at least one token) smooths claims in batches
+            burst = max(1.0, per_ms * 1000.0) if period <= 1 else 1.0
+            pipe.hset(self.keys.limits, mapping={"rate": repr(per_ms), "burst": repr(burst)})
+        if max_in_flight is None:
+            pipe.hdel(self.keys.limits, "max_in_flight")
+        elif max_in_flight is not False:
+            pipe.hset(self.keys.limits, "max_in_flight", int(max_in_flight))
+        pipe.execute()
+
+    def limits(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.redis.hgetall(self.keys.limits).items()}
+
+    # -- lease transitions (the supervisor's side) --------------------------------
+
+    def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "") -> ClaimResult:
+        """Lease up to `count` jobs to `owner` (see lua/claim.lua)."""
+        reply = self.scripts.claim(
+            keys=[self.keys.pending, self.keys.scheduled, self.keys.active,
+                  self.keys.limits, self.keys.bucket],
+            args=[self.keys.prefix, owner, count, lease_ttl_ms, policy],
+        )
+        leases = []
+        for flat in reply[4:]:
+            record = _pairs(flat)
+            leases.append(Lease(Job.from_record(self, record, []), record["token"]))
+        return ClaimResult(leases, int(reply[0]), int(reply[1]), int(reply[2]), bool(reply[3]))
+
+    def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,
+               client: Any = None) -> Any:
+        """Renew (job id, token) leases. Returns (lost ids, cancelled ids, redis ms);
+        with a pipeline as `client`, queues the call and returns the pipeline."""
+        args: list[Any] = [self.keys.prefix, lease_ttl_ms]
+        for job_id, token in leases:
+            args += [job_id, token]
+        reply = self.scripts.extend(keys=[self.keys.active], args=args,
+                                    client=client or self.redis)
+        return client if client is not None else self.parse_extend(reply)
+
+    @staticmethod
+    def parse_extend(reply: Sequence[Any]) -> tuple[list[str], list[str], int]:
+        return list(reply[0]), list(reply[1]), int(reply[2])
+
+    def ack(self, job_id: str, token: str, result_json: str,
+            followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
+        """Mark succeeded with its result ("ok"), or "lost" for a stale token."""
+        return self.scripts.ack(
+            keys=[self.keys.active, self.keys.pending, self.keys.scheduled],
+            args=[self.keys.prefix, self.name, job_id, token, result_json,
+                  *(json.dumps(f) for f in followups)],
+            client=client or self.redis,
+        )
+
+    def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
+             client: Any = None) -> Any:
+        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua)."""
+        reply = self.scripts.fail(
+            keys=[self.keys.active, self.keys.scheduled, self.keys.dead],
+            args=[self.keys.prefix, job_id, token, json.dumps(error), mode, random.random()],
+            client=client or self.redis,
+        )
+        return client if client is not None else self.parse_fail(reply)
+
+    @staticmethod
+    def parse_fail(reply: Sequence[Any]) -> FailOutcome:
+        return FailOutcome(str(reply[0]), int(reply[1]), int(reply[2]))
+
+    def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
+        """Report a crashed child: the lease expires now ("ok"), or "lost"."""
+        return self.scripts.expire(
+            keys=[self.keys.active], args=[self.keys.prefix, job_id, token, reason],
+            client=client or self.redis,
+        )
+
+    def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
+        """Give the lease back with nothing counted ("ok"), or "lost"."""
+        return self.scripts.release(
+            keys=[self.keys.active, self.keys.pending],
+            args=[self.keys.prefix, job_id, token, reason],
+            client=client or self.redis,
+        )
+
+    def reclaim(self, reclaimer: str, default_max_crashes: int = 3,
+                limit: int = RECLAIM_BATCH) -> tuple[int, int, int, list[str]]:
+        """Move expired leases back to pending or to dead.
+        Returns (to pending, to dead, completed, ids)."""
+        reply = self.scripts.reclaim(
+            keys=[self.keys.active, self.keys.pending, self.keys.dead],
+            args=[self.keys.prefix, default_max_crashes, limit, reclaimer],
+        )
+        return int(reply[0]), int(reply[1]), int(reply[2]), list(reply[3:])
+
+    def record_done(self, job_id: str, result_json: str, ttl_ms: int, client: Any = None) -> Any:
+        """Record an idempotent job's completion before its ack, so a lost ack
+        leads to "succeeded", not to a second run."""
+        return (client or self.redis).set(self.keys.done(job_id), result_json, px=max(1, ttl_ms))
+
+
+def known_queues(client: redis.Redis) -> list[str]:
+    """Every queue a producer has enqueued to, sorted."""
+    return sorted(client.smembers(keyspace.QUEUES))
+
+
+def find_job(client: redis.Redis, job_id: str) -> Job:
+    """Find a job by id alone, across the known queues (one round trip)."""
+    names = known_queues(client)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(keyspace.QueueKeys(name).job(job_id))
+    for name, found in zip(names, pipe.execute(), strict=True):
+        if found:
+            return Queue(name, redis=client).get(job_id)
+    raise JobNotFound(f"no job with id {job_id} in any queue ({len(names)} known)")

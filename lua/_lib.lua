@@ -1,0 +1,189 @@
+--[[
+  Shared helpers, pasted at the top of every script that says `--@include _lib`.
+  Redis runs each script atomically, so these helpers never see a half-made change.
+
+  Conventions used by every script:
+    * `prefix` is "forq:{queue}:"; a job lives in `prefix .. "job:" .. id` (a hash)
+      and its history in `prefix .. "job:" .. id .. ":history"` (a capped list).
+    * All times are milliseconds from Redis TIME, never from a client clock.
+]]
+
+local HISTORY_CAP = 100
+local PRIORITY_SPAN = 4398046511104 -- 2^42: pending score = -priority * 2^42 + seq
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function job_key(prefix, id)
+  return prefix .. 'job:' .. id
+end
+
+-- Append one entry to a job's history: event name, time (ms), and any extra fields.
+local function add_history(prefix, id, event, at, extra)
+  local entry = extra or {}
+  entry['event'] = event
+  entry['at'] = at
+  local hkey = job_key(prefix, id) .. ':history'
+  redis.call('RPUSH', hkey, cjson.encode(entry))
+  redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
+end
+
+-- Integer field of a job hash, or `default` when unset.
+local function num_field(jkey, field, default)
+  local v = redis.call('HGET', jkey, field)
+  if v then return tonumber(v) end
+  return default
+end
+
+local function pending_score(prefix, priority)
+  local seq = redis.call('INCR', prefix .. 'seq')
+  return -priority * PRIORITY_SPAN + seq
+end
+
+-- Bump the per-queue totals and the per-minute window used by `forq stats`.
+local function count(prefix, field, at)
+  redis.call('HINCRBY', prefix .. 'stats', field, 1)
+  local mkey = prefix .. 'minute:' .. math.floor(at / 60000)
+  redis.call('HINCRBY', mkey, field, 1)
+  redis.call('PEXPIRE', mkey, 180000)
+end
+
+-- Tell waiting supervisors there is work: "0" means pending now, otherwise the due time.
+local function wake(prefix, due)
+  redis.call('PUBLISH', prefix .. 'wake', tostring(due))
+end
+
+-- A job reached succeeded, dead or cancelled: free its idempotency key (or keep it
+-- until `unique_until`), and start the record's retention clock.
+local function finish(prefix, id, retention_ms, at)
+  local jkey = job_key(prefix, id)
+  local key = redis.call('HGET', jkey, 'key')
+  if key then
+    local ukey = prefix .. 'unique:' .. key
+    if redis.call('GET', ukey) == id then
+      local until_ms = num_field(jkey, 'unique_until', 0)
+      if until_ms > at then
+        redis.call('PEXPIREAT', ukey, until_ms)
+      else
+        redis.call('DEL', ukey)
+      end
+    end
+  end
+  if retention_ms ~= nil and retention_ms >= 0 then
+    if retention_ms == 0 then
+      redis.call('DEL', jkey, jkey .. ':history')
+    else
+      redis.call('PEXPIRE', jkey, retention_ms)
+      redis.call('PEXPIRE', jkey .. ':history', retention_ms)
+    end
+  end
+end
+
+local DEFAULT_RESULT_TTL_MS = 86400000
+
+-- Create one job from a decoded spec. Returns {id, status}; status is
+-- "pending", "scheduled" or "duplicate" (then id is the live job holding the key,
+-- or the same id when a job with this id already exists: follow-ups are idempotent).
+local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
+  'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
+  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent'}
+
+local function enqueue_one(prefix, queue, spec, at)
+  local id = spec['id']
+  local jkey = job_key(prefix, id)
+  if redis.call('EXISTS', jkey) == 1 then
+    return {id, 'duplicate'}
+  end
+  local ukey = nil
+  if spec['key'] then
+    ukey = prefix .. 'unique:' .. spec['key']
+    local holder = redis.call('GET', ukey)
+    if holder then
+      return {holder, 'duplicate'}
+    end
+  end
+  local priority = tonumber(spec['priority'] or 0)
+  local run_at = at
+  if spec['run_at_ms'] then
+    run_at = tonumber(spec['run_at_ms'])
+  elseif spec['delay_ms'] then
+    run_at = at + tonumber(spec['delay_ms'])
+  end
+  local fields = {'id', id, 'queue', queue, 'task', spec['task'],
+    'args', spec['args'] or '[]', 'kwargs', spec['kwargs'] or '{}',
+    'priority', priority, 'enqueued_at', at, 'run_at', run_at,
+    'attempts', 0, 'crashes', 0}
+  for _, f in ipairs(OPTION_FIELDS) do
+    if spec[f] ~= nil then
+      table.insert(fields, f)
+      table.insert(fields, tostring(spec[f]))
+    end
+  end
+  if ukey then
+    table.insert(fields, 'key')
+    table.insert(fields, spec['key'])
+    local unique_until = at + tonumber(spec['unique_ms'] or 0)
+    table.insert(fields, 'unique_until')
+    table.insert(fields, unique_until)
+    redis.call('SET', ukey, id)
+  end
+  local status
+  if run_at > at then
+    status = 'scheduled'
+    table.insert(fields, 'state')
+    table.insert(fields, 'scheduled')
+    redis.call('HSET', jkey, unpack(fields))
+    redis.call('ZADD', prefix .. 'scheduled', run_at, id)
+  else
+    status = 'pending'
+    local score = pending_score(prefix, priority)
+    table.insert(fields, 'state')
+    table.insert(fields, 'pending')
+    table.insert(fields, 'score')
+    table.insert(fields, score)
+    redis.call('HSET', jkey, unpack(fields))
+    redis.call('ZADD', prefix .. 'pending', score, id)
+  end
+  local extra = {}
+  if spec['parent'] then extra['parent'] = spec['parent'] end
+  if status == 'scheduled' then extra['run_at'] = run_at end
+  add_history(prefix, id, 'enqueued', at, extra)
+  count(prefix, 'enqueued', at)
+  return {id, status, run_at}
+end
+
+-- Move an active job to pending at its original place (crash reclaim or release).
+local function back_to_pending(prefix, id, jkey)
+  local score = tonumber(redis.call('HGET', jkey, 'score'))
+  if not score then
+    score = pending_score(prefix, num_field(jkey, 'priority', 0))
+    redis.call('HSET', jkey, 'score', score)
+  end
+  redis.call('ZREM', prefix .. 'active', id)
+  redis.call('HSET', jkey, 'state', 'pending')
+  redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
+  redis.call('ZADD', prefix .. 'pending', score, id)
+end
+
+-- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
+-- job whose completion the parent had already recorded).
+local function succeed(prefix, id, jkey, result, at, source)
+  redis.call('ZREM', prefix .. 'active', id)
+  redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result)
+  redis.call('HINCRBY', jkey, 'attempts', 1)
+  redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
+  add_history(prefix, id, 'succeeded', at, {source = source})
+  count(prefix, 'succeeded', at)
+  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
+end
+
+-- An active job left `active`. When a global max_in_flight may have held other
+-- supervisors back, wake them so they claim the freed slot now instead of polling.
+local function slot_freed(prefix)
+  if redis.call('HEXISTS', prefix .. 'limits', 'max_in_flight') == 1
+      and redis.call('ZCARD', prefix .. 'pending') > 0 then
+    wake(prefix, 0)
+  end
+end

@@ -1,0 +1,35 @@
+--[[
+  cancel: stop a job for good. A scheduled or pending job becomes cancelled at once;
+  an active one is flagged, and its supervisor learns of it from its next extend call,
+  kills the child and finishes the job as cancelled (fail with mode "cancel").
+
+  KEYS[1]  forq:{q}:pending     zset
+  KEYS[2]  forq:{q}:scheduled   zset
+  ARGV[1]  key prefix "forq:{q}:"
+  ARGV[2]  job id
+
+  Returns "cancelled" | "cancelling" (active; its supervisor will stop it) |
+          "missing" | the terminal state it already has ("succeeded", "dead", "cancelled")
+]]
+--@include _lib
+
+local pending_key, scheduled_key = KEYS[1], KEYS[2]
+local prefix, id = ARGV[1], ARGV[2]
+local jkey = job_key(prefix, id)
+local state = redis.call('HGET', jkey, 'state')
+if not state then return 'missing' end
+local at = now_ms()
+if state == 'pending' or state == 'scheduled' then
+  redis.call('ZREM', pending_key, id)
+  redis.call('ZREM', scheduled_key, id)
+  redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
+  add_history(prefix, id, 'cancelled', at, {})
+  count(prefix, 'cancelled', at)
+  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
+  return 'cancelled'
+elseif state == 'active' then
+  redis.call('HSET', jkey, 'cancel_requested', at)
+  add_history(prefix, id, 'cancel requested', at, {})
+  return 'cancelling'
+end
+return state

@@ -1,0 +1,36 @@
+--[[
+  enqueue: create jobs in pending (due now) or scheduled (delayed).
+
+  KEYS[1]  forq:{q}:pending     zset, score = -priority * 2^42 + seq
+  KEYS[2]  forq:{q}:scheduled   zset, score = run-at (ms)
+  ARGV[1]  key prefix "forq:{q}:"
+  ARGV[2]  queue name
+  ARGV[3..] one JSON object per job:
+           {id, task, args (JSON text), kwargs (JSON text), priority, delay_ms | run_at_ms,
+            key, unique_ms, and optional per-job limits: timeout_ms, memory_limit,
+            max_attempts, max_crashes, result_ttl_ms, max_result_bytes, backoff_base_ms,
+            backoff_factor, backoff_max_ms, backoff_jitter, idempotent, parent}
+
+  Returns a flat list, three entries per job in order: id, status, run_at.
+    status "pending" | "scheduled" | "duplicate" (id is then the live job that holds
+    the idempotency key, or the same id when that job id already exists).
+  Publishes on forq:{q}:wake so waiting supervisors claim without polling.
+]]
+--@include _lib
+
+local prefix, queue = ARGV[1], ARGV[2]
+local at = now_ms()
+local out = {}
+local earliest = nil
+for i = 3, #ARGV do
+  local r = enqueue_one(prefix, queue, cjson.decode(ARGV[i]), at)
+  out[#out + 1] = r[1]
+  out[#out + 1] = r[2]
+  out[#out + 1] = r[3] or 0
+  if r[2] ~= 'duplicate' then
+    local due = r[2] == 'pending' and 0 or r[3]
+    if earliest == nil or due < earliest then earliest = due end
+  end
+end
+if earliest ~= nil then wake(prefix, earliest) end
+return out

@@ -1,0 +1,27 @@
+--[[
+  expire: a parent reports that its child died without a result (signal, exit code,
+  OOM kill). The lease is marked expired now, so the next reaper pass — which the
+  parent triggers at once — reclaims the job instead of waiting out the TTL.
+
+  KEYS[1]  forq:{q}:active      zset (lease deadline ms)
+  ARGV[1]  key prefix "forq:{q}:"
+  ARGV[2]  job id
+  ARGV[3]  fencing token
+  ARGV[4]  crash reason, e.g. "killed by SIGSEGV (peak RSS 41.2MiB)"
+
+  Returns "ok", or "lost" when the token is stale (nothing changes).
+]]
+--@include _lib
+
+local active_key = KEYS[1]
+local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local jkey = job_key(prefix, id)
+local f = redis.call('HMGET', jkey, 'state', 'token')
+if f[1] ~= 'active' or f[2] ~= token then
+  return 'lost'
+end
+local at = now_ms()
+redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
+redis.call('ZADD', active_key, 0, id)
+add_history(prefix, id, 'crashed', at, {reason = reason})
+return 'ok'

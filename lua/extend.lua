@@ -1,0 +1,36 @@
+--[[
+  extend: renew every lease one supervisor holds in this queue, in one call.
+
+  KEYS[1]  forq:{q}:active      zset (lease deadline ms)
+  ARGV[1]  key prefix "forq:{q}:"
+  ARGV[2]  lease ttl (ms)
+  ARGV[3..] pairs: job id, fencing token
+
+  Returns {lost, cancelled, now_ms}
+    lost       ids whose lease is no longer held by that token (reclaimed, finished,
+               released or missing): the caller must kill the child and drop its result
+    cancelled  ids still held whose cancel was requested (`forq cancel`)
+  A lease that was reclaimed can never be extended: reclaim changes the state and the
+  token in the same atomic step, so extension and reclaim never both win.
+]]
+--@include _lib
+
+local active_key = KEYS[1]
+local prefix = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local at = now_ms()
+local lost, cancelled = {}, {}
+for i = 3, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local jkey = job_key(prefix, id)
+  local f = redis.call('HMGET', jkey, 'state', 'token', 'cancel_requested')
+  if f[1] ~= 'active' or f[2] ~= token or redis.call('ZSCORE', active_key, id) == false then
+    lost[#lost + 1] = id
+  else
+    local deadline = at + ttl
+    redis.call('ZADD', active_key, 'XX', deadline, id)
+    redis.call('HSET', jkey, 'lease_deadline', deadline)
+    if f[3] then cancelled[#cancelled + 1] = id end
+  end
+end
+return {lost, cancelled, at}

@@ -1,0 +1,33 @@
+--[[
+  purge_dead: delete dead jobs and their history for good.
+
+  KEYS[1]  forq:{q}:dead        zset
+  ARGV[1]  key prefix "forq:{q}:"
+  ARGV[2]  "ids" to purge ARGV[3..], or "all" to purge up to ARGV[3] of the oldest
+
+  Returns {purged_count, missing_id1, ...}: ids given that were not dead are listed.
+]]
+--@include _lib
+
+local dead_key = KEYS[1]
+local prefix, mode = ARGV[1], ARGV[2]
+local ids
+if mode == 'all' then
+  ids = redis.call('ZRANGE', dead_key, 0, tonumber(ARGV[3]) - 1)
+else
+  ids = {}
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+end
+local n, missing = 0, {}
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', dead_key, id) == 1 then
+    local jkey = job_key(prefix, id)
+    redis.call('DEL', jkey, jkey .. ':history', prefix .. 'done:' .. id)
+    n = n + 1
+  else
+    missing[#missing + 1] = id
+  end
+end
+local out = {n}
+for _, id in ipairs(missing) do out[#out + 1] = id end
+return out
