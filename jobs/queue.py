@@ -44,6 +44,7 @@ class ClaimResult:
     rate_wait_ms: int  # >0: the rate limit held jobs back this long
     pending_left: int
     held_by_max_in_flight: bool
+    now_ms: int  # Redis time of the claim
 
 
 @dataclass
@@ -114,8 +115,26 @@ class Queue:
 
     def _enqueue_specs(self, specs: list[dict[str, Any]]) -> list[Job]:
         pipe = self.redis.pipeline(transaction=False)
+        self.send_specs(specs, pipe)
+        jobs = []
+        for reply in pipe.execute():
+            if not isinstance(reply, list):
+                continue  # the SADD that registers the queue name
+            for i in range(0, len(reply), 3):
+                jid, status = reply[i], reply[i + 1]
+                jobs.append(Job(jid, self.name, {"id": jid, "queue": self.name,
+                                                 "enqueue_status": status}, [], self))
+        return jobs
+
+    def send_specs(self, specs: Sequence[Mapping[str, Any]], pipe: Any) -> int:
+        """Queue enqueue calls for validated specs on a pipeline (also used by the
+        supervisor for follow-up jobs bound for this queue). Returns how many
+        replies the pipeline will hold for them."""
+        queued = 0
         if not self._registered:
             pipe.sadd(keyspace.QUEUES, self.name)
+            self._registered = True
+            queued += 1
         for start in range(0, len(specs), ENQUEUE_BATCH):
             chunk = specs[start:start + ENQUEUE_BATCH]
             self.scripts.enqueue(
@@ -123,17 +142,8 @@ class Queue:
                 args=[self.keys.prefix, self.name, *(json.dumps(s) for s in chunk)],
                 client=pipe,
             )
-        replies = pipe.execute()
-        if not self._registered:
-            replies = replies[1:]
-            self._registered = True
-        jobs = []
-        for reply in replies:
-            for i in range(0, len(reply), 3):
-                jid, status = reply[i], reply[i + 1]
-                jobs.append(Job(jid, self.name, {"id": jid, "queue": self.name,
-                                                 "enqueue_status": status}, [], self))
-        return jobs
+            queued += 1
+        return queued
 
     # -- inspecting -------------------------------------------------------------
 
@@ -253,18 +263,25 @@ class Queue:
 
     # -- lease transitions (the supervisor's side) --------------------------------
 
-    def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "") -> ClaimResult:
-        """Lease up to `count` jobs to `owner` (see lua/claim.lua)."""
+    def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "",
+              client: Any = None) -> Any:
+        """Lease up to `count` jobs to `owner` (see lua/claim.lua). With a pipeline as
+        `client`, queues the call (parse the reply with `parse_claim`)."""
         reply = self.scripts.claim(
             keys=[self.keys.pending, self.keys.scheduled, self.keys.active,
                   self.keys.limits, self.keys.bucket],
             args=[self.keys.prefix, owner, count, lease_ttl_ms, policy],
+            client=client or self.redis,
         )
+        return client if client is not None else self.parse_claim(reply)
+
+    def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:
         leases = []
-        for flat in reply[4:]:
+        for flat in reply[5:]:
             record = _pairs(flat)
             leases.append(Lease(Job.from_record(self, record, []), record["token"]))
-        return ClaimResult(leases, int(reply[0]), int(reply[1]), int(reply[2]), bool(reply[3]))
+        return ClaimResult(leases, int(reply[0]), int(reply[1]), int(reply[2]),
+                           bool(reply[3]), int(reply[4]))
 
     def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,
                client: Any = None) -> Any:
@@ -321,13 +338,18 @@ class Queue:
         )
 
     def reclaim(self, reclaimer: str, default_max_crashes: int = 3,
-                limit: int = RECLAIM_BATCH) -> tuple[int, int, int, list[str]]:
+                limit: int = RECLAIM_BATCH, client: Any = None) -> Any:
         """Move expired leases back to pending or to dead.
-        Returns (to pending, to dead, completed, ids)."""
+        Returns (to pending, to dead, completed, ids); with a pipeline, queues the call."""
         reply = self.scripts.reclaim(
             keys=[self.keys.active, self.keys.pending, self.keys.dead],
             args=[self.keys.prefix, default_max_crashes, limit, reclaimer],
+            client=client or self.redis,
         )
+        return client if client is not None else self.parse_reclaim(reply)
+
+    @staticmethod
+    def parse_reclaim(reply: Sequence[Any]) -> tuple[int, int, int, list[str]]:
         return int(reply[0]), int(reply[1]), int(reply[2]), list(reply[3:])
 
     def record_done(self, job_id: str, result_json: str, ttl_ms: int, client: Any = None) -> Any:

@@ -13,11 +13,12 @@
   ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "" — fills
            every limit the producer left unset, so fail/expire/reclaim read one record
 
-  Returns {next_due_ms, wait_ms, pending_left, held, job1, job2, ...}
+  Returns {next_due_ms, wait_ms, pending_left, held, now_ms, job1, job2, ...}
     next_due_ms   earliest scheduled run-at, or -1
     wait_ms       >0 when the rate limit held jobs back: ms until the next token
     pending_left  pending jobs still waiting after this claim
     held          1 when max_in_flight held jobs back (a finishing job publishes a wake)
+    now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
   Cost: O(log n) per job leased and per job promoted, whatever the backlog.
 ]]
@@ -109,6 +110,6 @@ end
 local next_due = -1
 local first = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
 if first[2] then next_due = tonumber(first[2]) end
-local result = {next_due, wait_ms, redis.call('ZCARD', pending_key), held}
+local result = {next_due, wait_ms, redis.call('ZCARD', pending_key), held, at}
 for _, job in ipairs(out) do result[#result + 1] = job end
 return result

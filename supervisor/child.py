@@ -1,0 +1,193 @@
+"""What runs in the forked child: isolate, limit, run one handler, report, `_exit`.
+
+Everything here executes after `fork()` in a copy of the supervisor. It must never
+return into the parent's event loop, never touch the parent's Redis socket, and
+never write metrics: it reports once, through its result pipe, then `_exit`s.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs import registry
+
+PR_SET_PDEATHSIG = 1
+TRACEBACK_CAP = 8192
+RESULT_OVERHEAD = 64 * 1024  # envelope and follow-ups beside the result itself
+
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD,
+                  signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                 "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+@dataclass
+class ChildSpec:
+    """Everything the child needs, computed by the parent before fork."""
+
+    job_id: str
+    queue: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    attempts: int
+    crashes: int
+    memory_limit: int
+    max_result_bytes: int
+    nice: int = 10
+    address_space_factor: float = 4.0
+    oom_score_adj: int = 800
+    run_as: str | None = None
+    env_allow: list[str] | None = None
+    max_open_files: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGKILL when the supervisor dies, then re-check: if the
+    parent died between fork and prctl, nobody else will kill us."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+
+def _isolate(spec: ChildSpec, result_fd: int) -> int:
+    """Detach from the supervisor's signals, fds and session. Returns the new pipe fd."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for sig in _RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # keep only stdio and the result pipe (moved to fd 3): a handler never holds the
+    # supervisor's Redis connection, metrics socket or another child's pipe
+    if result_fd != 3:
+        os.dup2(result_fd, 3, inheritable=False)
+    os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return 3
+
+
+def _limit(spec: ChildSpec) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if spec.address_space_factor > 0 and spec.memory_limit > 0:
+        # a backstop only: virtual size overstates real use, so the real limit is the
+        # parent's RSS sampling; this catches a runaway allocation between samples
+        cap = int(spec.memory_limit * spec.address_space_factor)
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or cap < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if spec.max_open_files:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (spec.max_open_files, spec.max_open_files))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(spec.oom_score_adj))  # the kernel's OOM killer takes jobs first
+    except OSError:
+        pass
+    if spec.nice:
+        os.nice(spec.nice)
+
+
+def _sandbox(spec: ChildSpec) -> None:
+    env = dict(os.environ)
+    if spec.env_allow is not None:
+        env = {k: v for k, v in env.items() if k in spec.env_allow}
+    for name in _SYSTEMD_VARS:
+        env.pop(name, None)
+    env.update(spec.extra_env)
+    os.environ.clear()
+    os.environ.update(env)
+    if spec.run_as:
+        import pwd
+
+        user = pwd.getpwnam(spec.run_as)
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+        os.environ["HOME"] = user.pw_dir
+        os.environ["USER"] = os.environ["LOGNAME"] = user.pw_name
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = str(exc)
+    return {
+        "type": type(exc).__name__,
+        "message": message,
+        "traceback": tb[-TRACEBACK_CAP:],
+        "reason": f"{type(exc).__name__}: {message}"[:500],
+    }
+
+
+def encode_report(spec: ChildSpec, run: Any) -> bytes:
+    """Run the handler and encode the one report the parent reads."""
+    ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes)
+    registry.set_current(ctx)
+    task = registry.lookup(spec.task)
+    try:
+        if task is None:
+            raise LookupError(f"unknown task {spec.task!r}")
+        result = run(task.func, spec.args, spec.kwargs)
+    except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
+        fatal = isinstance(exc, registry.NonRetryable)
+        return json.dumps({"ok": False, "error": _error(exc), "fatal": fatal}).encode()
+    try:
+        result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        err = _error(exc)
+        err["reason"] = f"result is not JSON-serialisable: {exc}"
+        return json.dumps({"ok": False, "error": err, "fatal": True}).encode()
+    if len(result_json) > spec.max_result_bytes:
+        err = {"type": "ResultTooLarge", "message": "", "traceback": "",
+               "reason": f"result too large: {len(result_json)} bytes over the "
+                         f"{spec.max_result_bytes}-byte max_result_bytes"}
+        return json.dumps({"ok": False, "error": err, "fatal": True}).encode()
+    followups = ctx.followups
+    return ('{"ok":true,"result":' + result_json + ',"followups":'
+            + json.dumps(followups) + "}").encode()
+
+
+def _call(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    return func(*args, **kwargs)
+
+
+def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> None:
+    """The child's whole life. Never returns."""
+    code = 0
+    try:
+        _die_with_parent(parent_pid)
+        fd = _isolate(spec, result_fd)
+        try:
+            import setproctitle
+
+            setproctitle.setproctitle(title)
+        except Exception:  # noqa: BLE001 — a missing title must not fail the job
+            pass
+        _sandbox(spec)
+        _limit(spec)
+        report = encode_report(spec, _call)
+        view = memoryview(report)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    except BaseException:  # noqa: BLE001
+        code = 71  # the parent sees an exit without a report: a crash, reclaimed
+    finally:
+        os._exit(code)

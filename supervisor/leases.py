@@ -1,0 +1,79 @@
+"""LeaseKeeper: keep every lease this supervisor holds alive, and know which it can
+no longer prove it holds.
+
+One batched ``extend`` per queue, all queues in one pipeline, every ``lease_ttl/3``.
+A lease is *proven* until the moment the last confirmed extension was sent plus the
+TTL (Redis computed its deadline later than that, so the local figure is never late).
+A child whose lease is unproven (Redis unreachable too long, or the supervisor was
+stopped) must be killed before another supervisor can reclaim and rerun the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from jobs import Queue
+
+
+class LeaseKeeper:
+    def __init__(self, lease_ttl: float, safety: float = 0.1) -> None:
+        self.ttl = lease_ttl
+        self.ttl_ms = int(lease_ttl * 1000)
+        # fence a little before the Redis deadline, so the child is gone by the time
+        # any reaper could see the lease as expired
+        self.margin = max(0.01, lease_ttl * safety)
+        self._held: dict[str, tuple[str, str]] = {}  # job id -> (queue, token)
+        self._proven: dict[str, float] = {}  # job id -> monotonic time proven until
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, queue: str, job_id: str, token: str, sent_at: float) -> None:
+        self._held[job_id] = (queue, token)
+        self._proven[job_id] = sent_at + self.ttl
+
+    def remove(self, job_id: str) -> None:
+        self._held.pop(job_id, None)
+        self._proven.pop(job_id, None)
+
+    def token(self, job_id: str) -> str | None:
+        held = self._held.get(job_id)
+        return held[1] if held else None
+
+    def extend(self, client, queues: Mapping[str, Queue]) -> tuple[list[str], list[str]]:
+        """Extend every lease in one round trip. Returns (lost ids, cancelled ids).
+        Raises the Redis error when Redis cannot be reached (nothing is proven then)."""
+        by_queue: dict[str, list[tuple[str, str]]] = {}
+        for job_id, (queue, token) in self._held.items():
+            by_queue.setdefault(queue, []).append((job_id, token))
+        if not by_queue:
+            return [], []
+        sent_at = time.monotonic()
+        pipe = client.pipeline(transaction=False)
+        names = list(by_queue)
+        for name in names:
+            queues[name].extend(by_queue[name], self.ttl_ms, client=pipe)
+        replies = pipe.execute()
+        lost_all: list[str] = []
+        cancelled_all: list[str] = []
+        for name, reply in zip(names, replies, strict=True):
+            lost, cancelled, _ = Queue.parse_extend(reply)
+            lost_set = set(lost)
+            for job_id, _token in by_queue[name]:
+                if job_id not in lost_set and job_id in self._proven:
+                    self._proven[job_id] = sent_at + self.ttl
+            lost_all += lost
+            cancelled_all += cancelled
+        return lost_all, cancelled_all
+
+    def unproven(self, now: float | None = None) -> list[str]:
+        """Leases whose proof runs out within the safety margin."""
+        now = time.monotonic() if now is None else now
+        return [j for j, until in self._proven.items() if until - self.margin <= now]
+
+    def next_expiry(self) -> float | None:
+        """Monotonic time at which the first lease becomes unproven, if any."""
+        if not self._proven:
+            return None
+        return min(self._proven.values()) - self.margin

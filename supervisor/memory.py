@@ -1,0 +1,76 @@
+"""Resident memory of a child's whole process tree, sampled cheaply and often.
+
+A job's memory is its child's RSS plus every descendant's (a handler that shells out
+to ImageMagick is still one job). The direct children of a process are read from
+``/proc/PID/task/TID/children``, which costs a few small reads; where the kernel lacks
+it, psutil's scan of /proc is the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _direct_children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all of its live descendants."""
+    if not _HAS_CHILDREN_FILE:
+        try:
+            proc = psutil.Process(pid)
+            return [pid] + [c.pid for c in proc.children(recursive=True)]
+        except psutil.Error:
+            return [pid]
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        todo.extend(_direct_children(current))
+    return pids
+
+
+def tree_rss(pid: int) -> int:
+    """Bytes resident in `pid` and its descendants (0 once they are gone)."""
+    return sum(_rss(p) for p in tree_pids(pid))
+
+
+def cgroup_mode() -> str:
+    """How memory limits are enforced on this host, said once at start-up.
+
+    Per-job cgroups need cgroup v2 with a delegated subtree (systemd ``Delegate=yes``);
+    forq samples RSS everywhere, which works on v1, v2 and in containers alike.
+    """
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "rss-sampling (no /proc/self/cgroup)"
+    if lines == [line for line in lines if line.startswith("0::")]:
+        return "rss-sampling (cgroup v2 present; per-job cgroups not used)"
+    return "rss-sampling (cgroup v1/hybrid host)"
