@@ -1,0 +1,63 @@
+"""Handlers used only by tests (preloaded by test supervisors beside jobs.examples)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from jobs import NonRetryable, current, task
+
+
+@task("tests.echo")
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task("tests.fail")
+def fail(message: str = "boom"):
+    raise ValueError(message)
+
+
+@task("tests.fatal")
+def fatal():
+    raise NonRetryable("cannot ever work")
+
+
+@task("tests.open_fds")
+def open_fds():
+    """Which file descriptors the child holds, and whether any is a socket."""
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    sockets = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            sockets.append(fd)
+    return {"fds": fds, "sockets": sockets, "title": open("/proc/self/cmdline").read(),
+            "pgid": os.getpgid(0), "pid": os.getpid(), "sid": os.getsid(0),
+            "nice": os.nice(0), "env_notify": os.environ.get("NOTIFY_SOCKET")}
+
+
+@task("tests.touch")
+def touch(path: str, sleep: float = 0.0):
+    """Append one line per execution to `path` (outside Redis), then maybe sleep."""
+    with open(path, "a") as f:
+        f.write(f"{current().id} {os.getpid()} start\n")
+    time.sleep(sleep)
+    with open(path, "a") as f:
+        f.write(f"{current().id} {os.getpid()} end\n")
+    return os.getpid()
+
+
+@task("tests.big_result")
+def big_result(n: int):
+    return "x" * n
+
+
+@task("tests.connect")
+def connect(host: str, port: int):
+    with socket.create_connection((host, port), timeout=2):
+        return True
