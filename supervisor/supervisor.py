@@ -95,7 +95,7 @@ class Supervisor:
             if qc.name not in self.queues:
                 self.queues[qc.name] = Queue(qc.name, redis=self.redis)
             self.policies[qc.name] = json.dumps(config.job_policy(qc.name))
-            self.metrics.set_slots(qc.name, qc.concurrency)
+            self.metrics.declare_queue(qc.name, qc.concurrency)
 
     def _served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]
