@@ -168,7 +168,7 @@ def classify(child: RunningChild, status: int) -> Outcome:
     if reason == TIMEOUT:
         why = f"timeout after {child.kill_detail}"
         return Outcome("fail", "timeout", reason=why,
-                       error={"type": "Timeout", "message": why, "reason": "timeout"})
+                       error={"type": "Timeout", "message": why, "reason": why})
     if reason == MEMORY:
         why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
         return Outcome("fail", "memory", reason=why,
