@@ -72,6 +72,7 @@ BUILTIN_POLICY: dict[str, int | float] = {
     "max_attempts": 5,
     "max_crashes": 3,
     "result_ttl_ms": 24 * 3600 * 1000,
+    "idempotency_ttl_ms": 24 * 3600 * 1000,
     "max_result_bytes": 1024**2,
     "backoff_base_ms": 1000,
     "backoff_factor": 2.0,
@@ -97,6 +98,7 @@ _POLICY_KEYS = (
     "max_attempts",
     "max_crashes",
     "result_ttl",
+    "idempotency_ttl",
     "max_result_bytes",
     "backoff",
 )
@@ -417,6 +419,10 @@ def _policy_overrides(table: Mapping[str, Any], prefix: str) -> dict[str, int | 
         out["max_crashes"] = _int(table["max_crashes"], f"{prefix}.max_crashes", 0)
     if "result_ttl" in table:
         out["result_ttl_ms"] = _ms(table["result_ttl"], f"{prefix}.result_ttl")
+    if "idempotency_ttl" in table:
+        out["idempotency_ttl_ms"] = _ms(
+            table["idempotency_ttl"], f"{prefix}.idempotency_ttl", positive=True
+        )
     if "max_result_bytes" in table:
         out["max_result_bytes"] = _size(
             table["max_result_bytes"], f"{prefix}.max_result_bytes", minimum=1

@@ -35,6 +35,7 @@ from .leases import LeaseKeeper
 from .loop import EventLoop
 from .metrics import Metrics, MetricsServer
 from .registry import SupervisorRegistry
+from .scheduler import Scheduler
 from .sdnotify import Notifier, watchdog_interval
 
 log = logging.getLogger("forq.supervisor")
@@ -85,6 +86,7 @@ class Supervisor:
         self.redis_backoff = 0.1
         self.claim_timers: dict[str, Any] = {}
         self.last_error_log = 0.0
+        self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
         self._apply_config(config)
 
     # -- configuration -------------------------------------------------------------
@@ -118,6 +120,7 @@ class Supervisor:
             log.error("reload refused, keeping the old config: %s", exc)
             return
         self._apply_config(config)
+        self.scheduler.replace(config.schedules)
         self._push_limits_safely()
         self._subscribe()
         self.want_claim = True
@@ -166,6 +169,7 @@ class Supervisor:
         interval = watchdog_interval()
         if interval:
             self._every(interval, self.notifier.watchdog)
+        self.loop.timers.schedule(0, self._run_scheduler)
         self._heartbeat()
         self.notifier.ready(self._status())
         log.info("ready")
@@ -241,6 +245,18 @@ class Supervisor:
             self.metrics_server.close()
         self.loop.close()
         log.info("stopped")
+
+    def _run_scheduler(self) -> None:
+        """Fire due cron ticks, then sleep until the next one (re-armed every call)."""
+        if self.draining:
+            return
+        delay = 1.0
+        if self._redis_ready():
+            try:
+                delay = self.scheduler.fire_due()
+            except (redis.RedisError, OSError) as exc:
+                self._redis_failed("schedule", exc)
+        self.loop.timers.schedule(delay + 0.002, self._run_scheduler)
 
     # -- waking up for work ------------------------------------------------------------
 
@@ -560,7 +576,8 @@ class Supervisor:
             fields = child.lease.job.fields
             task = registry.lookup(child.task)
             if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
-                q.record_done(job_id, outcome.result_json, IDEMPOTENCY_TTL_MS, client=pipe)
+                ttl = int(fields.get("idempotency_ttl_ms") or IDEMPOTENCY_TTL_MS)
+                q.record_done(job_id, outcome.result_json, ttl, client=pipe)
             same = [f for f in outcome.followups if f.get("queue", child.queue) == child.queue]
             for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
                 specs = [f for f in outcome.followups if f.get("queue") == other]
