@@ -158,7 +158,13 @@ class Supervisor:
         self._subscribe()
         if self.config.metrics_listen:
             host, port = self.config.metrics_listen
-            self.metrics_server = MetricsServer(self.metrics, host, port)
+            try:
+                self.metrics_server = MetricsServer(self.metrics, host, port)
+            except OSError as exc:
+                log.error("cannot serve metrics on %s:%d: %s ([metrics].listen in %s)",
+                          host, port, exc.strerror or exc, self.config.path)
+                self.loop.close()
+                return 1
             self.metrics_server.register(self.loop.selector)
             log.info("metrics on http://%s:%d/metrics", *self.metrics_server.address)
         self._every(self.config.lease_ttl / 3, self._extend_leases)
