@@ -8,6 +8,7 @@ from dataclasses import dataclass
 ROOT = "forq"
 QUEUES = f"{ROOT}:queues"  # set of every queue name ever enqueued to
 SUPERVISORS = f"{ROOT}:supervisors"  # hash: supervisor id -> JSON heartbeat record
+SCHEDULES = f"{ROOT}:schedules"  # hash: schedule name -> JSON {"last": tick seconds, "job": id}
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from collections.abc import Callable
 import redis
 
 from jobs import Queue
+from jobs.keys import SCHEDULES
 
 from .config import ScheduleConfig
 
 log = logging.getLogger("forq.scheduler")
 
-SCHEDULES = "forq:schedules"
 LATE_GRACE = dt.timedelta(seconds=5)  # a tick this late still fires under catch_up="none"
 MAX_SCAN = 100_000  # ticks walked to find missed ones, bounding a very long downtime
 

@@ -1,0 +1,534 @@
+"""The `forq` command, run as a user runs it: a subprocess against the real Redis.
+
+Each test works in its own queue (the `queue` fixture), so tests never see each
+other's jobs. Error paths assert the exit code, one line on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs import Queue
+from supervisor.cli import CLEAR, SCHEDULES_KEY
+from supervisor.registry import SupervisorRegistry
+from tests.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+OWNER = "cli-test:1"
+LONG = 60_000
+
+
+class Forq:
+    """Runs `forq ARGS...` as a subprocess with FORQ_REDIS_URL set to the test Redis."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def _env(self, env: dict[str, str] | None, redis: bool) -> dict[str, str]:
+        full = dict(os.environ, PYTHONPATH=str(ROOT))
+        full.pop("FORQ_DEBUG", None)
+        if redis:
+            full["FORQ_REDIS_URL"] = self.redis_url
+        else:
+            full.pop("FORQ_REDIS_URL", None)
+        full.update(env or {})
+        return full
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, redis: bool = True,
+                 timeout: float = 20) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "supervisor.cli", *args],
+                              env=self._env(env, redis), cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def many(self, *argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
+        """Run independent invocations at once (start-up dominates their cost)."""
+        procs = [(argv, subprocess.Popen([sys.executable, "-m", "supervisor.cli", *argv],
+                                         env=self._env(None, True), cwd=ROOT, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                 for argv in argvs]
+        done = []
+        for argv, proc in procs:
+            out, err = proc.communicate(timeout=20)
+            done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+        return done
+
+
+@pytest.fixture
+def forq(redis_url: str) -> Forq:
+    return Forq(redis_url)
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def ok_json(proc: subprocess.CompletedProcess[str]):
+    return json.loads(ok(proc))
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def closed_port_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def make_dead(queue: Queue, n: int, message: str = "boom") -> list[str]:
+    ids = [queue.enqueue("tests.fails", i).id for i in range(n)]
+    for lease in queue.claim(OWNER, n, LONG).leases:
+        outcome = queue.fail(lease.id, lease.token, {"type": "ValueError", "message": message,
+                                                     "traceback": "Traceback...\nValueError"},
+                             mode="fatal")
+        assert outcome.outcome == "dead"
+    return ids
+
+
+# -- enqueue ------------------------------------------------------------------------
+
+
+def test_enqueue_prints_the_id_alone_and_stores_every_option(forq, queue):
+    out = ok(forq("enqueue", "examples.add", "--args", "[1, 2]", "--kwargs", '{"x": 3}',
+                  "-q", queue.name, "--priority", "7", "--key", "k-1"))
+    job_id = out.strip()
+    assert out == job_id + "\n"
+    job = queue.get(job_id)
+    assert (job.task, job.args, job.kwargs, job.state) == ("examples.add", [1, 2], {"x": 3},
+                                                           "pending")
+    assert job.fields["priority"] == 7 and job.fields["key"] == "k-1"
+    # the same key again: the live job's id, and a note on stderr
+    again = forq("enqueue", "examples.add", "-q", queue.name, "--key", "k-1")
+    assert again.returncode == 0 and again.stdout.strip() == job_id
+    assert "k-1" in again.stderr
+
+
+def test_enqueue_with_delay_is_scheduled(forq, queue):
+    job_id = ok(forq("enqueue", "examples.add", "-q", queue.name, "--delay", "30s")).strip()
+    assert queue.get(job_id).state == "scheduled"
+
+
+def test_enqueue_refuses_bad_input_in_one_line(forq, queue):
+    cases = [
+        (["--args", "[1,"], "--args is not valid JSON"),
+        (["--args", '{"a": 1}'], "--args must be a JSON array"),
+        (["--kwargs", "nope"], "--kwargs is not valid JSON"),
+        (["--kwargs", "[1]"], "--kwargs must be a JSON object"),
+        (["--delay", "3 fortnights"], "--delay"),
+        (["--priority", "high"], "--priority"),
+        (["-q", "bad:name"], "queue name"),
+    ]
+    procs = forq.many(*(["enqueue", "examples.add", "-q", queue.name, *args]
+                        for args, _ in cases))
+    for (_, needle), proc in zip(cases, procs, strict=True):
+        one_line_error(proc, 2, needle)
+        assert proc.stdout == ""
+    assert queue.stats()["pending"] == 0
+
+
+# -- Redis selection and unreachable Redis --------------------------------------------
+
+
+def test_unreachable_redis_is_one_line_and_exit_1(forq):
+    url = closed_port_url()
+    argvs = [["stats"], ["stats", "--json"], ["job", "abc"], ["workers"],
+             ["enqueue", "examples.add"], ["dead", "list", "-q", "q"], ["cancel", "abc"],
+             ["limit", "q"], ["stats", "--watch"]]
+    for proc in forq.many(*(["--redis", url, *argv] for argv in argvs)):
+        one_line_error(proc, 1, "cannot reach Redis")
+
+
+def test_redis_flag_beats_the_environment_and_works_after_the_command(forq, queue, redis_url):
+    queue.enqueue("examples.add")
+    bad = {"FORQ_REDIS_URL": closed_port_url()}
+    before = ok_json(forq("--redis", redis_url, "stats", "--json", "-q", queue.name, env=bad))
+    after = ok_json(forq("stats", "--json", "-q", queue.name, "--redis", redis_url, env=bad))
+    assert before[queue.name]["pending"] == after[queue.name]["pending"] == 1
+
+
+def test_redis_url_from_the_config_when_nothing_else_says(forq, queue, redis_url, tmp_path):
+    queue.enqueue("examples.add")
+    config = tmp_path / "forq.toml"
+    config.write_text(f'[redis]\nurl = "{redis_url}"\n[[queue]]\nname = "q"\nconcurrency = 1\n')
+    stats = ok_json(forq("stats", "--json", "-q", queue.name, "-c", str(config), redis=False))
+    assert stats[queue.name]["pending"] == 1
+
+
+def test_bad_redis_url_and_bad_config_are_one_line(forq, tmp_path):
+    url, config = forq.many(["--redis", "http://nowhere", "stats"],
+                            ["stats", "-c", str(tmp_path / "missing.toml")])
+    one_line_error(url, 2, "Redis URL")
+    one_line_error(config, 2, "missing.toml")
+
+
+def test_usage_errors_are_one_line(forq):
+    frob, dead, enqueue = forq.many(["frobnicate"], ["dead"], ["enqueue"])
+    one_line_error(frob, 2, "invalid choice")
+    one_line_error(dead, 2)
+    one_line_error(enqueue, 2, "task")
+
+
+# -- stats ----------------------------------------------------------------------------
+
+
+def test_stats_table_and_json(forq, queue):
+    make_dead(queue, 1)
+    queue.enqueue("examples.add")
+    queue.enqueue("examples.add", delay="1h")
+    lease = queue.claim(OWNER, 1, LONG).leases[0]
+    queue.ack(lease.id, lease.token, "3")
+    queue.enqueue("examples.add")
+
+    every, only, text = forq.many(["stats", "--json"], ["stats", "--json", "-q", queue.name],
+                                  ["stats", "-q", queue.name])
+    mine = ok_json(every)[queue.name]
+    assert {k: mine[k] for k in ("pending", "scheduled", "active", "dead", "succeeded")} == {
+        "pending": 1, "scheduled": 1, "active": 0, "dead": 1, "succeeded": 1}
+    assert mine["last_minute"]["succeeded"] == 1
+    assert mine["oldest_pending_age"] is not None
+
+    assert list(ok_json(only)) == [queue.name]
+
+    header, row = ok(text).splitlines()
+    assert header.split() == ["queue", "pending", "scheduled", "active", "dead", "ok/1m",
+                              "failed/1m", "oldest"]
+    assert row.split()[:7] == [queue.name, "1", "1", "0", "1", "1", "1"]
+
+
+def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url)
+    return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "stats", "--watch", *args],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.mark.timeout(20)
+def test_stats_watch_redraws_in_place_until_ctrl_c(redis_url, queue):
+    queue.enqueue("examples.add")
+    proc = _watch(redis_url, "-q", queue.name, "--interval", "50ms")
+    try:
+        frames = 0
+        while frames < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            if line.startswith(CLEAR):
+                frames += 1
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.timeout(20)
+def test_stats_watch_json_is_one_object_per_line(redis_url, queue):
+    queue.enqueue("examples.add")
+    proc = _watch(redis_url, "-q", queue.name, "--interval", "0.05", "--json")
+    try:
+        frames = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert all(f["queues"][queue.name]["pending"] == 1 for f in frames)
+
+
+def test_stats_watch_bad_interval(forq):
+    for proc in forq.many(["stats", "--watch", "--interval", "soon"],
+                          ["stats", "--watch", "--interval", "0"]):
+        one_line_error(proc, 2, "--interval")
+
+
+# -- job ------------------------------------------------------------------------------
+
+
+def test_job_json_shape_and_history(forq, queue):
+    job_id = queue.enqueue("examples.add", 1, 2).id
+    lease = queue.claim(OWNER, 1, LONG).leases[0]
+    queue.ack(lease.id, lease.token, json.dumps(3))
+    as_json, as_text = forq.many(["job", job_id, "--json"], ["job", job_id])
+    data = ok_json(as_json)
+    for key in ("id", "queue", "task", "state", "attempts", "crashes", "history", "result",
+                "error"):
+        assert key in data
+    assert (data["id"], data["queue"], data["state"], data["result"]) == (
+        job_id, queue.name, "succeeded", 3)
+    events = [e["event"] for e in data["history"]]
+    assert events[0] == "enqueued" and events[-1] == "succeeded"
+    assert all(isinstance(e["at"], float) and e["at"] > 1e9 for e in data["history"])
+
+    text = ok(as_text)
+    assert f"job {job_id}" in text and "succeeded" in text and "history" in text
+    assert "enqueued" in text and OWNER in text
+
+
+def test_job_unknown_id_is_exit_1(forq, queue):
+    for proc in forq.many(["job", "no-such-job-" + uuid.uuid4().hex],
+                          ["job", "no-such-job", "--json"]):
+        one_line_error(proc, 1, "no job")
+
+
+# -- dead -----------------------------------------------------------------------------
+
+
+def test_dead_list_table_and_json(forq, queue):
+    ids = make_dead(queue, 3, message="kaput")
+    full, limited, text = forq.many(["dead", "list", "-q", queue.name, "--json"],
+                                    ["dead", "list", "-q", queue.name, "--json", "--limit", "2"],
+                                    ["dead", "list", "-q", queue.name])
+    data = ok_json(full)
+    assert data["queue"] == queue.name and data["total"] == 3
+    assert sorted(j["id"] for j in data["jobs"]) == sorted(ids)
+    first = data["jobs"][0]
+    assert set(first) == {"id", "task", "reason", "died_at", "attempts", "crashes"}
+    assert first["task"] == "tests.fails" and "kaput" in first["reason"]
+    assert first["attempts"] == 1 and first["crashes"] == 0
+    assert first["died_at"] > 1e9
+
+    limited = ok_json(limited)
+    assert len(limited["jobs"]) == 2 and limited["total"] == 3
+
+    text = ok(text)
+    assert text.splitlines()[0].split() == ["id", "task", "reason", "died", "attempts",
+                                            "crashes"]
+    assert all(i in text for i in ids) and "kaput" in text
+
+
+def test_dead_list_empty_and_missing_queue_flag(forq, queue):
+    assert "no dead jobs" in ok(forq("dead", "list", "-q", queue.name))
+    one_line_error(forq("dead", "list"), 2, "-q")
+
+
+def test_dead_show(forq, queue):
+    (dead_id,) = make_dead(queue, 1, message="exploded")
+    text = ok(forq("dead", "show", "-q", queue.name, dead_id))
+    assert dead_id in text and "exploded" in text and "traceback" in text
+    data = ok_json(forq("dead", "show", dead_id, "--json"))  # queue found by id
+    assert data["state"] == "dead" and data["error"]["message"] == "exploded"
+    assert data["died_at"] > 1e9
+
+    alive = queue.enqueue("examples.add").id
+    one_line_error(forq("dead", "show", "-q", queue.name, alive), 1, "pending, not dead")
+    one_line_error(forq("dead", "show", "-q", queue.name, "nope"), 1, "no job")
+
+
+def test_dead_requeue_by_id_reports_the_ids_that_were_not_dead(forq, queue):
+    a, b = make_dead(queue, 2)
+    data = ok_json(forq("dead", "requeue", "-q", queue.name, a, "--json"))
+    assert data == {"queue": queue.name, "requeued": 1, "not_dead": []}
+    job = queue.get(a)
+    assert job.state == "pending" and job.attempts == 0
+
+    proc = forq("dead", "requeue", "-q", queue.name, a, b)
+    one_line_error(proc, 1, "not dead", a)
+    assert "requeued 1" in proc.stdout
+    assert queue.get(b).state == "pending"
+
+
+def test_dead_requeue_and_purge_all(forq, queue):
+    make_dead(queue, 3)
+    assert "requeued 3" in ok(forq("dead", "requeue", "-q", queue.name, "--all"))
+    assert queue.stats()["pending"] == 3 and queue.stats()["dead"] == 0
+
+    leases = queue.claim(OWNER, 3, LONG).leases
+    for lease in leases:
+        queue.fail(lease.id, lease.token, {"message": "x"}, mode="fatal")
+    ids = [lease.id for lease in leases]
+    data = ok_json(forq("dead", "purge", "-q", queue.name, "--all", "--json"))
+    assert data == {"queue": queue.name, "purged": 3, "not_dead": []}
+    assert queue.stats()["dead"] == 0
+    one_line_error(forq("job", ids[0]), 1, "no job")
+
+
+def test_dead_purge_by_id(forq, queue):
+    a, b = make_dead(queue, 2)
+    alive = queue.enqueue("examples.add").id
+    proc = forq("dead", "purge", "-q", queue.name, a, alive, "--json")
+    one_line_error(proc, 1, alive)
+    assert json.loads(proc.stdout) == {"queue": queue.name, "purged": 1, "not_dead": [alive]}
+    assert queue.stats()["dead"] == 1 and queue.get(alive).state == "pending"
+
+
+def test_dead_requeue_and_purge_refuse_without_ids_or_all(forq, queue):
+    make_dead(queue, 1)
+    for verb in ("requeue", "purge"):
+        neither, both = forq.many(["dead", verb, "-q", queue.name],
+                                  ["dead", verb, "-q", queue.name, "x", "--all"])
+        one_line_error(neither, 2, "--all")
+        one_line_error(both, 2, "not both")
+    assert queue.stats()["dead"] == 1
+
+
+# -- workers --------------------------------------------------------------------------
+
+
+def test_workers_lists_live_supervisors(forq, r, queue):
+    sid = "cli-test-" + uuid.uuid4().hex[:8]
+    registry = SupervisorRegistry(r, sid)
+    registry.beat({"name": sid, "host": "box-1", "pid": 4242, "queues": [queue.name],
+                   "busy": 2, "slots": 4, "draining": False})
+    try:
+        as_json, as_text = forq.many(["workers", "--json"], ["workers"])
+        records = ok_json(as_json)
+        mine = next(rec for rec in records if rec.get("id") == sid)
+        assert (mine["name"], mine["host"], mine["pid"], mine["busy"], mine["slots"]) == (
+            sid, "box-1", 4242, 2, 4)
+        assert mine["version"] and mine["draining"] is False and 0 <= mine["age"] < 10
+        text = ok(as_text)
+        line = next(row for row in text.splitlines() if row.startswith(sid))
+        assert "box-1" in line and "4242" in line and "2/4" in line and queue.name in line
+        assert text.splitlines()[0].split()[:6] == ["name", "host", "pid", "version", "queues",
+                                                    "busy"]
+    finally:
+        registry.leave()
+
+
+# -- schedules ------------------------------------------------------------------------
+
+
+def test_schedules_last_and_next_fire(forq, r, queue, tmp_path):
+    fired, never = f"{queue.name}-fired", f"{queue.name}-never"
+    config = tmp_path / "forq.toml"
+    config.write_text(textwrap.dedent(f"""
+        [[queue]]
+        name = "{queue.name}"
+        concurrency = 1
+
+        [[schedule]]
+        name = "{fired}"
+        cron = "0 3 * * *"
+        timezone = "Europe/Paris"
+        queue = "{queue.name}"
+        task = "reports.nightly"
+
+        [[schedule]]
+        name = "{never}"
+        cron = "@every 30s"
+        queue = "{queue.name}"
+        task = "examples.tick"
+    """))
+    last = int(time.time()) - 120
+    r.hset(SCHEDULES_KEY, fired, json.dumps({"last": last, "job": "job-123"}))
+    try:
+        before = time.time()
+        as_json, as_text = forq.many(["schedules", "--json", "--config", str(config)],
+                                     ["schedules", "-c", str(config)])
+        rows = ok_json(as_json)
+        assert [row["name"] for row in rows] == [fired, never]
+        a, b = rows
+        assert (a["cron"], a["timezone"], a["queue"], a["task"]) == (
+            "0 3 * * *", "Europe/Paris", queue.name, "reports.nightly")
+        assert a["last_fired"] == last and a["last_job"] == "job-123"
+        assert b["last_fired"] is None and b["last_job"] is None
+        after = time.time()
+        assert before < a["next_fire"] <= after + 86400 + 3600
+        assert before < b["next_fire"] <= after + 30 and b["next_fire"] % 30 == 0
+
+        text = ok(as_text)
+        fired_line = next(line for line in text.splitlines() if line.startswith(fired))
+        never_line = next(line for line in text.splitlines() if line.startswith(never))
+        assert "ago" in fired_line and "CE" in fired_line  # CET/CEST: Paris time
+        assert " - " in never_line and "in " in never_line
+    finally:
+        r.hdel(SCHEDULES_KEY, fired)
+
+
+def test_schedules_bad_config_is_one_line(forq, tmp_path):
+    one_line_error(forq("schedules", "-c", str(tmp_path / "nope.toml")), 2, "nope.toml")
+
+
+# -- cancel ---------------------------------------------------------------------------
+
+
+def test_cancel_pending_active_and_finished(forq, queue):
+    pending = queue.enqueue("examples.add").id
+    assert "cancelled job" in ok(forq("cancel", pending))
+    assert queue.get(pending).state == "cancelled"
+
+    active = queue.enqueue("examples.add").id
+    assert queue.claim(OWNER, 1, LONG).leases[0].id == active
+    data = ok_json(forq("cancel", active, "--json"))
+    assert data == {"id": active, "queue": queue.name, "outcome": "cancelling", "state": "active"}
+    assert "cancel_requested" in queue.get(active).fields
+    assert "supervisor will stop it" in ok(forq("cancel", active, "-q", queue.name))
+
+    again = ok_json(forq("cancel", pending, "--json"))
+    assert again["outcome"] == "cancelled"
+    done = queue.enqueue("examples.add").id
+    lease = queue.claim(OWNER, 1, LONG).leases[0]
+    queue.ack(lease.id, lease.token, "1")
+    assert "already succeeded" in ok(forq("cancel", done))
+
+
+def test_cancel_unknown_id(forq, queue):
+    for proc in forq.many(["cancel", "no-such-job"],
+                          ["cancel", "no-such-job", "-q", queue.name, "--json"]):
+        one_line_error(proc, 1, "no job")
+
+
+# -- limit ----------------------------------------------------------------------------
+
+
+def test_limit_show_set_and_remove(forq, queue):
+    empty = ok_json(forq("limit", queue.name, "--json"))
+    assert empty == {"queue": queue.name, "rate": None, "rate_per_second": None, "burst": None,
+                     "max_in_flight": None}
+    assert "rate none, max_in_flight none" in ok(forq("limit", queue.name))
+
+    set_ = ok_json(forq("limit", queue.name, "--rate", "50/s", "--max-in-flight", "10", "--json"))
+    assert set_["rate"] == "50/s" and set_["rate_per_second"] == pytest.approx(50)
+    assert set_["max_in_flight"] == 10
+    assert queue.limits()["max_in_flight"] == 10
+
+    text = ok(forq("limit", queue.name, "--rate", "30/m"))  # only the rate changes
+    assert "rate 30/m" in text and "max_in_flight 10" in text
+
+    cleared = ok_json(forq("limit", queue.name, "--rate", "none", "--json"))
+    assert cleared["rate"] is None and cleared["max_in_flight"] == 10
+    cleared = ok_json(forq("limit", queue.name, "--max-in-flight", "none", "--json"))
+    assert cleared["max_in_flight"] is None and queue.limits() == {}
+
+
+def test_limit_bad_values(forq, queue):
+    cases = [(["--rate", "fast"], "--rate"), (["--rate", "5"], "--rate"),
+             (["--rate", "0/s"], "--rate"), (["--max-in-flight", "0"], "--max-in-flight"),
+             (["--max-in-flight", "lots"], "--max-in-flight")]
+    procs = forq.many(*(["limit", queue.name, *args] for args, _ in cases))
+    for (_, needle), proc in zip(cases, procs, strict=True):
+        one_line_error(proc, 2, needle)
+    assert queue.limits() == {}
+
+
+# -- config check, run ----------------------------------------------------------------
+
+
+def test_config_check(forq, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[queue]]\nname = "q"\nconcurrency = "many"\n')
+    good, wrong = forq.many(["config", "check", str(ROOT / "etc" / "forq.toml")],
+                            ["config", "check", str(bad)])
+    assert ok(good).startswith("ok:")
+    one_line_error(wrong, 2, "concurrency")
+
+
+def test_run_with_a_missing_config_is_one_line(forq, tmp_path):
+    one_line_error(forq("run", "-c", str(tmp_path / "absent.toml")), 2, "absent.toml")
