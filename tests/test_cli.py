@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from jobs import Queue
-from supervisor.cli import CLEAR, SCHEDULES_KEY
+from jobs.keys import SCHEDULES as SCHEDULES_KEY
+from supervisor.cli import CLEAR
 from supervisor.registry import SupervisorRegistry
 from tests.redis_server import free_port
 
