@@ -184,6 +184,13 @@ def classify(child: RunningChild, status: int) -> Outcome:
                            result_json=json.dumps(report.get("result"), separators=(",", ":")),
                            followups=report.get("followups") or [])
         error = report.get("error") or {}
+        if (error.get("type") == "MemoryError" and child.spec.memory_limit
+                and child.spec.address_space_factor > 0):
+            # the address-space rlimit (the backstop of the memory limit) refused an
+            # allocation before the RSS sampling saw it: the same limit, said the same way
+            why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+                   f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
+            error = {**error, "reason": why}
         return Outcome("fail", "failed", error=error, reason=error.get("reason", "error"),
                        mode="fatal" if report.get("fatal") else "retry")
     return Outcome("expire", "crashed", reason=f"{describe_status(status)} ({peak})")
