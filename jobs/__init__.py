@@ -3,7 +3,7 @@
     from jobs import Queue, task
 """
 
-from .errors import ForqError, JobFailed, JobNotFound, JobTimeout, PayloadError
+from .errors import ForqError, JobFailed, JobNotFound, JobTimeout, NotReplicated, PayloadError
 from .job import ACTIVE as ACTIVE
 from .job import CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
 from .queue import Queue, find_job, known_queues
@@ -12,5 +12,5 @@ from .registry import NonRetryable, current, task
 __all__ = [
     "ACTIVE", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
     "ForqError", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
-    "NonRetryable", "Queue", "current", "find_job", "known_queues", "task",
+    "NonRetryable", "NotReplicated", "Queue", "current", "find_job", "known_queues", "task",
 ]

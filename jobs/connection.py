@@ -6,6 +6,8 @@ import os
 
 import redis
 
+from . import topology
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -15,7 +17,9 @@ def redis_url(url: str | None = None) -> str:
 
 
 def connect(url: str | None = None, *, password: str | None = None, **kwargs) -> redis.Redis:
-    """A client for redis://, rediss:// (TLS) or unix:// URLs.
+    """A client for redis://, rediss:// (TLS) or unix:// URLs; for a Redis Cluster
+    (redis+cluster://host:port,host:port, or ``cluster=True``) or the master behind
+    Sentinels (redis+sentinel://host:port,host:port/mastername[/db]), see `topology`.
 
     The password comes from the URL, else `password`, else ``FORQ_REDIS_PASSWORD``:
     secrets belong in the environment or a file, not in a world-readable config.
@@ -23,6 +27,10 @@ def connect(url: str | None = None, *, password: str | None = None, **kwargs) ->
     url = redis_url(url)
     options = {"decode_responses": True, "socket_connect_timeout": 5, "health_check_interval": 30}
     options.update(kwargs)
+    if options.pop("cluster", False):
+        url = topology.as_cluster_url(url)
+    if topology.is_topology_url(url):  # redis+cluster://, redis+sentinel://
+        return topology.connect(url, password=password, **options)
     client = redis.Redis.from_url(url, **options)
     conn_kwargs = client.connection_pool.connection_kwargs
     if not conn_kwargs.get("password"):

@@ -27,3 +27,26 @@ class JobFailed(ForqError):
 
 class JobTimeout(ForqError, TimeoutError):
     """`Job.wait` gave up before the job reached a terminal state."""
+
+
+class NotReplicated(ForqError):
+    """A durable write (``min_replicas`` / ``durable=True``) reached the master but
+    fewer replicas than required acknowledged it within the timeout (``WAIT``).
+
+    The write did happen on the master: the jobs are enqueued, but a failover right now
+    could lose them. Enqueueing again with the same ``job_id`` is safe (a job id that
+    exists is answered "duplicate").
+    """
+
+    def __init__(self, job_ids: list[str], acknowledged: int, required: int,
+                 timeout_ms: int, what: str = "enqueue") -> None:
+        self.job_ids = job_ids
+        self.acknowledged = acknowledged
+        self.required = required
+        self.timeout_ms = timeout_ms
+        shown = ", ".join(job_ids[:5]) + (f" and {len(job_ids) - 5} more" if len(job_ids) > 5 else "")
+        noun = "job" if len(job_ids) == 1 else "jobs"
+        super().__init__(
+            f"{what} of {noun} {shown or '(none)'} not replicated: {acknowledged} of "
+            f"{required} required replica(s) acknowledged within {timeout_ms} ms; the "
+            f"master has it, but a failover now could lose it")

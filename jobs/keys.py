@@ -70,5 +70,10 @@ class QueueKeys:
         """Completion marker of an idempotent job, written before its ack."""
         return f"{self.prefix}done:{job_id}"
 
+    def done_followups(self, job_id: str) -> str:
+        """The same-queue follow-ups recorded with that completion (JSON list of specs),
+        enqueued by claim/reclaim if the ack that carried them never landed."""
+        return f"{self.prefix}done-followups:{job_id}"
+
     def minute(self, minute: int) -> str:
         return f"{self.prefix}minute:{minute}"

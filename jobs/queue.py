@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from . import keys as keyspace
+from . import topology
 from .connection import connect
 from .errors import JobNotFound
 from .job import Job
@@ -23,6 +24,7 @@ from .scripts import Scripts
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000
+RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
 @dataclass
@@ -73,6 +75,8 @@ class Queue:
         url: str | None = None,
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        min_replicas: int | None = None,
+        wait_timeout: float | None = None,
     ) -> None:
         self.name = name
         self.keys = keyspace.QueueKeys(name)
@@ -80,6 +84,9 @@ class Queue:
         self.max_payload_bytes = max_payload_bytes
         self.scripts = Scripts(self.redis)
         self._registered = False
+        # durable enqueues (WAIT): None = the client's setting (topology.set_durability)
+        self.min_replicas = min_replicas
+        self.wait_timeout = wait_timeout
 
     # -- producing ---------------------------------------------------------------
 
@@ -92,14 +99,19 @@ class Queue:
         key (idempotency key) and unique_for (keep the key after the job finishes),
         job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent.
+        durable=True waits until at least one replica (or the queue's min_replicas)
+        holds the job, else raises `NotReplicated`; durable=False never waits.
         """
         if args:
             if "args" in options:
                 raise TypeError("pass handler arguments positionally or as args=, not both")
             options["args"] = args
-        return self._enqueue_specs([build_spec(task, options, max_payload_bytes=self.max_payload_bytes)])[0]
+        durable = options.pop("durable", None)
+        return self._enqueue_specs([build_spec(task, options, max_payload_bytes=self.max_payload_bytes)],
+                                   durable)[0]
 
-    def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[Job]:
+    def enqueue_many(self, jobs: Iterable[Mapping[str, Any]], *,
+                     durable: bool | None = None) -> list[Job]:
         """Enqueue many jobs in few round trips: each item is a mapping with ``task``
         and the options of `enqueue`. Every job is validated before any is sent, so a
         bad one refuses the whole batch and nothing is half-enqueued."""
@@ -111,19 +123,25 @@ class Queue:
                 specs.append(build_spec(task, item, max_payload_bytes=self.max_payload_bytes))
             except ValueError as exc:
                 raise type(exc)(f"jobs[{i}]: {exc}") from None
-        return self._enqueue_specs(specs)
+        return self._enqueue_specs(specs, durable)
 
-    def _enqueue_specs(self, specs: list[dict[str, Any]]) -> list[Job]:
+    def _enqueue_specs(self, specs: list[dict[str, Any]], durable: bool | None = None) -> list[Job]:
         pipe = self.redis.pipeline(transaction=False)
         self.send_specs(specs, pipe)
+        replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
+                                                self.wait_timeout)
+        waits = topology.queue_wait(pipe, replicas, wait_ms, [self.keys.pending]) if replicas else 0
         jobs = []
-        for reply in pipe.execute():
+        replies = pipe.execute()
+        for reply in replies:
             if not isinstance(reply, list):
                 continue  # the SADD that registers the queue name
             for i in range(0, len(reply), 3):
                 jid, status = reply[i], reply[i + 1]
                 jobs.append(Job(jid, self.name, {"id": jid, "queue": self.name,
                                                  "enqueue_status": status}, [], self))
+        if waits:  # the WAIT replies (ints) came last, skipped above
+            topology.check_wait(replies[-waits:], replicas, wait_ms, [j.id for j in jobs])
         return jobs
 
     def send_specs(self, specs: Sequence[Mapping[str, Any]], pipe: Any) -> int:
@@ -249,8 +267,11 @@ class Queue:
         elif rate is not False:
             count, period = rate
             per_ms = count / (period * 1000.0)
-            # a burst of one second's worth (at least one token) smooths claims in batches
-            burst = max(1.0, per_ms * 1000.0) if period <= 1 else 1.0
+            # The bucket holds at most RATE_BURST_MS worth of tokens (at least one): any
+            # window of w ms then starts at most burst + rate * w jobs, so "20/s" never
+            # starts more than 21 in a second (a one-second burst would allow 40), while
+            # a high rate still lets a supervisor claim a whole batch in one call.
+            burst = max(1.0, per_ms * RATE_BURST_MS)
             pipe.hset(self.keys.limits, mapping={"rate": repr(per_ms), "burst": repr(burst)})
         if max_in_flight is None:
             pipe.hdel(self.keys.limits, "max_in_flight")
@@ -352,10 +373,17 @@ class Queue:
     def parse_reclaim(reply: Sequence[Any]) -> tuple[int, int, int, list[str]]:
         return int(reply[0]), int(reply[1]), int(reply[2]), list(reply[3:])
 
-    def record_done(self, job_id: str, result_json: str, ttl_ms: int, client: Any = None) -> Any:
+    def record_done(self, job_id: str, result_json: str, ttl_ms: int,
+                    followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
         """Record an idempotent job's completion before its ack, so a lost ack
-        leads to "succeeded", not to a second run."""
-        return (client or self.redis).set(self.keys.done(job_id), result_json, px=max(1, ttl_ms))
+        leads to "succeeded", not to a second run. Its same-queue `followups` (the specs
+        the ack carries) are recorded first, in the same pipeline: a job found succeeded
+        through this record gets them enqueued then, so a lost ack never loses them."""
+        c = client or self.redis
+        ttl = max(1, ttl_ms)
+        if followups:
+            c.set(self.keys.done_followups(job_id), json.dumps(list(followups)), px=ttl)
+        return c.set(self.keys.done(job_id), result_json, px=ttl)
 
 
 def known_queues(client: redis.Redis) -> list[str]:

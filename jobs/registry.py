@@ -74,6 +74,7 @@ class JobContext:
         options["job_id"] = f"{self.id}-{len(self.followups) + 1}"
         spec = build_spec(task, options)
         spec["queue"] = queue or self.queue
+        spec["parent"] = self.id  # the link `forq job` shows, whichever queue it lands in
         self.followups.append(spec)
         return spec["id"]
 

@@ -179,6 +179,23 @@ local function succeed(prefix, id, jkey, result, at, source)
   finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
 end
 
+-- An idempotent job whose completion the parent recorded (`done` is the recorded
+-- result) but whose ack never landed: succeed it without running it again, and enqueue
+-- the same-queue follow-ups recorded with the completion, which that ack would have
+-- enqueued. Their ids are deterministic, so any that exist already are left alone.
+local function succeed_recorded(prefix, id, jkey, done, at)
+  local queue = redis.call('HGET', jkey, 'queue')
+  succeed(prefix, id, jkey, done, at, 'completion recorded before')
+  local raw = redis.call('GET', prefix .. 'done-followups:' .. id)
+  if raw then
+    for _, spec in ipairs(cjson.decode(raw)) do
+      spec['parent'] = id
+      local r = enqueue_one(prefix, queue, spec, at)
+      if r[2] ~= 'duplicate' then wake(prefix, r[2] == 'pending' and 0 or r[3]) end
+    end
+  end
+end
+
 -- An active job left `active`. When a global max_in_flight may have held other
 -- supervisors back, wake them so they claim the freed slot now instead of polling.
 local function slot_freed(prefix)
@@ -186,4 +203,17 @@ local function slot_freed(prefix)
       and redis.call('ZCARD', prefix .. 'pending') > 0 then
     wake(prefix, 0)
   end
+end
+
+-- An active job whose cancel was requested (`forq cancel`) and whose lease ends some
+-- other way before its supervisor acted on it (a crash, a drain's release, a failure)
+-- finishes as cancelled: a requested cancel is never undone by a rerun or a retry.
+local function cancel_active(prefix, id, jkey, at, reason)
+  redis.call('ZREM', prefix .. 'active', id)
+  redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
+  redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'last_crash')
+  add_history(prefix, id, 'cancelled', at, {reason = reason})
+  count(prefix, 'cancelled', at)
+  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
+  slot_freed(prefix)
 end

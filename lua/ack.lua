@@ -35,5 +35,10 @@ for i = 6, #ARGV do
     woke = true
   end
 end
+if #ARGV >= 6 then
+  -- they are enqueued now: the copy an idempotent job's completion record keeps for a
+  -- lost ack (see succeed_recorded) is no longer needed
+  redis.call('DEL', prefix .. 'done-followups:' .. id)
+end
 if not woke then slot_freed(prefix) end
 return 'ok'

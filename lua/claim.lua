@@ -62,11 +62,14 @@ if rate and rate > 0 and want > 0 then
   local b = redis.call('HMGET', bucket_key, 'tokens', 'ts')
   tokens = tonumber(b[1]) or burst
   local ts = tonumber(b[2]) or at
-  if at > ts then tokens = math.min(burst, tokens + (at - ts) * rate) end
+  -- capped even when no time passed: a lowered limit also lowers the burst at once
+  tokens = math.min(burst, tokens + math.max(0, at - ts) * rate)
   if tokens < want then
+    -- held back, even if partly served: say when the next token comes, so a supervisor
+    -- with free slots left claims again then instead of waiting for a job to finish
     want = math.floor(tokens)
-    if want < 1 then
-      wait_ms = math.ceil((1 - tokens) / rate)
+    if redis.call('ZCARD', pending_key) > want then
+      wait_ms = math.ceil((1 - (tokens - want)) / rate)
     end
   end
 end
@@ -84,7 +87,7 @@ if want > 0 then
     if redis.call('EXISTS', jkey) == 1 then
       local done = redis.call('GET', prefix .. 'done:' .. id)
       if done then
-        succeed(prefix, id, jkey, done, at, 'completion recorded before')
+        succeed_recorded(prefix, id, jkey, done, at)
       else
         leased = leased + 1
         local token = redis.call('INCR', prefix .. 'token')

@@ -14,7 +14,8 @@
 
   Returns {reclaimed_to_pending, dead, completed, id1, id2, ...}: the counts, then the
     ids moved. `completed` counts idempotent jobs whose completion was already recorded:
-    they are marked succeeded instead of run again.
+    they are marked succeeded instead of run again. A job whose cancel was requested
+    is finished as cancelled (listed in the ids, in none of the counts).
   Cost: O(log n + expired), never a scan of all active jobs.
 ]]
 --@include _lib
@@ -36,8 +37,10 @@ for _, id in ipairs(expired) do
     ids[#ids + 1] = id
     local done = redis.call('GET', prefix .. 'done:' .. id)
     if done then
-      succeed(prefix, id, jkey, done, at, 'completion recorded before')
+      succeed_recorded(prefix, id, jkey, done, at)
       completed = completed + 1
+    elseif redis.call('HEXISTS', jkey, 'cancel_requested') == 1 then
+      cancel_active(prefix, id, jkey, at, 'cancel requested; lease expired')
     else
       local f = redis.call('HMGET', jkey, 'owner', 'token', 'last_crash')
       local reason = f[3] or ('lease expired (owner ' .. tostring(f[1]) .. ')')

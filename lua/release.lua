@@ -9,17 +9,22 @@
   ARGV[3]  fencing token
   ARGV[4]  reason (for the history)
 
-  Returns "ok", or "lost" when the token is stale (nothing changes).
+  Returns "ok", or "lost" when the token is stale (nothing changes). A job whose cancel
+  was requested is finished as cancelled instead of going back to pending.
 ]]
 --@include _lib
 
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'token', 'owner')
+local f = redis.call('HMGET', jkey, 'state', 'token', 'owner', 'cancel_requested')
 if f[1] ~= 'active' or f[2] ~= token then
   return 'lost'
 end
 local at = now_ms()
+if f[4] then
+  cancel_active(prefix, id, jkey, at, 'cancel requested; released: ' .. reason)
+  return 'ok'
+end
 back_to_pending(prefix, id, jkey)
 add_history(prefix, id, 'released', at, {reason = reason, owner = f[3]})
 wake(prefix, 0)

@@ -45,6 +45,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cronsim
 
+from jobs.topology import as_cluster_url, is_topology_url, url_problem
 from jobs.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
 
 if sys.version_info >= (3, 11):
@@ -81,7 +82,7 @@ BUILTIN_POLICY: dict[str, int | float] = {
 }
 
 _TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule")
-_REDIS_KEYS = ("url", "password_file")
+_REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout")
 _SUPERVISOR_KEYS = (
     "name",
     "lease_ttl",
@@ -255,6 +256,9 @@ class Config:
     defaults: dict[str, int | float] = field(repr=False)
     queue_overrides: dict[str, dict[str, int | float]] = field(repr=False)
     task_overrides: dict[str, dict[str, int | float]] = field(repr=False)
+    # [redis].min_replicas / wait_timeout: WAIT for replicas after every report batch
+    redis_min_replicas: int = 0
+    redis_wait_timeout: float = 1.0
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -472,6 +476,14 @@ def _redis(
     if env.get("FORQ_REDIS_URL"):
         url = env["FORQ_REDIS_URL"]
         _check_redis_url(url, "FORQ_REDIS_URL")
+    cluster = table.get("cluster", False)
+    if not isinstance(cluster, bool):
+        raise _expected("[redis].cluster", "true or false", cluster)
+    if cluster:
+        url = as_cluster_url(url)  # any node's redis:// URL → redis+cluster://
+        if "+cluster://" not in url:
+            raise _Invalid("[redis].cluster: true needs a redis:// or redis+cluster:// URL, "
+                           f"got {_redact(url)}")
 
     password_file = table.get("password_file")
     if password_file is not None:
@@ -493,9 +505,27 @@ def _redis(
     return url, password
 
 
+def _replication(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """[redis].min_replicas (WAIT for that many replicas after each report batch) and
+    [redis].wait_timeout (how long, at most)."""
+    table = doc.get("redis", {})
+    out: dict[str, Any] = {}
+    if "min_replicas" in table:
+        out["redis_min_replicas"] = _int(table["min_replicas"], "[redis].min_replicas", 0, 16)
+    if "wait_timeout" in table:
+        out["redis_wait_timeout"] = _duration(table["wait_timeout"], "[redis].wait_timeout",
+                                              positive=True)
+    return out
+
+
 def _check_redis_url(url: str, where: str) -> None:
     shown = _redact(url)
     what = 'a URL such as "redis://127.0.0.1:6379/0", rediss:// or unix://'
+    if is_topology_url(url):  # redis+cluster:// or redis+sentinel:// (jobs/topology.py)
+        problem = url_problem(url)
+        if problem:
+            raise _expected(where, problem, shown)
+        return
     try:
         parts = urlsplit(url)
     except ValueError:  # e.g. a malformed IPv6 host
@@ -790,6 +820,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         defaults=defaults,
         queue_overrides=queue_overrides,
         task_overrides=task_overrides,
+        **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.
     for queue_name in [None, *(q.name for q in queues)]:

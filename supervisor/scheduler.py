@@ -96,7 +96,9 @@ class Scheduler:
             return ticks
         if schedule.catch_up == "latest":
             return ticks[-1:]
-        return [t for t in ticks if now - t <= LATE_GRACE]  # "none": only the current tick
+        # "none": only the current tick (the latest, if at most LATE_GRACE late); the
+        # ticks before it were missed, even those that are still less than the grace old
+        return [t for t in ticks[-1:] if now - t <= LATE_GRACE]
 
     def fire_due(self, now: dt.datetime | None = None) -> float:
         """Enqueue every due tick; returns seconds until the next tick (at most 60).

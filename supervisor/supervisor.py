@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from jobs import Queue, registry
+from jobs import Queue, registry, topology
 from jobs.connection import connect
 from jobs.keys import QueueKeys
 
@@ -68,6 +68,8 @@ class Supervisor:
         self.redis = connect(config.redis_url, password=config.redis_password,
                              socket_timeout=timeout, socket_connect_timeout=timeout,
                              health_check_interval=0, retry_on_timeout=False)
+        # [redis].min_replicas: a WAIT must end before the socket times out
+        self.wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.queues: dict[str, Queue] = {}
         self.policies: dict[str, str] = {}
         self.leases = LeaseKeeper(config.lease_ttl)
@@ -79,6 +81,7 @@ class Supervisor:
         self.notifier = Notifier.from_env()
         self.registry = SupervisorRegistry(self.redis, self.id)
         self.pubsub: Any = None
+        self.pubsub_sock: Any = None  # the socket registered in the selector for wakes
         self.draining = False
         self.drain_started = 0.0
         self.want_claim = True
@@ -273,17 +276,22 @@ class Supervisor:
         try:
             self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             self.pubsub.subscribe(*(QueueKeys(q).wake for q in self._served()))
-            self.loop.add_reader(self.pubsub.connection._sock, self._on_wake)
+            self.pubsub_sock = self.pubsub.connection._sock
+            self.loop.add_reader(self.pubsub_sock, self._on_wake)
         except (redis.RedisError, OSError, AttributeError) as exc:
             self._redis_failed("subscribe", exc)
             self.pubsub = None
 
     def _unsubscribe(self) -> None:
+        # unregister the socket we registered, even if redis-py has already closed and
+        # dropped it after an error: a stale selector entry would refuse the next
+        # registration of its (reused) fd number — a child's pidfd, or the next pubsub
+        if self.pubsub_sock is not None:
+            self.loop.remove_reader(self.pubsub_sock)
+            self.pubsub_sock = None
         if self.pubsub is None:
             return
         try:
-            if self.pubsub.connection is not None and self.pubsub.connection._sock is not None:
-                self.loop.remove_reader(self.pubsub.connection._sock)
             self.pubsub.close()
         except (redis.RedisError, OSError):
             pass
@@ -349,6 +357,7 @@ class Supervisor:
         if self.redis_backoff > 0.1:
             log.info("redis reachable again")
         self.redis_backoff = 0.1
+        self.redis_down_until = 0.0  # it answered: flush, claim and reap now
 
     def _claim(self) -> None:
         self.want_claim = False
@@ -450,7 +459,8 @@ class Supervisor:
         self.running[child.queue] -= 1
         self.metrics.set_children(child.queue, self.running[child.queue])
         token = self.leases.token(child.job_id) or child.lease.token
-        self.leases.remove(child.job_id)
+        # the lease stays in the keeper (and is extended) until the report lands: a
+        # result waiting out a Redis blip must not expire and be run again elsewhere
         outcome = ch.classify(child, status)
         if outcome.kind == "fail" and outcome.error.get("type") == "MemoryError":
             outcome.metric = "memory"
@@ -560,6 +570,7 @@ class Supervisor:
             default_max = int(json.loads(self.policies.get(name, "{}") or "{}")
                               .get("defaults", {}).get("max_crashes", 3))
             self.queues[name].reclaim(self.id, default_max, client=pipe)
+        waits = self._queue_waits(pipe, batch)
         try:
             replies = pipe.execute(raise_on_error=False)
         except (redis.RedisError, OSError) as exc:
@@ -567,12 +578,37 @@ class Supervisor:
             self._redis_failed("report", exc)
             return
         self._redis_worked()
+        if waits:
+            replies = self._check_waits(batch, replies, waits)
         for item, (start, end) in zip(batch, spans, strict=True):
             self._reported(item, replies[start:end])
         for name, reply in zip(reap_names, replies[len(replies) - len(reap_names):], strict=True):
             if isinstance(reply, list) and reply[3:]:
                 self.metrics.reclaimed(name, len(reply) - 3)
                 self.want_claim = True
+
+    def _queue_waits(self, pipe: Any, batch: list[Pending]) -> int:
+        """[redis].min_replicas: WAIT after the reports, on the connection(s) that sent
+        them (one per shard in a cluster). Returns how many WAIT replies come last."""
+        if not self.config.redis_min_replicas:
+            return 0
+        names = {item.child.queue for item in batch}
+        for item in batch:
+            names.update(f.get("queue", item.child.queue) for f in item.outcome.followups)
+        return topology.queue_wait(pipe, self.config.redis_min_replicas, self.wait_ms,
+                                   [QueueKeys(name).active for name in sorted(names)])
+
+    def _check_waits(self, batch: list[Pending], replies: list[Any], waits: int) -> list[Any]:
+        """Log the reports that did not reach min_replicas in time; strip the WAITs."""
+        needed = self.config.redis_min_replicas
+        short = topology.short_of(replies[-waits:], needed)
+        if short is not None:
+            self.metrics.redis_error("replicate")
+            log.warning("reports of job(s) %s not replicated: %d of %d replica(s) acknowledged "
+                        "within %d ms; a failover now could undo them",
+                        ", ".join(item.child.job_id for item in batch), short, needed,
+                        self.wait_ms)
+        return replies[:-waits]
 
     def _queue_report(self, pipe: Any, item: Pending) -> None:
         child, outcome, token = item.child, item.outcome, item.token
@@ -581,13 +617,17 @@ class Supervisor:
         if outcome.kind == "ack":
             fields = child.lease.job.fields
             task = registry.lookup(child.task)
-            if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
-                ttl = int(fields.get("idempotency_ttl_ms") or IDEMPOTENCY_TTL_MS)
-                q.record_done(job_id, outcome.result_json, ttl, client=pipe)
             same = [f for f in outcome.followups if f.get("queue", child.queue) == child.queue]
+            # other queues' follow-ups first (deterministic ids, so a re-run adds none):
+            # Redis runs the pipeline in order, so once a completion record exists they do
             for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
                 specs = [f for f in outcome.followups if f.get("queue") == other]
                 self._queue_for(other).send_specs(specs, pipe)
+            if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
+                ttl = int(fields.get("idempotency_ttl_ms") or IDEMPOTENCY_TTL_MS)
+                # with the same-queue follow-ups: if this ack is lost, the reclaim that
+                # finds the completion enqueues them instead
+                q.record_done(job_id, outcome.result_json, ttl, same, client=pipe)
             q.ack(job_id, token, outcome.result_json, same, client=pipe)
         elif outcome.kind == "fail":
             q.fail(job_id, token, outcome.error, outcome.mode, client=pipe)
@@ -603,6 +643,8 @@ class Supervisor:
 
     def _reported(self, item: Pending, replies: list[Any]) -> None:
         child, outcome = item.child, item.outcome
+        if self.leases.token(child.job_id) == item.token:
+            self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric = outcome.metric
         last = replies[-1] if replies else None
         if isinstance(last, Exception):

@@ -61,3 +61,14 @@ def big_result(n: int):
 def connect(host: str, port: int):
     with socket.create_connection((host, port), timeout=2):
         return True
+
+
+@task("tests.fanout")
+def fanout(path: str, other: str):
+    """Record this execution, then ask for two follow-ups: `tests.touch` on queue `other`
+    (id `<this id>-1`) and `tests.touch` on this job's own queue (id `<this id>-2`)."""
+    with open(path, "a") as f:
+        f.write(f"{current().id} {os.getpid()} start\n")
+    there = current().enqueue("tests.touch", path, queue=other)
+    here = current().enqueue("tests.touch", path)
+    return {"there": there, "here": here}
