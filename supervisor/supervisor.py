@@ -358,6 +358,8 @@ class Supervisor:
             log.info("redis reachable again")
         self.redis_backoff = 0.1
         self.redis_down_until = 0.0  # it answered: flush, claim and reap now
+        if self.pubsub is None and not self.draining:
+            self._subscribe()  # the wake connection died with the outage: back at once
 
     def _claim(self) -> None:
         self.want_claim = False
