@@ -59,7 +59,9 @@ class SupervisorProcess:
     def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.log_path = Path(tempfile.mkstemp(prefix="forq-sup-", suffix=".log")[1])
-        self.env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+        # the config names the Redis: FORQ_REDIS_URL (set by `make test`) would override it
+        base = {k: v for k, v in os.environ.items() if k != "FORQ_REDIS_URL"}
+        self.env = dict(base, PYTHONPATH=str(REPO), **(env or {}))
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait_ready: bool = True, timeout: float = 20.0) -> SupervisorProcess:
