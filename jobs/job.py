@@ -157,7 +157,9 @@ class Job:
         """Block until the job finishes; return its result or raise `JobFailed`.
 
         Polls with a growing interval (capped at 0.5 s): waiting is rare and
-        bounded, and a poll costs the server two reads.
+        bounded, and a poll costs the server two reads. A job enqueued with
+        ``result_ttl=0`` keeps no record once it succeeds: waiting for it ends in
+        `JobNotFound`.
         """
         deadline = time.monotonic() + timeout
         interval = min(poll, 0.01)

@@ -218,15 +218,15 @@ class Queue:
         }
 
     def dead(self, limit: int = 100) -> list[Job]:
-        """The oldest dead jobs, with their reasons."""
+        """The oldest dead jobs, with their reasons (two round trips however many)."""
         ids = self.redis.zrange(self.keys.dead, 0, limit - 1)
-        return [j for j in (self._get_or_none(i) for i in ids) if j is not None]
-
-    def _get_or_none(self, job_id: str) -> Job | None:
-        try:
-            return self.get(job_id)
-        except JobNotFound:
-            return None
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.history(job_id), 0, -1)
+        replies = pipe.execute() if ids else []
+        return [Job.from_record(self, record, history)
+                for record, history in zip(replies[::2], replies[1::2], strict=True) if record]
 
     # -- operator actions ----------------------------------------------------------
 
