@@ -41,13 +41,20 @@ def _encode_args(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> t
         raise PayloadError(f"task {task!r}: args must be a list, got {type(args).__name__}")
     if not isinstance(kwargs, Mapping):
         raise PayloadError(f"task {task!r}: kwargs must be a mapping, got {type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str):
+            raise PayloadError(f"task {task!r}: kwargs key {name!r} is not a string")
+    try:
+        return (json.dumps(list(args), separators=(",", ":"), allow_nan=False),
+                json.dumps(dict(kwargs), separators=(",", ":"), allow_nan=False))
+    except (TypeError, ValueError):
+        pass
+    # encode once on the happy path; only a refusal walks the items to name the culprit
     for i, value in enumerate(args):
         _dumps(value, f"task {task!r}: args[{i}]")
     for name, value in kwargs.items():
-        if not isinstance(name, str):
-            raise PayloadError(f"task {task!r}: kwargs key {name!r} is not a string")
         _dumps(value, f"task {task!r}: kwargs[{name!r}]")
-    return _dumps(list(args), "args"), _dumps(dict(kwargs), "kwargs")
+    raise PayloadError(f"task {task!r}: arguments are not JSON-serialisable")
 
 
 def _largest(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

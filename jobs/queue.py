@@ -126,13 +126,20 @@ class Queue:
         return self._enqueue_specs(specs, durable)
 
     def _enqueue_specs(self, specs: list[dict[str, Any]], durable: bool | None = None) -> list[Job]:
-        pipe = self.redis.pipeline(transaction=False)
-        self.send_specs(specs, pipe)
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
-        waits = topology.queue_wait(pipe, replicas, wait_ms, [self.keys.pending]) if replicas else 0
+        if self._registered and not replicas and len(specs) == 1:
+            # one job, one round trip: a pipeline would first ask SCRIPT EXISTS
+            replies = [self.scripts.enqueue(
+                keys=[self.keys.pending, self.keys.scheduled],
+                args=[self.keys.prefix, self.name, json.dumps(specs[0])])]
+            waits = 0
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            self.send_specs(specs, pipe)
+            waits = topology.queue_wait(pipe, replicas, wait_ms, [self.keys.pending]) if replicas else 0
+            replies = pipe.execute()
         jobs = []
-        replies = pipe.execute()
         for reply in replies:
             if not isinstance(reply, list):
                 continue  # the SADD that registers the queue name

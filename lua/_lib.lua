@@ -42,11 +42,12 @@ local function pending_score(prefix, priority)
   return -priority * PRIORITY_SPAN + seq
 end
 
--- Bump the per-queue totals and the per-minute window used by `forq stats`.
-local function count(prefix, field, at)
-  redis.call('HINCRBY', prefix .. 'stats', field, 1)
+-- Bump the per-queue totals and the per-minute window used by `forq stats` by n (1).
+local function count(prefix, field, at, n)
+  n = n or 1
+  redis.call('HINCRBY', prefix .. 'stats', field, n)
   local mkey = prefix .. 'minute:' .. math.floor(at / 60000)
-  redis.call('HINCRBY', mkey, field, 1)
+  redis.call('HINCRBY', mkey, field, n)
   redis.call('PEXPIRE', mkey, 180000)
 end
 
@@ -149,8 +150,10 @@ local function enqueue_one(prefix, queue, spec, at)
   local extra = {}
   if spec['parent'] then extra['parent'] = spec['parent'] end
   if status == 'scheduled' then extra['run_at'] = run_at end
-  add_history(prefix, id, 'enqueued', at, extra)
-  count(prefix, 'enqueued', at)
+  -- the history list is new: a plain RPUSH, no trim (callers count the enqueues, once)
+  extra['event'] = 'enqueued'
+  extra['at'] = at
+  redis.call('RPUSH', jkey .. ':history', cjson.encode(extra))
   return {id, status, run_at}
 end
 
@@ -188,11 +191,16 @@ local function succeed_recorded(prefix, id, jkey, done, at)
   succeed(prefix, id, jkey, done, at, 'completion recorded before')
   local raw = redis.call('GET', prefix .. 'done-followups:' .. id)
   if raw then
+    local added = 0
     for _, spec in ipairs(cjson.decode(raw)) do
       spec['parent'] = id
       local r = enqueue_one(prefix, queue, spec, at)
-      if r[2] ~= 'duplicate' then wake(prefix, r[2] == 'pending' and 0 or r[3]) end
+      if r[2] ~= 'duplicate' then
+        wake(prefix, r[2] == 'pending' and 0 or r[3])
+        added = added + 1
+      end
     end
+    if added > 0 then count(prefix, 'enqueued', at, added) end
   end
 end
 

@@ -22,6 +22,7 @@ local prefix, queue = ARGV[1], ARGV[2]
 local at = now_ms()
 local out = {}
 local earliest = nil
+local added = 0
 for i = 3, #ARGV do
   local r = enqueue_one(prefix, queue, cjson.decode(ARGV[i]), at)
   out[#out + 1] = r[1]
@@ -30,7 +31,9 @@ for i = 3, #ARGV do
   if r[2] ~= 'duplicate' then
     local due = r[2] == 'pending' and 0 or r[3]
     if earliest == nil or due < earliest then earliest = due end
+    added = added + 1
   end
 end
+if added > 0 then count(prefix, 'enqueued', at, added) end
 if earliest ~= nil then wake(prefix, earliest) end
 return out

@@ -24,7 +24,9 @@ for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local jkey = job_key(prefix, id)
   local f = redis.call('HMGET', jkey, 'state', 'token', 'cancel_requested')
-  if f[1] ~= 'active' or f[2] ~= token or redis.call('ZSCORE', active_key, id) == false then
+  local score = redis.call('ZSCORE', active_key, id)
+  -- a lease its own parent expired (score 0: the child crashed) is never revived
+  if f[1] ~= 'active' or f[2] ~= token or score == false or tonumber(score) == 0 then
     lost[#lost + 1] = id
   else
     local deadline = at + ttl

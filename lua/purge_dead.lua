@@ -22,7 +22,8 @@ local n, missing = 0, {}
 for _, id in ipairs(ids) do
   if redis.call('ZREM', dead_key, id) == 1 then
     local jkey = job_key(prefix, id)
-    redis.call('DEL', jkey, jkey .. ':history', prefix .. 'done:' .. id)
+    redis.call('DEL', jkey, jkey .. ':history', prefix .. 'done:' .. id,
+      prefix .. 'done-followups:' .. id)
     n = n + 1
   else
     missing[#missing + 1] = id
