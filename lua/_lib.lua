@@ -182,25 +182,33 @@ local function succeed(prefix, id, jkey, result, at, source)
   finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
 end
 
+-- Enqueue a finished job's follow-ups (decoded specs) in its own queue, linked to it.
+-- Their ids are deterministic, so any that exist already are left alone. Returns how
+-- many were added.
+local function enqueue_followups(prefix, queue, parent, specs, at)
+  local added = 0
+  for _, spec in ipairs(specs) do
+    spec['parent'] = parent
+    local r = enqueue_one(prefix, queue, spec, at)
+    if r[2] ~= 'duplicate' then
+      wake(prefix, r[2] == 'pending' and 0 or r[3])
+      added = added + 1
+    end
+  end
+  if added > 0 then count(prefix, 'enqueued', at, added) end
+  return added
+end
+
 -- An idempotent job whose completion the parent recorded (`done` is the recorded
 -- result) but whose ack never landed: succeed it without running it again, and enqueue
 -- the same-queue follow-ups recorded with the completion, which that ack would have
--- enqueued. Their ids are deterministic, so any that exist already are left alone.
+-- enqueued.
 local function succeed_recorded(prefix, id, jkey, done, at)
   local queue = redis.call('HGET', jkey, 'queue')
   succeed(prefix, id, jkey, done, at, 'completion recorded before')
   local raw = redis.call('GET', prefix .. 'done-followups:' .. id)
   if raw then
-    local added = 0
-    for _, spec in ipairs(cjson.decode(raw)) do
-      spec['parent'] = id
-      local r = enqueue_one(prefix, queue, spec, at)
-      if r[2] ~= 'duplicate' then
-        wake(prefix, r[2] == 'pending' and 0 or r[3])
-        added = added + 1
-      end
-    end
-    if added > 0 then count(prefix, 'enqueued', at, added) end
+    enqueue_followups(prefix, queue, id, cjson.decode(raw), at)
   end
 end
 

@@ -25,18 +25,9 @@ if f[1] ~= 'active' or f[2] ~= token then
 end
 local at = now_ms()
 succeed(prefix, id, jkey, result, at, nil)
-local added = 0
-for i = 6, #ARGV do
-  local spec = cjson.decode(ARGV[i])
-  spec['parent'] = id
-  local r = enqueue_one(prefix, queue, spec, at)
-  if r[2] ~= 'duplicate' then
-    wake(prefix, r[2] == 'pending' and 0 or r[3])
-    added = added + 1
-  end
-end
-if added > 0 then count(prefix, 'enqueued', at, added) end
-local woke = added > 0
+local specs = {}
+for i = 6, #ARGV do specs[#specs + 1] = cjson.decode(ARGV[i]) end
+local woke = enqueue_followups(prefix, queue, id, specs, at) > 0
 if #ARGV >= 6 then
   -- they are enqueued now: the copy an idempotent job's completion record keeps for a
   -- lost ack (see succeed_recorded) is no longer needed
