@@ -1,0 +1,841 @@
+"""Check the recorded history against Redis once the queue has settled.
+
+Inputs: the jobs the producer was told are enqueued, every execution the handlers
+appended to the execution log, each job's record and history in Redis, the faults
+injected (with times and targets), the Redis outages, and what the monitor saw.
+
+Each execution is tied to the lease it ran under: the last ``claimed`` entry in the
+job's history by the same supervisor (owner ``host:pid`` = the child's parent) at or
+before the execution started. The lease's end is the next lease-ending entry
+(succeeded, retry, dead, reclaimed, released). From that, every execution gets an
+*end cause*: completed, failed attempt, handler crash, child killed, memory limit,
+drained, supervisor killed / stopped, Redis outage — or a violation (no lease, a
+stale ack, a lease lost with no fault to explain it).
+
+Invariants (the issue's numbering):
+ 1. every told job reached a terminal state (lost = 0);
+ 2. no job in two states (final sets vs records, the monitor's snapshots, and each
+    history replayed through the state machine); no lease of a dead supervisor;
+ 3. succeeded jobs ran to completion (the stored result names a completed execution
+    of the lease that was current at the ack); every re-execution has a cause;
+ 4. idempotent jobs have exactly one completed execution (an extra one is excused
+    only when the first completion's report could not land: its supervisor was
+    killed or stopped, or Redis was down — reported, never silent);
+ 5. dead jobs are dead for a stated reason consistent with their record, history
+    and what the job was built to do;
+ 6. reclaim latency: supervisor kill/stop ≤ lease_ttl + reaper_interval + tolerance,
+    child crash ≤ 1 s;
+ 7. supervisors: none exited on its own, drains exited 0 in time, no tracebacks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs import Job, Queue
+
+from .context import QUEUE, Context
+
+LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled")
+TERMINAL = ("succeeded", "dead", "cancelled")
+FAULT_CAUSES = ("supervisor killed", "supervisor stopped", "supervisor drained",
+                "supervisor exited", "redis outage", "supervisor starved of CPU",
+                "redis stalled (host)")
+STARVED = 0.5  # s of run-queue wait within a lease that can explain losing it
+STARVED_LATE = 0.3  # s of run-queue wait that can explain a late reclaim
+OWN_CAUSES = ("completed", "failed attempt", "fatal error", "handler crash", "child killed",
+              "memory limit", "drained (released)", "completion recorded earlier")
+MAX_EXAMPLES = 25
+
+
+@dataclass
+class Exec:
+    job: str
+    x: str
+    spid: int
+    pid: int
+    sup: str
+    start: float
+    kind: str
+    n: int
+    end: float | None = None
+    outcome: str | None = None  # ok | raise | fatal | crash | None (killed)
+    claim: Claim | None = None
+    cause: str = ""
+
+
+@dataclass
+class Claim:
+    at: float
+    owner: str
+    token: str
+    index: int
+    end_event: str | None = None
+    end_at: float | None = None
+    end_reason: str = ""
+    end_source: str | None = None
+    crashed: str | None = None  # the parent's crash report (expire), if any
+    by: str = ""  # who reclaimed it
+    execs: list[Exec] = field(default_factory=list)
+
+    @property
+    def owner_pid(self) -> int:
+        try:
+            return int(self.owner.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+
+
+@dataclass
+class Invariant:
+    number: int
+    name: str
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    count: int = 0  # total violations (examples are capped)
+    _kinds: dict[str, int] = field(default_factory=dict)
+
+    def fail(self, message: str) -> None:
+        """Count a violation; keep a few examples of each kind, so one flood of the same
+        problem cannot hide a different one."""
+        self.count += 1
+        kind = re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "#", message.split(": ", 1)[-1])[:50]
+        seen = self._kinds.get(kind, 0)
+        self._kinds[kind] = seen + 1
+        if seen < 3 and len(self.violations) < MAX_EXAMPLES:
+            self.violations.append(message)
+
+    @property
+    def ok(self) -> bool:
+        return self.count == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "name": self.name, "ok": self.ok,
+                "violations": self.count, "examples": self.violations, "notes": self.notes}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
+    return s[k]
+
+
+def dist(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50": pct(values, 0.5), "p99": pct(values, 0.99),
+            "max": max(values) if values else None,
+            "mean": statistics.fmean(values) if values else None}
+
+
+def load_execs(path: Path) -> tuple[dict[str, Exec], list[str]]:
+    execs: dict[str, Exec] = {}
+    problems = []
+    if not path.exists():
+        return execs, problems
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            problems.append(f"execution log line {lineno} is not JSON: {line[:80]!r}")
+            continue
+        if rec.get("ev") == "start":
+            execs[rec["x"]] = Exec(rec["job"], rec["x"], int(rec["spid"]), int(rec["pid"]),
+                                   rec.get("sup", ""), float(rec["t"]), rec.get("kind", ""),
+                                   int(rec.get("n", 0)))
+        elif rec.get("ev") == "end":
+            e = execs.get(rec["x"])
+            if e is None:
+                problems.append(f"execution log: end of unknown execution {rec['x']}")
+                continue
+            e.end = float(rec["t"])
+            e.outcome = rec.get("outcome")
+    return execs, problems
+
+
+def load_jobs(queue: Queue, ids: list[str]) -> dict[str, Job | None]:
+    out: dict[str, Job | None] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        pipe = queue.redis.pipeline(transaction=False)
+        for jid in chunk:
+            pipe.hgetall(queue.keys.job(jid))
+            pipe.lrange(queue.keys.history(jid), 0, -1)
+        replies = pipe.execute()
+        for i, jid in enumerate(chunk):
+            record, history = replies[2 * i], replies[2 * i + 1]
+            out[jid] = Job.from_record(queue, record, history) if record else None
+    return out
+
+
+def final_sets(queue: Queue) -> dict[str, list[str]]:
+    pipe = queue.redis.pipeline(transaction=True)
+    for name in ("pending", "scheduled", "active", "dead"):
+        pipe.zrange(getattr(queue.keys, name), 0, -1)
+    replies = pipe.execute()
+    return dict(zip(("pending", "scheduled", "active", "dead"), replies, strict=True))
+
+
+class Checker:
+    def __init__(self, ctx: Context, queue: Queue) -> None:
+        self.ctx = ctx
+        self.s = ctx.settings
+        self.queue = queue
+        self.inv = {n: Invariant(n, name) for n, name in (
+            (1, "nothing told is lost"),
+            (2, "one state per job; no lease of a dead supervisor"),
+            (3, "successes ran to completion; every re-execution has a cause"),
+            (4, "idempotent jobs complete exactly once"),
+            (5, "dead jobs are dead for a consistent, stated reason"),
+            (6, "reclaim latency within bounds"),
+            (7, "supervisors survive, drain cleanly, log no tracebacks"),
+        )}
+        self.stats: dict[str, Any] = {}
+        self.late_excused: list[str] = []
+        self.cause_examples: dict[str, list[dict[str, Any]]] = {}
+        # fault indexes
+        self.child_kills: dict[int, dict[str, Any]] = {}
+        self.sup_faults: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for f in ctx.faults:
+            if f.get("skipped"):
+                continue
+            if f["kind"] == "child_kill":
+                self.child_kills[f["pid"]] = f
+            elif f["kind"] in ("sup_kill", "sup_stop", "sup_term"):
+                self.sup_faults[f["pid"]].append(f)
+        for u in ctx.unexpected_exits:
+            try:
+                pid = int(u["sup_id"].rsplit(":", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            self.sup_faults[pid].append({"kind": "exited", "t": u["t"], "t_end": u["t"]})
+
+    # -- attribution ---------------------------------------------------------------------
+
+    def fault_cause(self, owner_pid: int, t0: float, t1: float) -> str | None:
+        """A fault that explains a lease lost between t0 and t1, if any."""
+        for f in self.sup_faults.get(owner_pid, []):
+            start, end = f["t"], f.get("t_end", f["t"])
+            if f["kind"] == "sup_kill" and t0 - 0.5 <= start <= t1:
+                return "supervisor killed"
+            if f["kind"] == "sup_stop" and start <= t1 and t0 <= end:
+                return "supervisor stopped"
+            if f["kind"] == "sup_term" and start <= t1 and t0 <= end:
+                return "supervisor drained"
+            if f["kind"] == "exited" and t0 - 0.5 <= start <= t1 + 0.5:
+                return "supervisor exited"
+        for start, end in self.ctx.redis_outages:
+            if start <= t1 and t0 - 0.5 <= end:
+                return "redis outage"
+        if self.starved(owner_pid, t0, t1) >= STARVED:
+            return "supervisor starved of CPU"
+        for start, end in self.ctx.redis_slow:
+            if end - start >= 0.5 and start <= t1 and t0 - 0.5 <= end:
+                return "redis stalled (host)"
+        return None
+
+    def starved(self, pid: int, t0: float, t1: float) -> float:
+        """Seconds `pid` waited for a CPU between t0 and t1 (sampled: rounded outwards)."""
+        series = next((run for run in self.ctx.sched.get(pid, [])
+                       if run and run[0][0] <= t1 and run[-1][0] >= t0), None)
+        if not series:
+            return 0.0
+        times = [t for t, _ in series]
+        i = max(0, bisect.bisect_right(times, t0) - 1)
+        j = min(len(series) - 1, bisect.bisect_left(times, t1))
+        return max(0.0, series[j][1] - series[i][1])
+
+    def killed_by_chaos(self, e: Exec) -> bool:
+        """This execution's process is the one the injector SIGKILLed (pids recycle)."""
+        f = self.child_kills.get(e.pid)
+        return (f is not None and e.outcome is None and e.start <= f["t"]
+                and f["job"] == e.job)
+
+    @staticmethod
+    def pid_of(sup_id: str) -> int:
+        try:
+            return int(sup_id.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+
+    def end_cause(self, e: Exec, job: Job) -> str:
+        """Why this execution did not (or did) finish its job."""
+        if e.outcome == "raise":
+            return "failed attempt"
+        if e.outcome == "fatal":
+            return "fatal error"
+        if e.outcome == "crash":
+            return "handler crash"
+        c = e.claim
+        if c is None:
+            return "VIOLATION: ran without a lease"
+        result_x = (job.result or {}).get("x") if isinstance(job.result, dict) else None
+        if self.killed_by_chaos(e):
+            return "child killed"
+        if c.end_event is None:
+            return "VIOLATION: lease never ended"
+        if c.end_event == "released":
+            if any(f["kind"] == "sup_term" and f["t"] <= (c.end_at or 0) + 0.1
+                   and c.at <= f.get("t_end", f["t"]) for f in self.sup_faults.get(c.owner_pid, [])):
+                return "drained (released)"
+            return "VIOLATION: its lease was released, but its supervisor was not draining"
+        by_fail = c.end_event == "retry" or (c.end_event == "dead" and c.crashed is None
+                                             and "crashes exhausted" not in c.end_reason)
+        if by_fail:
+            reason = c.end_reason.lower()
+            if "memory" in reason:
+                return "memory limit"
+            if "timeout" in reason:
+                return "timeout"
+            return f"VIOLATION: its lease ended in a failure it did not raise ({c.end_reason})"
+        if c.end_event == "succeeded":
+            if result_x == e.x:
+                return "completed"
+            if c.end_source:
+                return "completion recorded earlier"
+            return "VIOLATION: its lease was acked with another execution's result"
+        if c.crashed is not None:
+            if "memory" in c.crashed.lower():
+                return "memory limit"
+            cause = self.fault_cause(c.owner_pid, c.at, c.end_at or c.at)
+            if cause:
+                return cause
+            return f"VIOLATION: unexplained crash ({c.crashed})"
+        if "memory" in c.end_reason.lower():
+            return "memory limit"
+        cause = self.fault_cause(c.owner_pid, c.at, c.end_at or c.at)
+        if cause:
+            return cause
+        return f"VIOLATION: lease lost with no fault to explain it ({c.end_event}: {c.end_reason})"
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        ctx = self.ctx
+        execs, log_problems = load_execs(ctx.exec_log)
+        for p in log_problems:
+            self.inv[3].fail(p)
+        sets = final_sets(self.queue)
+        ids = set(ctx.told) | {e.job for e in execs.values()}
+        for members in sets.values():
+            ids.update(members)
+        jobs = load_jobs(self.queue, sorted(ids))
+        by_job: dict[str, list[Exec]] = defaultdict(list)
+        for e in execs.values():
+            by_job[e.job].append(e)
+        for lst in by_job.values():
+            lst.sort(key=lambda e: e.start)
+
+        claims_by_job: dict[str, list[Claim]] = {}
+        for jid, job in jobs.items():
+            if job is not None:
+                claims_by_job[jid] = self.claims(job)
+        for jid, lst in by_job.items():
+            self.attach(jid, lst, claims_by_job.get(jid, []))
+
+        self.check_lost(jobs)
+        self.check_states(jobs, sets)
+        causes = self.check_executions(jobs, by_job)
+        self.check_idempotent(jobs, by_job)
+        dead_reasons = self.check_dead(jobs, claims_by_job)
+        latency = self.check_latency(jobs, claims_by_job, by_job)
+        self.check_supervisors()
+
+        told_jobs = [jobs.get(j) for j in ctx.told]
+        states = Counter(j.state if j is not None else "missing" for j in told_jobs)
+        finished = [int(j.fields.get("finished_at", 0)) / 1000 for j in told_jobs
+                    if j is not None and j.state in TERMINAL and j.fields.get("finished_at")]
+        first = min((t.told_at for t in ctx.told.values()), default=ctx.started)
+        span = (max(finished) - first) if finished else 0.0
+        n_exec = len(execs)
+        with_exec = len(by_job)
+        self.stats.update({
+            "told": len(ctx.told),
+            "not_told": len(ctx.not_told),
+            "enqueue_errors": ctx.enqueue_errors,
+            "told_after_retry": sum(1 for t in ctx.told.values() if t.tries > 1),
+            "landed_before_told": sum(1 for t in ctx.told.values() if t.status == "duplicate"),
+            "extra_in_redis": len([j for j in jobs if j not in ctx.told]),
+            "states": dict(states),
+            "kinds": dict(Counter(t.kind for t in ctx.told.values())),
+            "executions": n_exec,
+            "jobs_executed": with_exec,
+            "re_executions": n_exec - with_exec,
+            "end_causes": dict(causes["all"]),
+            "re_execution_causes": dict(causes["again"]),
+            "re_execution_examples": self.cause_examples,
+            "dead_reasons": dict(dead_reasons),
+            "latency": latency,
+            "throughput": (states.get("succeeded", 0) + states.get("dead", 0)) / span if span else 0.0,
+            "span_s": span,
+            "faults": dict(Counter(f["kind"] for f in ctx.faults if not f.get("skipped"))),
+            "faults_skipped": dict(Counter(f["kind"] for f in ctx.faults if f.get("skipped"))),
+            "redis_outage_s": round(sum(b - a for a, b in ctx.redis_outages), 2),
+            "redis_stalls_uninjected": [
+                [round(a - ctx.started, 2), round(b - a, 2)] for a, b in ctx.redis_slow
+                if not any(o0 - 0.5 <= b and a <= o1 + 1.0 for o0, o1 in ctx.redis_outages)],
+            "lost": self.inv[1].count,
+            "host": self.host_load(),
+        })
+        return {"invariants": [i.to_dict() for i in self.inv.values()], "stats": self.stats,
+                "ok": all(i.ok for i in self.inv.values())}
+
+    def host_load(self) -> dict[str, Any]:
+        """How loaded the machine was: CPU pressure (PSI), and the largest share of time
+        a supervisor spent waiting for a CPU."""
+        psi = [v for _, v in self.ctx.cpu_pressure]
+        share = 0.0
+        for series in (run for runs in self.ctx.sched.values() for run in runs):
+            if len(series) >= 2 and series[-1][0] > series[0][0]:
+                share = max(share, (series[-1][1] - series[0][1]) / (series[-1][0] - series[0][0]))
+        return {"cpu_pressure_avg": statistics.fmean(psi) if psi else None,
+                "cpu_pressure_max": max(psi) if psi else None,
+                "supervisor_cpu_wait_share_max": round(share, 3)}
+
+    # -- leases ----------------------------------------------------------------------------
+
+    @staticmethod
+    def claims(job: Job) -> list[Claim]:
+        out: list[Claim] = []
+        open_claim: Claim | None = None
+        for i, h in enumerate(job.history):
+            if not isinstance(h, dict):
+                continue
+            ev = h.get("event")
+            if ev == "claimed":
+                open_claim = Claim(float(h["at"]), str(h.get("owner", "")), str(h.get("token", "")), i)
+                out.append(open_claim)
+            elif open_claim is not None and ev == "crashed":
+                open_claim.crashed = str(h.get("reason", ""))
+            elif open_claim is not None and ev in LEASE_END:
+                open_claim.end_event = ev
+                open_claim.end_at = float(h["at"])
+                open_claim.end_reason = str(h.get("reason", ""))
+                open_claim.end_source = h.get("source")
+                open_claim.by = str(h.get("by", ""))
+                open_claim = None
+        return out
+
+    def attach(self, jid: str, execs: list[Exec], claims: list[Claim]) -> None:
+        for e in execs:
+            best = None
+            for c in claims:
+                if c.owner_pid == e.spid and c.at <= e.start:
+                    if best is None or c.at > best.at:
+                        best = c
+            e.claim = best
+            if best is not None:
+                best.execs.append(e)
+
+    # -- 1 -----------------------------------------------------------------------------------
+
+    def check_lost(self, jobs: dict[str, Job | None]) -> None:
+        inv = self.inv[1]
+        for jid, told in sorted(self.ctx.told.items()):
+            job = jobs.get(jid)
+            if job is None:
+                inv.fail(f"{jid}: told enqueued at {told.told_at:.3f}, no record in Redis")
+            elif job.state not in TERMINAL:
+                inv.fail(f"{jid}: still {job.state} after the settle wait")
+
+    # -- 2 -----------------------------------------------------------------------------------
+
+    def check_states(self, jobs: dict[str, Job | None], sets: dict[str, list[str]]) -> None:
+        inv = self.inv[2]
+        where: dict[str, list[str]] = defaultdict(list)
+        for name, members in sets.items():
+            for jid in members:
+                where[jid].append(name)
+        for jid, names in where.items():
+            if len(names) > 1:
+                inv.fail(f"{jid}: in {' and '.join(names)} at the end")
+            job = jobs.get(jid)
+            if job is None:
+                inv.fail(f"{jid}: in {names[0]} without a record")
+            elif job.state != names[0]:
+                inv.fail(f"{jid}: in {names[0]} but its record says {job.state}")
+        for jid, job in jobs.items():
+            if job is None:
+                continue
+            if job.state in ("pending", "scheduled", "active", "dead") and job.state not in where.get(jid, []):
+                inv.fail(f"{jid}: state {job.state} but not in the {job.state} set")
+            for problem in self.replay(job):
+                inv.fail(f"{jid}: {problem}")
+        for v in self.ctx.monitor_violations:
+            inv.fail(f"during the run ({v['t'] - self.ctx.started:.1f}s): {v['kind']}: {v['detail']}")
+        inv.notes.append(f"{len(self.ctx.samples)} consistent snapshots taken during the run")
+
+    @staticmethod
+    def replay(job: Job) -> list[str]:
+        """Replay the history through the state machine; return what is illegal."""
+        problems = []
+        history = [h for h in job.history if isinstance(h, dict)]
+        truncated = len(history) >= 100 and history and history[0].get("event") != "enqueued"
+        state = None if not truncated else "?"
+        last_token = -1
+        terminal = None
+        for h in history:
+            ev = h.get("event")
+            if terminal is not None and ev != "enqueued":
+                problems.append(f"'{ev}' after '{terminal}' (a job finished twice / ran after finishing)")
+            if ev == "enqueued":
+                if state is not None:
+                    problems.append(f"enqueued again while {state}")
+                state = "scheduled" if h.get("run_at") else "pending"
+            elif ev == "claimed":
+                if state not in ("pending", "scheduled", "?"):
+                    problems.append(f"claimed while {state}")
+                try:
+                    token = int(h.get("token"))
+                    if token <= last_token:
+                        problems.append(f"token {token} not after {last_token}")
+                    last_token = token
+                except (TypeError, ValueError):
+                    problems.append(f"claim without a token: {h}")
+                state = "active"
+            elif ev == "crashed":
+                if state not in ("active", "?"):
+                    problems.append(f"crash reported while {state}")
+            elif ev in ("reclaimed", "released"):
+                if state not in ("active", "?"):
+                    problems.append(f"{ev} while {state}")
+                state = "pending"
+            elif ev == "retry":
+                if state not in ("active", "?"):
+                    problems.append(f"retry while {state}")
+                state = "scheduled"
+            elif ev == "succeeded":
+                allowed = ("active", "pending", "?") if h.get("source") else ("active", "?")
+                if state not in allowed:
+                    problems.append(f"succeeded while {state}")
+                state = terminal = "succeeded"
+            elif ev == "dead":
+                if state not in ("active", "?"):
+                    problems.append(f"dead while {state}")
+                state = terminal = "dead"
+            elif ev == "cancelled":
+                state = terminal = "cancelled"
+        if state not in (None, "?") and state != job.state:
+            problems.append(f"history ends {state}, record says {job.state}")
+        return problems
+
+    # -- 3 -----------------------------------------------------------------------------------
+
+    def check_executions(self, jobs: dict[str, Job | None], by_job: dict[str, list[Exec]]) -> dict[str, Counter]:
+        inv = self.inv[3]
+        all_causes: Counter = Counter()
+        again: Counter = Counter()
+        for jid, lst in by_job.items():
+            job = jobs.get(jid)
+            if job is None:
+                inv.fail(f"{jid}: executed but has no record")
+                continue
+            for e in lst:
+                e.cause = self.end_cause(e, job)
+            per_claim = Counter(id(e.claim) for e in lst if e.claim is not None)
+            for e in lst:
+                if e.claim is not None and per_claim[id(e.claim)] > 1:
+                    inv.fail(f"{jid}: {per_claim[id(e.claim)]} executions under one lease "
+                             f"(token {e.claim.token})")
+                    per_claim[id(e.claim)] = 0
+            result = job.result if isinstance(job.result, dict) else {}
+            final = result.get("x") if job.state == "succeeded" else lst[-1].x
+            for e in lst:
+                cause = e.cause
+                label = cause if not cause.startswith("VIOLATION") else "unexplained"
+                all_causes[label] += 1
+                if e.x != final:
+                    again[label] += 1
+                    shown = self.cause_examples.setdefault(label, [])
+                    if len(shown) < 5:
+                        c = e.claim
+                        shown.append({
+                            "job": jid, "execution": e.x, "sup": e.sup, "pid": e.pid,
+                            "start": round(e.start - self.ctx.started, 3),
+                            "end": round(e.end - self.ctx.started, 3) if e.end else None,
+                            "outcome": e.outcome,
+                            "lease_end": c and c.end_event, "lease_end_reason": c and c.end_reason,
+                            "lease_end_at": c and c.end_at and round(c.end_at - self.ctx.started, 3),
+                        })
+                if cause.startswith("VIOLATION"):
+                    inv.fail(f"{jid}: execution {e.x} (pid {e.pid} under {e.sup}): {cause[11:]}")
+            if job.state == "succeeded":
+                self.check_success(jid, job, lst)
+        inv.notes.append("re-executions by cause: " + ", ".join(
+            f"{k} {v}" for k, v in again.most_common()))
+        return {"all": all_causes, "again": again}
+
+    def check_success(self, jid: str, job: Job, lst: list[Exec]) -> None:
+        inv = self.inv[3]
+        result = job.result if isinstance(job.result, dict) else {}
+        x = result.get("x")
+        e = next((e for e in lst if e.x == x), None)
+        if e is None:
+            inv.fail(f"{jid}: succeeded, but its result names no recorded execution ({x})")
+            return
+        if e.outcome != "ok":
+            inv.fail(f"{jid}: succeeded with the result of execution {x}, which did not complete")
+            return
+        hist = [h for h in job.history if isinstance(h, dict)]
+        done = next((h for h in hist if h.get("event") == "succeeded"), None)
+        if done is None:
+            return
+        if e.end is not None and e.end > float(done["at"]) + 0.05:
+            inv.fail(f"{jid}: acked at {done['at']:.3f} before its execution completed "
+                     f"({e.end:.3f})")
+        if done.get("source"):
+            return
+        claims_before = [h for h in hist[:hist.index(done)] if h.get("event") == "claimed"]
+        if not claims_before or e.claim is None or \
+                str(claims_before[-1].get("token")) != e.claim.token:
+            current = claims_before[-1] if claims_before else {}
+            inv.fail(f"{jid}: stale ack — the result of execution {x} (lease token "
+                     f"{e.claim.token if e.claim else '?'}) was accepted while token "
+                     f"{current.get('token')} of {current.get('owner')} held the lease "
+                     f"(fencing failed)")
+
+    # -- 4 -----------------------------------------------------------------------------------
+
+    def check_idempotent(self, jobs: dict[str, Job | None], by_job: dict[str, list[Exec]]) -> None:
+        inv = self.inv[4]
+        excused: Counter = Counter()
+        n = 0
+        for jid, told in self.ctx.told.items():
+            if not told.idempotent:
+                continue
+            n += 1
+            job = jobs.get(jid)
+            done = [e for e in by_job.get(jid, []) if e.outcome == "ok"]
+            if job is not None and job.state == "succeeded" and not done:
+                inv.fail(f"{jid}: succeeded without a completed execution")
+            if len(done) <= 1:
+                continue
+            # The job ran again after completing: legitimate only if each earlier
+            # completion's report could not land (its lease was lost to a fault).
+            done.sort(key=lambda e: e.start)
+            for e in done[:-1]:
+                if e.cause in FAULT_CAUSES:
+                    excused[e.cause] += 1
+                else:
+                    inv.fail(f"{jid}: completed {len(done)} times; execution {e.x} under "
+                             f"{e.sup} completed ({e.cause}) and yet the job ran again")
+        inv.notes.append(f"{n} idempotent jobs")
+        if excused:
+            inv.notes.append("extra completions whose first report could not land (excused, "
+                             "at-least-once across a frozen/killed parent): " + ", ".join(
+                                 f"{k} {v}" for k, v in excused.most_common()))
+        self.stats["idempotent_excused"] = dict(excused)
+
+    # -- 5 -----------------------------------------------------------------------------------
+
+    def check_dead(self, jobs: dict[str, Job | None], claims_by_job: dict[str, list[Claim]]) -> Counter:
+        inv = self.inv[5]
+        reasons: Counter = Counter()
+        for jid, told in sorted(self.ctx.told.items()):
+            job = jobs.get(jid)
+            if job is None:
+                continue
+            if job.state == "succeeded" and told.expect != "succeed":
+                what = {"dead:memory": "memory limit not enforced",
+                        "dead:attempts": "failed attempts not counted",
+                        "dead:crashes": "crashes not counted",
+                        "dead:fatal": "a non-retryable error was retried to success"}[told.expect]
+                inv.fail(f"{jid} ({told.kind}): succeeded, expected {told.expect}: {what}")
+            if job.state != "dead":
+                continue
+            reason = job.fields.get("dead_reason", "") or ""
+            hist = [h for h in job.history if isinstance(h, dict)]
+            complete = bool(hist) and hist[0].get("event") == "enqueued"
+            attempts, crashes = job.attempts, job.crashes
+            max_attempts = int(job.fields.get("max_attempts", told.max_attempts))
+            max_crashes = int(job.fields.get("max_crashes", told.max_crashes))
+            if "attempts exhausted:" in reason:
+                n = int(reason.rsplit("attempts exhausted:", 1)[1].strip(" )"))
+                label = "memory limit (attempts exhausted)" if "memory" in reason.lower() \
+                    else "attempts exhausted"
+                reasons[label] += 1
+                if n != attempts or n < max_attempts:
+                    inv.fail(f"{jid}: '{reason}' but attempts={attempts}, max_attempts={max_attempts}")
+                retries = sum(1 for h in hist if h.get("event") == "retry")
+                if complete and retries != n - 1:
+                    inv.fail(f"{jid}: '{reason}' but the history shows {retries} retries")
+                if told.expect not in ("dead:attempts", "dead:memory"):
+                    inv.fail(f"{jid} ({told.kind}): dead by '{reason}', expected {told.expect}")
+                if told.expect == "dead:memory" and "memory" not in reason.lower():
+                    inv.fail(f"{jid}: memhog dead for '{reason}', not its memory limit")
+            elif "crashes exhausted:" in reason:
+                n = int(reason.rsplit("crashes exhausted:", 1)[1].strip(" )"))
+                if n != crashes or n < max_crashes:
+                    inv.fail(f"{jid}: '{reason}' but crashes={crashes}, max_crashes={max_crashes}")
+                reclaims = sum(1 for h in hist if h.get("event") == "reclaimed")
+                if complete and reclaims != n - 1:
+                    inv.fail(f"{jid}: '{reason}' but the history shows {reclaims} reclaims")
+                if told.expect == "dead:crashes":
+                    reasons["crashes exhausted"] += 1
+                else:
+                    # crashes from the faults: at least one must be a fault's doing
+                    lost = [c for c in claims_by_job.get(jid, [])
+                            if c.end_event in ("reclaimed", "dead") and c.end_source is None]
+                    chaos = [c for c in lost if any(
+                        self.killed_by_chaos(e) or e.cause in FAULT_CAUSES for e in c.execs)
+                        or (not c.execs and self.fault_cause(c.owner_pid, c.at, c.end_at or c.at))]
+                    if chaos:
+                        reasons["crashes exhausted (chaos faults)"] += 1
+                    else:
+                        inv.fail(f"{jid} ({told.kind}): dead by '{reason}' with no fault or "
+                                 f"handler crash to explain it")
+            elif "NonRetryable" in reason:
+                reasons["non-retryable error"] += 1
+                if told.expect != "dead:fatal":
+                    inv.fail(f"{jid} ({told.kind}): dead by '{reason}', expected {told.expect}")
+                if attempts != 1:
+                    inv.fail(f"{jid}: non-retryable error after {attempts} attempts")
+            elif "memory" in reason.lower():
+                reasons["memory limit"] += 1
+                if told.expect != "dead:memory":
+                    inv.fail(f"{jid} ({told.kind}): dead by '{reason}', expected {told.expect}")
+            else:
+                reasons["other"] += 1
+                inv.fail(f"{jid}: dead for an unexplained reason: {reason!r}")
+        for jid, told in self.ctx.told.items():
+            job = jobs.get(jid)
+            if told.expect == "dead:memory" and job is not None and job.state == "dead":
+                if "memory" not in (job.fields.get("dead_reason") or "").lower():
+                    inv.fail(f"{jid}: memory hog dead for '{job.fields.get('dead_reason')}'")
+        return reasons
+
+    # -- 6 -----------------------------------------------------------------------------------
+
+    def check_latency(self, jobs: dict[str, Job | None], claims_by_job: dict[str, list[Claim]],
+                      by_job: dict[str, list[Exec]]) -> dict[str, Any]:
+        inv = self.inv[6]
+        s = self.s
+        sup_lat: dict[str, list[float]] = {"sup_kill": [], "sup_stop": []}
+        per_fault = []
+        by_owner: dict[str, list[Claim]] = defaultdict(list)
+        for lst in claims_by_job.values():
+            for c in lst:
+                by_owner[c.owner].append(c)
+        for f in self.ctx.faults:
+            if f["kind"] not in ("sup_kill", "sup_stop") or f.get("skipped"):
+                continue
+            t = f["t"]
+            held = [c for c in by_owner.get(f["sup_id"], [])
+                    if c.at <= t and (c.end_at is None or c.end_at > t)]
+            worst = 0.0
+            for c in held:
+                if f["kind"] == "sup_stop" and c.end_event not in ("reclaimed", "dead"):
+                    continue  # renewed after SIGCONT before any reaper saw it expire
+                if f["kind"] == "sup_stop" and c.end_source is not None:
+                    continue
+                if c.end_at is None:
+                    inv.fail(f"{f['kind']} of {f['sup']} at {t - self.ctx.started:.1f}s: "
+                             f"its lease of token {c.token} was never reclaimed")
+                    continue
+                lat = c.end_at - t
+                sup_lat[f["kind"]].append(lat)
+                worst = max(worst, lat)
+                if lat > s.reclaim_bound and not self.excuse_late(c, t, lat):
+                    inv.fail(f"{f['kind']} of {f['sup']} at {t - self.ctx.started:.1f}s: a lease "
+                             f"(token {c.token}) reclaimed after {lat:.2f}s > bound "
+                             f"{s.reclaim_bound:.2f}s")
+            per_fault.append({"kind": f["kind"], "sup": f["sup"], "leases": len(held),
+                              "worst_s": round(worst, 3)})
+        child: list[float] = []
+        chaos_child: list[float] = []
+        for f in self.ctx.faults:
+            if f["kind"] != "child_kill" or f.get("skipped"):
+                continue
+            claims = claims_by_job.get(f["job"], [])
+            c = next((c for c in claims if c.at <= f["t"] and (c.end_at is None or c.end_at >= f["t"] - 0.01)
+                      and c.owner == f["sup_id"]), None)
+            if c is None or c.end_at is None:
+                inv.fail(f"child kill of {f['job']} at {f['t'] - self.ctx.started:.1f}s: "
+                         f"its lease was not found or never ended")
+                continue
+            if c.crashed is None:
+                continue  # it finished just before the kill: nothing to reclaim
+            lat = c.end_at - f["t"]
+            chaos_child.append(lat)
+            child.append(lat)
+            if lat > s.child_bound and not self.excuse_late(c, f["t"], lat):
+                inv.fail(f"child kill of {f['job']}: back in pending after {lat:.2f}s > "
+                         f"{s.child_bound:.1f}s")
+        own: list[float] = []
+        for lst in by_job.values():
+            for e in lst:
+                if e.outcome != "crash" or e.claim is None or e.claim.end_at is None:
+                    continue
+                if e.claim.crashed is None:
+                    continue  # lease lost meanwhile (a fault), counted there
+                lat = e.claim.end_at - e.end
+                if self.fault_cause(e.claim.owner_pid, e.end - 1, e.claim.end_at):
+                    continue  # a fault overlapped this crash: not a fair measure
+                own.append(lat)
+                child.append(lat)
+                if lat > s.child_bound and not self.excuse_late(e.claim, e.end, lat):
+                    inv.fail(f"{e.job}: handler crash at {e.end - self.ctx.started:.1f}s back in "
+                             f"pending after {lat:.2f}s > {s.child_bound:.1f}s")
+        if self.late_excused:
+            inv.notes.append(f"{len(self.late_excused)} late reclaim(s) not counted: the "
+                             f"reclaiming supervisor waited ≥ {STARVED_LATE}s for a CPU meanwhile "
+                             f"(a loaded host, not forq): " + "; ".join(self.late_excused[:5]))
+        inv.notes.append(f"bounds: supervisor death {s.reclaim_bound:.2f}s "
+                         f"(lease_ttl {s.lease_ttl}s + reaper {s.reaper_interval}s + "
+                         f"tolerance {s.tolerance}s); child crash {s.child_bound:.1f}s")
+        return {"sup_kill": dist(sup_lat["sup_kill"]), "sup_stop": dist(sup_lat["sup_stop"]),
+                "child_crash": dist(child), "child_kill": dist(chaos_child),
+                "handler_crash": dist(own), "per_fault": per_fault,
+                "late_excused_starved": len(self.late_excused)}
+
+    def excuse_late(self, c: Claim, t: float, lat: float) -> bool:
+        """A late reclaim is not held against forq if the supervisor that had to act
+        (the reclaimer, else the lease's owner) was starved of CPU meanwhile."""
+        pid = self.pid_of(c.by) if c.by else c.owner_pid
+        waited = self.starved(pid, t, t + lat)
+        if waited >= STARVED_LATE:
+            self.late_excused.append(f"{lat:.2f}s, {waited:.2f}s run-queue wait")
+            return True
+        return False
+
+    # -- 7 -----------------------------------------------------------------------------------
+
+    def check_supervisors(self) -> None:
+        inv = self.inv[7]
+        s = self.s
+        for u in self.ctx.unexpected_exits:
+            inv.fail(f"supervisor {u['sup']} ({u['sup_id']}) exited on its own with {u['rc']}")
+        for f in self.ctx.faults:
+            if f["kind"] != "sup_term" or f.get("skipped"):
+                continue
+            if f["rc"] != 0:
+                inv.fail(f"drain of {f['sup']} exited with {f['rc']}, expected 0")
+            limit = s.drain_timeout + 2.0 + 1.5
+            if f["drain_s"] > limit:
+                inv.fail(f"drain of {f['sup']} took {f['drain_s']}s > {limit:.1f}s")
+        for sp in self.ctx.supervisors:
+            try:
+                text = sp.log_path.read_text(errors="replace")
+            except OSError:
+                continue
+            n = text.count("Traceback (most recent call last)")
+            if n:
+                first = text.index("Traceback (most recent call last)")
+                inv.fail(f"{sp.name}: {n} traceback(s) in {sp.log_path}; first: "
+                         + " | ".join(text[first:first + 1500].splitlines()[-3:]))
+        if self.ctx.errors:
+            inv.notes.extend(f"harness: {e}" for e in self.ctx.errors)
+
+
+def check(ctx: Context, queue: Queue | None = None) -> dict[str, Any]:
+    from .producer import client
+
+    queue = queue or Queue(QUEUE, redis=client(ctx.redis.url, timeout=10))
+    return Checker(ctx, queue).run()

@@ -1,0 +1,278 @@
+"""The fault injector: seeded, one fault at a time, each kind at least `min_each` times.
+
+Faults are serialized on purpose: each one's effect (and the latency the checker
+measures for it) is then attributable to it alone. A fault "occupies" the system for
+its own recovery window (e.g. lease_ttl + reaper_interval + tolerance after a
+supervisor kill) before the next one starts.
+
+Every fault is recorded with wall-clock times (the same clock as Redis TIME on this
+machine) and its target, for the checker to attribute re-executions and to measure
+reclaim latency.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+
+from jobs import Queue
+
+from .context import QUEUE, Context
+from .procs import SupervisorProc, children_of
+from .producer import client, enqueue_recorded, memhog_job
+
+KINDS = ("child_kill", "sup_kill", "sup_stop", "sup_term", "redis_kill", "redis_stop", "memhog")
+
+LONG_TASKS = ("chaos.slow", "chaos.idem", "chaos.cpu")
+
+
+class Injector(threading.Thread):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(name="injector", daemon=True)
+        self.ctx = ctx
+        s = ctx.settings
+        self.rng = random.Random(f"{s.seed}-faults")
+        self.kinds = tuple(s.faults) or KINDS
+        self.queue: Queue | None = None
+        self.memhogs = 0
+        self.tries: dict[str, int] = {}
+
+    # -- planning -----------------------------------------------------------------------
+
+    def estimate(self, kind: str) -> float:
+        """How long a fault occupies the system, recovery window included."""
+        s = self.ctx.settings
+        return {
+            "child_kill": s.child_bound + 0.3,
+            "memhog": 0.5,
+            "sup_kill": s.reclaim_bound + 0.3,
+            "sup_stop": s.lease_ttl + 1.0 + 1.5,
+            "sup_term": s.drain_timeout + 1.5,
+            "redis_kill": 2.0,
+            "redis_stop": 3.5,
+        }[kind]
+
+    def run(self) -> None:
+        ctx, s = self.ctx, self.ctx.settings
+        try:
+            self.queue = Queue(QUEUE, redis=client(ctx.redis.url))
+            t0 = time.monotonic()
+            warmup = min(3.0, s.duration * 0.05)
+            window_end = t0 + max(warmup, s.duration - min(5.0, s.duration * 0.08))
+            mandatory = [k for k in self.kinds for _ in range(s.min_each)]
+            self.rng.shuffle(mandatory)
+            self._sleep(warmup)
+            while not ctx.stop.is_set():
+                now = time.monotonic()
+                left = window_end - now
+                if mandatory:
+                    kind = mandatory.pop(0)
+                else:
+                    kind = self.rng.choice(self.kinds)
+                    if self.estimate(kind) > left:
+                        break
+                self.inject(kind)
+                need = sum(self.estimate(k) for k in mandatory)
+                left = window_end - time.monotonic()
+                if mandatory:
+                    slack = max(0.0, left - need) / (len(mandatory) + 1)
+                    gap = self.rng.uniform(0.2, 1.0) * min(slack, 4.0) + 0.1
+                else:
+                    gap = self.rng.uniform(0.5, 4.0)
+                if left <= gap and not mandatory:
+                    break
+                self._sleep(gap)
+        except Exception as exc:  # noqa: BLE001 — a harness error, reported as such
+            ctx.errors.append(f"fault injector: {type(exc).__name__}: {exc}")
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            self.recover_all()
+            ctx.faults_done.set()
+
+    def _sleep(self, seconds: float) -> None:
+        self.ctx.stop.wait(max(0.0, seconds))
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def record(self, kind: str, **fields: Any) -> dict[str, Any]:
+        fault = {"kind": kind, **fields}
+        with self.ctx.lock:
+            self.ctx.faults.append(fault)
+        what = ", ".join(f"{k}={v}" for k, v in fields.items()
+                         if k in ("sup", "job", "pid", "down_for", "stopped_for", "rc", "skipped"))
+        self.ctx.log(f"fault {kind}: {what}")
+        return fault
+
+    def running_supervisor(self) -> SupervisorProc | None:
+        running = [sp for sp in self.ctx.supervisors if sp.state == "running"
+                   and sp.proc is not None and sp.proc.poll() is None]
+        return self.rng.choice(running) if running else None
+
+    def inject(self, kind: str) -> None:
+        getattr(self, kind)()
+
+    def child_kill(self) -> None:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not self.ctx.stop.is_set():
+            candidates = []
+            for sp in self.ctx.supervisors:
+                if sp.state != "running" or sp.pid is None:
+                    continue
+                for pid, title, _ in children_of(sp.pid):
+                    parts = title.split()
+                    if len(parts) >= 4 and parts[:2] == ["forq:", "job"]:
+                        candidates.append((sp, pid, parts[2], parts[3]))
+            if candidates:
+                long = [c for c in candidates if c[3] in LONG_TASKS]
+                sp, pid, job, task = self.rng.choice(long or candidates)
+                # let the handler start (and record its execution) before killing it
+                time.sleep(self.rng.uniform(0.02, 0.1))
+                try:
+                    at = time.time()
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                inc = sp.current
+                self.record("child_kill", t=at, sup=sp.name, sup_id=inc.sup_id if inc else "",
+                            pid=pid, job=job, task=task)
+                self._sleep(self.ctx.settings.child_bound + 0.3)
+                return
+            time.sleep(0.05)
+        self.record("child_kill", t=time.time(), skipped="no running child")
+
+    def memhog(self) -> None:
+        job = memhog_job(self.memhogs)
+        self.memhogs += 1
+        at = time.time()
+        for _ in range(20):
+            if enqueue_recorded(self.ctx, self.queue, [job], self.tries):
+                break
+            self._sleep(0.2)
+        self.record("memhog", t=at, job=job["item"]["job_id"])
+        self._sleep(0.5)
+
+    def sup_kill(self) -> None:
+        sp = self.running_supervisor()
+        if sp is None:
+            self.record("sup_kill", t=time.time(), skipped="no running supervisor")
+            return
+        s = self.ctx.settings
+        with sp.lock:
+            inc = sp.current
+            at = sp.kill9()
+        self.record("sup_kill", t=at, sup=sp.name, sup_id=inc.sup_id, pid=inc.pid)
+        self._sleep(self.rng.uniform(0.5, 1.5))
+        with sp.lock:
+            new = sp.start()
+        sp.wait_ready(20)
+        self.ctx.faults[-1]["restarted"] = new.started
+        self._sleep(max(0.0, at + s.reclaim_bound + 0.3 - time.time()))
+
+    def sup_stop(self) -> None:
+        sp = self.running_supervisor()
+        if sp is None:
+            self.record("sup_stop", t=time.time(), skipped="no running supervisor")
+            return
+        s = self.ctx.settings
+        with sp.lock:
+            inc = sp.current
+            sp.state = "stopped"
+            at = time.time()
+            sp.signal(signal.SIGSTOP)
+        stopped_for = s.lease_ttl + self.rng.uniform(0.5, 1.2)
+        self._sleep(stopped_for)
+        with sp.lock:
+            sp.signal(signal.SIGCONT)
+            cont = time.time()
+            sp.state = "running"
+        self.record("sup_stop", t=at, t_end=cont, sup=sp.name, sup_id=inc.sup_id, pid=inc.pid,
+                    stopped_for=round(cont - at, 2))
+        self._sleep(1.5)
+
+    def sup_term(self) -> None:
+        sp = self.running_supervisor()
+        if sp is None:
+            self.record("sup_term", t=time.time(), skipped="no running supervisor")
+            return
+        s = self.ctx.settings
+        # drain_timeout, then SIGTERM/SIGKILL of the rest (2 s grace), then the reports
+        limit = s.drain_timeout + 2.0 + 15.0 + 5.0
+        with sp.lock:
+            inc = sp.current
+            at = time.time()
+            rc = sp.drain(limit)
+            if rc is None:
+                sp.kill9()
+                rc = "timeout"
+        exited = inc.ended or time.time()
+        self.record("sup_term", t=at, t_end=exited, sup=sp.name, sup_id=inc.sup_id, pid=inc.pid,
+                    rc=rc, drain_s=round(exited - at, 2))
+        with sp.lock:
+            sp.start()
+        sp.wait_ready(20)
+        self._sleep(0.5)
+
+    def redis_kill(self) -> None:
+        r = self.ctx.redis
+        at = time.time()
+        r.kill9()
+        down = time.time()
+        self._sleep(self.rng.uniform(0.1, 0.6))
+        try:
+            up = r.start()
+        finally:
+            with self.ctx.lock:
+                self.ctx.redis_outages.append([at, time.time()])
+        self.record("redis_kill", t=at, t_end=up, killed=down, down_for=round(up - at, 2))
+        self._sleep(1.0)
+
+    def redis_stop(self) -> None:
+        r = self.ctx.redis
+        at = time.time()
+        r.signal(signal.SIGSTOP)
+        self._sleep(self.rng.uniform(1.0, 2.5))
+        r.signal(signal.SIGCONT)
+        up = time.time()
+        with self.ctx.lock:
+            self.ctx.redis_outages.append([at, up])
+        self.record("redis_stop", t=at, t_end=up, down_for=round(up - at, 2))
+        self._sleep(1.5)
+
+    # -- end ---------------------------------------------------------------------------------
+
+    def recover_all(self) -> None:
+        """Leave everything up: Redis running, every supervisor running and continued."""
+        r = self.ctx.redis
+        try:
+            r.signal(signal.SIGCONT)
+            if r.proc is None or r.proc.poll() is not None:
+                at = time.time()
+                r.start()
+                self.ctx.redis_outages.append([at, time.time()])
+        except Exception as exc:  # noqa: BLE001
+            self.ctx.errors.append(f"could not restart redis: {exc}")
+        for sp in self.ctx.supervisors:
+            with sp.lock:
+                if sp.state == "stopped":
+                    sp.signal(signal.SIGCONT)
+                    sp.state = "running"
+                if sp.proc is None or sp.proc.poll() is not None:
+                    if sp.state != "down":
+                        sp.ended("exited", sp.proc.returncode if sp.proc else None)
+                    sp.start()
+                    sp.wait_ready(20)
+
+
+def redis_ok(url: str) -> bool:
+    try:
+        return bool(client(url, 0.5).ping())
+    except (redis.RedisError, OSError):
+        return False

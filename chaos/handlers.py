@@ -1,0 +1,221 @@
+"""The chaos job handlers, preloaded by every chaos supervisor.
+
+Every execution appends two JSON lines to the file named by ``FORQ_CHAOS_EXEC_LOG``,
+opened with O_APPEND on each write (a child holds no inherited descriptor, and a line
+written survives any Redis fault and any kill that comes after it):
+
+    {"ev": "start", "job", "x" (execution id), "n" (execution number as the job sees
+     it: attempts + crashes + 1), "a", "c", "sup" (supervisor name), "spid" (its pid),
+     "pid", "t" (wall clock), "kind"}
+    {"ev": "end", "job", "x", "outcome": "ok" | "raise" | "fatal" | "crash", "t"}
+
+A successful handler returns ``{"x": <execution id>}``, so the result stored in
+Redis names the one execution whose acknowledgement won.
+
+``FORQ_CHAOS_BREAK`` (comma-separated; read only here) builds a deliberately broken system for the
+checker's self-test:
+
+* ``double-run``: an idempotent job's execution is recorded twice, as if a stale
+  child had completed it again.
+* ``no-fencing``: the supervisor that imports this module stops fencing: a child
+  whose lease is lost is not killed, and its ack takes the lease back whatever the
+  token (the race fencing exists to prevent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from jobs import NonRetryable, current, task
+
+LOG_ENV = "FORQ_CHAOS_EXEC_LOG"
+SUPERVISOR_ENV = "FORQ_CHAOS_SUPERVISOR"
+BREAK_ENV = "FORQ_CHAOS_BREAK"
+
+
+def _breaks() -> list[str]:
+    return os.environ.get(BREAK_ENV, "").split(",")
+
+
+def _record(fields: dict) -> None:
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    line = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one write of a short line: atomic with O_APPEND
+    finally:
+        os.close(fd)
+
+
+def _start(kind: str) -> tuple[str, object]:
+    ctx = current()
+    x = f"{os.getpid()}-{time.time_ns()}"
+    _record({"ev": "start", "job": ctx.id, "x": x, "n": ctx.attempts + ctx.crashes + 1,
+             "a": ctx.attempts, "c": ctx.crashes, "sup": os.environ.get(SUPERVISOR_ENV, ""),
+             "spid": os.getppid(), "pid": os.getpid(), "t": time.time(), "kind": kind})
+    return x, ctx
+
+
+def _end(job: str, x: str, outcome: str) -> None:
+    _record({"ev": "end", "job": job, "x": x, "outcome": outcome, "t": time.time()})
+
+
+def _execute(kind: str, body, *, fail_times: int = 0, crash_times: int = 0,
+             fatal: bool = False, idempotent: bool = False) -> dict:
+    x, ctx = _start(kind)
+    if crash_times and ctx.crashes < crash_times:
+        _end(ctx.id, x, "crash")
+        os._exit(13)  # no result: the parent reports a crash
+    if fatal:
+        _end(ctx.id, x, "fatal")
+        raise NonRetryable("chaos: this job can never work")
+    if fail_times and ctx.attempts < fail_times:
+        _end(ctx.id, x, "raise")
+        raise RuntimeError(f"chaos: attempt {ctx.attempts + 1} fails on purpose")
+    body()
+    _end(ctx.id, x, "ok")
+    if idempotent and "double-run" in _breaks():
+        # the broken build: a second, unfenced completion of the same job
+        x2, _ = _start(kind)
+        _end(ctx.id, x2, "ok")
+    return {"x": x}
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+
+
+@task("chaos.quick")
+def quick(ms: float = 5, fail_times: int = 0, crash_times: int = 0, idem: bool = False):
+    return _execute("quick", lambda: time.sleep(ms / 1000), fail_times=fail_times,
+                    crash_times=crash_times, idempotent=idem)
+
+
+@task("chaos.slow")
+def slow(ms: float = 1000, fail_times: int = 0, crash_times: int = 0, idem: bool = False):
+    return _execute("slow", lambda: time.sleep(ms / 1000), fail_times=fail_times,
+                    crash_times=crash_times, idempotent=idem)
+
+
+@task("chaos.cpu")
+def cpu(ms: float = 100, fail_times: int = 0, crash_times: int = 0, idem: bool = False):
+    return _execute("cpu", lambda: _burn(ms / 1000), fail_times=fail_times,
+                    crash_times=crash_times, idempotent=idem)
+
+
+@task("chaos.flaky")
+def flaky(fail_times: int = 1, ms: float = 5, idem: bool = False):
+    return _execute("flaky", lambda: time.sleep(ms / 1000), fail_times=fail_times,
+                    idempotent=idem)
+
+
+@task("chaos.crashy")
+def crashy(crash_times: int = 1, ms: float = 5, idem: bool = False):
+    return _execute("crashy", lambda: time.sleep(ms / 1000), crash_times=crash_times,
+                    idempotent=idem)
+
+
+@task("chaos.idem", idempotent=True)
+def idem(ms: float = 200, crash_times: int = 0):
+    return _execute("idem", lambda: time.sleep(ms / 1000), crash_times=crash_times,
+                    idempotent=True)
+
+
+@task("chaos.fatal")
+def fatal():
+    return _execute("fatal", lambda: None, fatal=True)
+
+
+@task("chaos.memhog")
+def memhog(megabytes: int = 1024, step: int = 16):
+    """Allocate (touching every page) until the supervisor kills it for its memory."""
+
+    def grow() -> None:
+        blocks = []
+        for _ in range(0, megabytes, step):
+            blocks.append(b"\x01" * (step << 20))
+            time.sleep(0.005)
+
+    return _execute("memhog", grow)
+
+
+# -- the deliberately broken supervisor (FORQ_CHAOS_BREAK=no-fencing) -------------------
+
+_STEAL = """
+redis.call('HSET', KEYS[1], 'state', 'active', 'token', ARGV[1])
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+return 1
+"""
+
+
+def _install_no_fencing() -> None:
+    """Monkeypatch the supervisor importing us so it skips every fencing step."""
+    from jobs.queue import Queue
+    from supervisor import children as ch
+    from supervisor import supervisor as sv
+
+    sv.Supervisor._fence_unproven = lambda self: None
+    original_stop = ch.RunningChild.stop
+
+    def stop(self, reason, detail="", grace=2.0):
+        if reason == ch.LEASE_LOST:
+            return None  # keep running a child whose lease is gone
+        return original_stop(self, reason, detail, grace)
+
+    ch.RunningChild.stop = stop
+    original_ack = Queue.ack
+
+    def ack(self, job_id, token, result_json, followups=(), client=None):
+        # take the lease back with a stale token before acking: no fencing at all
+        (client or self.redis).eval(_STEAL, 2, self.keys.job(job_id), self.keys.active,
+                                    token, job_id)
+        return original_ack(self, job_id, token, result_json, followups, client)
+
+    Queue.ack = ack
+
+
+if "no-fencing" in _breaks() and os.environ.get(SUPERVISOR_ENV):
+    _install_no_fencing()
+
+
+# -- diagnostics (FORQ_CHAOS_DEBUG=stall): dump the supervisor's stack when its loop stalls
+
+def _install_stall_dump() -> None:
+    import faulthandler
+
+    from supervisor import loop as lp
+
+    original = lp.EventLoop.run_once
+    out = open(os.environ.get("FORQ_CHAOS_STALL_LOG", "/tmp/forq-stall.log"), "a")
+
+    def run_once(self, cap=1.0):
+        faulthandler.dump_traceback_later(cap + 1.0, repeat=True, file=out)
+        try:
+            return original(self, cap)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    lp.EventLoop.run_once = run_once
+
+    from supervisor import supervisor as sv
+
+    failed = sv.Supervisor._redis_failed
+
+    def redis_failed(self, op, exc):
+        out.write(f"{time.time():.3f} {os.getpid()} redis {op} failed: {exc!r} "
+                  f"(backoff {self.redis_backoff})\n")
+        out.flush()
+        return failed(self, op, exc)
+
+    sv.Supervisor._redis_failed = redis_failed
+
+
+if os.environ.get("FORQ_CHAOS_DEBUG") == "stall" and os.environ.get(SUPERVISOR_ENV):
+    _install_stall_dump()

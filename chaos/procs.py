@@ -1,0 +1,280 @@
+"""The processes chaos runs and hurts: one redis-server and N supervisors.
+
+Redis runs with AOF and ``appendfsync always`` in the run's directory, on a free
+port it keeps across restarts, so a restart after ``kill -9`` reloads the AOF.
+Each supervisor is ``python -m supervisor.cli run --config FILE`` (what ``forq run``
+does) in its own session, so a Ctrl-C on the harness never reaches it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTNAME = socket.gethostname()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ping(url: str, timeout: float = 0.3) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+
+
+class RedisProc:
+    """redis-server with AOF (appendfsync always), restartable on the same port and dir."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("no redis-server on PATH (apt-get install redis-server)")
+        self.binary = binary
+        self.dir = workdir / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout: float = 30.0) -> float:
+        """Start (or restart from the AOF); returns when it answers PING."""
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--save", "", "--daemonize", "no",
+                "--appendonly", "yes", "--appendfsync", "always",
+                "--logfile", str(self.dir / "redis.log"), "--loglevel", "notice"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while not ping(self.url, 0.2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; "
+                                   f"see {self.dir / 'redis.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
+            time.sleep(0.01)
+        return time.time()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@dataclass
+class Incarnation:
+    """One process of a supervisor slot: a restart is a new incarnation (new id)."""
+
+    pid: int
+    started: float
+    ended: float | None = None
+    how: str = ""  # "sigkill" | "drain" | "shutdown" | "exited"
+    returncode: int | None = None
+    ready: float | None = None
+
+    @property
+    def sup_id(self) -> str:
+        return f"{HOSTNAME}:{self.pid}"
+
+
+@dataclass
+class SupervisorProc:
+    """One supervisor slot: its config file, log and successive processes."""
+
+    name: str
+    config: Path
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    incarnations: list[Incarnation] = field(default_factory=list)
+    state: str = "down"  # running | stopped | draining | down
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _log_offset: int = 0
+
+    @property
+    def current(self) -> Incarnation | None:
+        return self.incarnations[-1] if self.incarnations else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> Incarnation:
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        inc = Incarnation(self.proc.pid, time.time())
+        self.incarnations.append(inc)
+        self.state = "running"
+        return inc
+
+    def wait_ready(self, timeout: float = 20.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            try:
+                with open(self.log_path, "rb") as f:
+                    f.seek(self._log_offset)
+                    if b" ready" in f.read():
+                        if self.current is not None and self.current.ready is None:
+                            self.current.ready = time.time()
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.02)
+        return False
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def ended(self, how: str, returncode: int | None, at: float | None = None) -> None:
+        inc = self.current
+        if inc is not None and inc.ended is None:
+            inc.ended = at if at is not None else time.time()
+            inc.how = how
+            inc.returncode = returncode
+        self.state = "down"
+
+    def kill9(self) -> float:
+        assert self.proc is not None
+        self.proc.kill()
+        at = time.time()
+        rc = self.proc.wait(timeout=10)
+        self.ended("sigkill", rc, at)
+        return at
+
+    def drain(self, timeout: float) -> int | None:
+        """SIGTERM and wait for the drained exit; None if it did not exit in time."""
+        assert self.proc is not None
+        self.state = "draining"
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.ended("drain", rc)
+        return rc
+
+    def shutdown(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+            self.ended("shutdown", rc)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(timeout=10)
+            self.ended("shutdown-killed", rc)
+        return rc
+
+
+def children_of(pid: int) -> list[tuple[int, str, float]]:
+    """(pid, process title, start time) of each live child of `pid`."""
+    out = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            started = os.stat(f"/proc/{kid}").st_mtime
+        except OSError:
+            continue
+        out.append((kid, title, started))
+    return out
+
+
+def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
+                 reaper_interval: float, drain_timeout: float, concurrency: int,
+                 queue: str, max_attempts: int, max_crashes: int) -> Path:
+    path.write_text(f"""# written by chaos for supervisor {name}
+[redis]
+url = "{redis_url}"
+
+[supervisor]
+name = "{name}"
+lease_ttl = "{int(lease_ttl * 1000)}ms"
+reaper_interval = "{int(reaper_interval * 1000)}ms"
+drain_timeout = "{int(drain_timeout * 1000)}ms"
+imports = ["chaos.handlers"]
+memory_sample_interval = "25ms"
+log_format = "text"
+
+[defaults]
+timeout = "30s"
+memory_limit = "256MiB"
+max_attempts = {max_attempts}
+max_crashes = {max_crashes}
+backoff = {{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }}
+
+[[queue]]
+name = "{queue}"
+concurrency = {concurrency}
+
+[metrics]
+listen = ""
+""")
+    return path

@@ -1,0 +1,171 @@
+"""The producer: a seeded mix of jobs enqueued at a target rate.
+
+Only an id whose enqueue call *returned* is recorded as told. An enqueue that raised
+(Redis down or paused) is retried with the same job id — enqueue is idempotent by id,
+so a try that had in fact landed comes back as "duplicate" and is told then.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+
+from jobs import Queue
+
+from .context import QUEUE, Context, Told
+
+# kind -> share of the mix
+MIX = {
+    "quick": 0.36,
+    "slow": 0.10,
+    "cpu": 0.06,
+    "flaky": 0.12,
+    "crashy": 0.10,
+    "idem": 0.16,
+    "idem-option": 0.06,
+    "fatal": 0.04,
+}
+
+
+def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
+              max_crashes: int) -> dict[str, Any]:
+    """One job: its enqueue item plus what the checker should expect of it."""
+    kwargs: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    expect = "succeed"
+    idem = False
+    if kind == "quick":
+        task, kwargs["ms"] = "chaos.quick", round(rng.uniform(0, 20), 1)
+    elif kind == "slow":
+        task, kwargs["ms"] = "chaos.slow", round(rng.uniform(300, 2000))
+    elif kind == "cpu":
+        task, kwargs["ms"] = "chaos.cpu", round(rng.uniform(50, 200))
+    elif kind == "flaky":
+        task = "chaos.flaky"
+        fail_times = rng.choice([1, 1, 2, 2, max_attempts])
+        kwargs["fail_times"] = fail_times
+        if fail_times >= max_attempts:
+            expect = "dead:attempts"
+    elif kind == "crashy":
+        task = "chaos.crashy"
+        crash_times = rng.choice([1, 1, 2, max_crashes])
+        kwargs["crash_times"] = crash_times
+        if crash_times >= max_crashes:
+            expect = "dead:crashes"
+    elif kind == "idem":
+        # a task declared idempotent (@task(..., idempotent=True))
+        task, kwargs["ms"], idem = "chaos.idem", round(rng.uniform(50, 1500)), True
+        if rng.random() < 0.2:
+            kwargs["crash_times"] = 1
+    elif kind == "idem-option":
+        # an ordinary task made idempotent per job: enqueue(..., idempotent=True)
+        task = rng.choice(["chaos.quick", "chaos.slow"])
+        kwargs["ms"] = round(rng.uniform(5, 20) if task == "chaos.quick"
+                             else rng.uniform(300, 1500))
+        kwargs["idem"] = True
+        options["idempotent"] = True
+        idem = True
+    elif kind == "fatal":
+        task, expect = "chaos.fatal", "dead:fatal"
+    else:
+        raise ValueError(kind)
+    item = {"task": task, "kwargs": kwargs, "job_id": f"j{seq:06d}-{kind}", **options}
+    return {"item": item, "kind": kind, "expect": expect, "idem": idem}
+
+
+def memhog_job(seq: int) -> dict[str, Any]:
+    item = {"task": "chaos.memhog", "kwargs": {"megabytes": 1024}, "job_id": f"m{seq:04d}-memhog",
+            "memory_limit": "128MiB", "max_attempts": 2}
+    return {"item": item, "kind": "memhog", "expect": "dead:memory", "idem": False,
+            "max_attempts": 2}
+
+
+def client(url: str, timeout: float = 1.0) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
+                                socket_connect_timeout=timeout)
+
+
+def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
+                     tries: dict[str, int]) -> bool:
+    """Enqueue a batch; record each as told only if the call returned. False on error."""
+    for job in jobs:
+        tries[job["item"]["job_id"]] = tries.get(job["item"]["job_id"], 0) + 1
+    try:
+        handles = queue.enqueue_many([j["item"] for j in jobs])
+    except (redis.RedisError, OSError):
+        with ctx.lock:
+            ctx.enqueue_errors += 1
+            for job in jobs:
+                ctx.not_told[job["item"]["job_id"]] = tries[job["item"]["job_id"]]
+        return False
+    now = time.time()
+    s = ctx.settings
+    for job, handle in zip(jobs, handles, strict=True):
+        jid = job["item"]["job_id"]
+        assert handle.id == jid, (handle.id, jid)
+        ctx.add_told(Told(jid, job["kind"], job["item"]["task"], job["expect"], job["idem"],
+                          job.get("max_attempts", s.max_attempts), s.max_crashes, now,
+                          tries=tries[jid], status=handle.fields.get("enqueue_status", "")))
+    return True
+
+
+class Producer(threading.Thread):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(name="producer", daemon=True)
+        self.ctx = ctx
+        s = ctx.settings
+        self.rng = random.Random(f"{s.seed}-producer")
+        self.total = s.total_jobs()
+        self.rate = s.job_rate()
+        kinds, weights = zip(*MIX.items(), strict=True)
+        self.plan = [build_job(self.rng, i, self.rng.choices(kinds, weights)[0],
+                               s.max_attempts, s.max_crashes) for i in range(self.total)]
+        self.drop: set[int] = set()
+        if "drop-job" in s.breaks and self.total:
+            # the broken producer: says these are enqueued, never sends them
+            step = max(1, self.total // 4)
+            self.drop = {min(self.total - 1, step * k + step // 2) for k in range(3)}
+        self.backlog: list[dict[str, Any]] = []
+        self.issued = 0
+
+    def run(self) -> None:
+        ctx = self.ctx
+        queue = Queue(QUEUE, redis=client(ctx.redis.url))
+        tries: dict[str, int] = {}
+        start = time.monotonic()
+        end_issue = start + ctx.settings.duration
+        try:
+            while not ctx.stop.is_set():
+                now = time.monotonic()
+                due = min(self.total, int((now - start) * self.rate) + 1)
+                if now >= end_issue:
+                    due = self.issued  # the production window is over: no new jobs
+                while self.issued < due:
+                    job = self.plan[self.issued]
+                    if self.issued in self.drop:
+                        ctx.add_told(Told(job["item"]["job_id"], job["kind"],
+                                          job["item"]["task"], job["expect"], job["idem"],
+                                          ctx.settings.max_attempts, ctx.settings.max_crashes,
+                                          time.time(), status="dropped"))
+                    else:
+                        self.backlog.append(job)
+                    self.issued += 1
+                if self.backlog:
+                    batch = self.backlog[:100]
+                    if enqueue_recorded(ctx, queue, batch, tries):
+                        del self.backlog[:len(batch)]
+                    else:
+                        time.sleep(0.1)
+                        continue
+                if self.issued >= self.total or now >= end_issue:
+                    if not self.backlog:
+                        break
+                time.sleep(0.02)
+        finally:
+            ctx.production_done.set()
+            ctx.log(f"producer: {self.issued} issued, {len(ctx.told)} told, "
+                    f"{len(self.backlog)} never told")

@@ -1,0 +1,105 @@
+"""The one-screen report, and the JSON written beside it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def _lat(d: dict[str, Any]) -> str:
+    if not d or not d.get("n"):
+        return "none measured"
+    return f"p50 {_ms(d['p50'])}  p99 {_ms(d['p99'])}  max {_ms(d['max'])}  (n={d['n']})"
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
+def _diverse(examples: list[str], n: int) -> list[str]:
+    """Up to n examples, different kinds first (the text after the job id)."""
+    out, kinds = [], set()
+    for ex in examples:
+        kind = ex.split(": ", 1)[-1][:25]
+        if kind not in kinds:
+            kinds.add(kind)
+            out.append(ex)
+    out += [ex for ex in examples if ex not in out]
+    return out[:n]
+
+
+def render(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    st = result["stats"]
+    lines = []
+    verdict = "PASS" if result["ok"] else "FAIL"
+    lines.append(f"forq chaos — {verdict}   seed {s['seed']}, {s['duration']:g}s, "
+                 f"{s['supervisors']} supervisors × {s['concurrency']}, "
+                 f"lease_ttl {s['lease_ttl']}s, reaper {s['reaper_interval']}s, "
+                 f"redis AOF fsync always"
+                 + (f", BROKEN: {','.join(s['breaks'])}" if s["breaks"] else ""))
+    states = st["states"]
+    lines.append(f"jobs       told {st['told']} ({_counts(st['kinds'])})")
+    lines.append(f"           succeeded {states.get('succeeded', 0)}, dead {states.get('dead', 0)}, "
+                 f"lost {st['lost']}; enqueue errors {st['enqueue_errors']} "
+                 f"(told after retry {st['told_after_retry']}, of which had landed "
+                 f"{st['landed_before_told']}; never told {st['not_told']})")
+    lines.append(f"executions {st['executions']} for {st['jobs_executed']} jobs; "
+                 f"re-executions {st['re_executions']}")
+    lines.append(f"  by cause {_counts(st['re_execution_causes'])}")
+    if st.get("idempotent_excused"):
+        lines.append(f"  idempotent extra completions (excused) {_counts(st['idempotent_excused'])}")
+    lines.append(f"dead by    {_counts(st['dead_reasons'])}")
+    faults = st["faults"]
+    lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
+                 + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")
+                 + f"; redis down {st['redis_outage_s']}s in all")
+    if st.get("redis_stalls_uninjected"):
+        stalls = st["redis_stalls_uninjected"]
+        lines.append(f"           redis stalled on its own {len(stalls)} time(s), longest "
+                     f"{max(d for _, d in stalls):.2f}s (slow disk/host; PING > 250 ms)")
+    lat = st["latency"]
+    lines.append(f"reclaim    supervisor kill  {_lat(lat['sup_kill'])}")
+    lines.append(f"           supervisor stop  {_lat(lat['sup_stop'])}")
+    lines.append(f"           child crash      {_lat(lat['child_crash'])}")
+    lines.append(f"throughput {st['throughput']:.1f} jobs/s finished over {st['span_s']:.0f}s; "
+                 f"settled in {result['settle_s']:.1f}s; wall {result['wall_s']:.0f}s")
+    host = st.get("host") or {}
+    if host.get("cpu_pressure_avg") is not None:
+        lines.append(f"host       CPU pressure avg {host['cpu_pressure_avg']:.0f}% "
+                     f"(max {host['cpu_pressure_max']:.0f}%); a supervisor waited for a CPU up "
+                     f"to {host['supervisor_cpu_wait_share_max'] * 100:.0f}% of the time")
+    lines.append("invariants")
+    for inv in result["invariants"]:
+        mark = "ok  " if inv["ok"] else "FAIL"
+        lines.append(f"  [{mark}] {inv['number']}. {inv['name']}"
+                     + ("" if inv["ok"] else f" — {inv['violations']} violation(s)"))
+        shown = _diverse(inv["examples"], 3)
+        for ex in shown:
+            lines.append(f"           ! {ex[:150]}")
+        if not inv["ok"] and inv["violations"] > len(shown):
+            lines.append(f"           … {inv['violations'] - len(shown)} more in the JSON report")
+    for err in result.get("errors", []):
+        lines.append(f"harness error: {err}")
+    lines.append(f"report     {result['report_path']}")
+    return "\n".join(lines)
+
+
+def default_path(seed: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return REPORTS / f"chaos-{stamp}-seed{seed}.json"
+
+
+def write(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))

@@ -1,0 +1,289 @@
+"""Orchestration: start Redis and the supervisors, run the producer, the fault injector
+and the monitor, wait for quiescence, check, report, clean up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from jobs import Queue
+from jobs.units import UnitError, parse_duration
+
+from . import report
+from .checker import check
+from .context import QUEUE, Context, Settings, Told
+from .faults import KINDS, Injector
+from .monitor import Monitor, Probe
+from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
+from .producer import Producer, client
+
+BREAKS = ("drop-job", "double-run", "no-fencing")
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos",
+        description="Run forq under load, kill things at random (seeded), and check that "
+                    "nothing a producer was told is enqueued is ever lost. Exit 0 only if "
+                    "every invariant holds.")
+    p.add_argument("--duration", default="75s",
+                   help="how long to produce jobs and inject faults: 75s (default), 30m for a soak")
+    p.add_argument("--supervisors", type=int, default=3, help="supervisor processes (default 3)")
+    p.add_argument("--concurrency", type=int, default=6, help="children per supervisor (default 6)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="jobs to enqueue (default: rate × duration)")
+    p.add_argument("--rate", type=float, default=None, help="jobs per second (default 35)")
+    p.add_argument("--seed", type=int, default=None, help="seed for jobs and faults (default: random)")
+    p.add_argument("--lease-ttl", default="2s", help="supervisors' lease_ttl (default 2s)")
+    p.add_argument("--reaper-interval", default="250ms", help="supervisors' reaper_interval")
+    p.add_argument("--drain-timeout", default="1500ms", help="supervisors' drain_timeout")
+    p.add_argument("--tolerance", default="1s",
+                   help="slack on the reclaim bound lease_ttl + reaper_interval (default 1s)")
+    p.add_argument("--settle", default="60s", help="bound on the wait for quiescence (default 60s)")
+    p.add_argument("--min-each", type=int, default=2, help="each fault kind at least this often")
+    p.add_argument("--faults", default="",
+                   help=f"comma-separated fault kinds to inject (default all: {','.join(KINDS)})")
+    p.add_argument("--break", dest="breaks", default="",
+                   help=f"deliberately broken build for the checker's self-test: {', '.join(BREAKS)}")
+    p.add_argument("--report", default=None, help="JSON report path (default chaos/reports/...)")
+    p.add_argument("--keep", action="store_true", help="keep the run directory (Redis AOF, logs)")
+    p.add_argument("--quiet", action="store_true", help="only the final report")
+    p.epilog = ("A failed run keeps its directory (AOF, logs, execution log); "
+                "`python -m chaos --recheck DIR` checks it again.")
+    a = p.parse_args(argv)
+
+    def dur(text: str, what: str) -> float:
+        try:
+            return parse_duration(text, where=what)
+        except UnitError as exc:
+            p.error(str(exc))
+            raise
+
+    faults = tuple(k for k in a.faults.split(",") if k)
+    for k in faults:
+        if k not in KINDS:
+            p.error(f"--faults: unknown fault kind {k!r} (known: {', '.join(KINDS)})")
+    breaks = tuple(b for b in a.breaks.split(",") if b)
+    for b in breaks:
+        if b not in BREAKS:
+            p.error(f"--break: unknown mode {b!r} (known: {', '.join(BREAKS)})")
+    if a.supervisors < 1:
+        p.error("--supervisors must be >= 1")
+    return Settings(
+        duration=dur(a.duration, "--duration"), supervisors=a.supervisors,
+        concurrency=a.concurrency, jobs=a.jobs, rate=a.rate,
+        seed=a.seed if a.seed is not None else int.from_bytes(os.urandom(3), "big"),
+        lease_ttl=dur(a.lease_ttl, "--lease-ttl"),
+        reaper_interval=dur(a.reaper_interval, "--reaper-interval"),
+        drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
+        tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
+        min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
+        quiet=a.quiet)
+
+
+def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FORQ_REDIS_URL", "FORQ_REDIS_PASSWORD", "NOTIFY_SOCKET")}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["FORQ_CHAOS_EXEC_LOG"] = str(exec_log)
+    env["FORQ_CHAOS_SUPERVISOR"] = name
+    inside = [b for b in breaks if b in ("no-fencing", "double-run")]  # built into supervisors
+    if inside:
+        env["FORQ_CHAOS_BREAK"] = ",".join(inside)
+    else:
+        env.pop("FORQ_CHAOS_BREAK", None)
+    return env
+
+
+def settle(ctx: Context, bound: float) -> float:
+    """Wait until every told job is terminal and nothing is pending, scheduled or active."""
+    start = time.monotonic()
+    r = client(ctx.redis.url, timeout=5)
+    q = Queue(QUEUE, redis=r)
+    last_log = 0.0
+    while time.monotonic() - start < bound:
+        try:
+            pipe = r.pipeline(transaction=False)
+            for key in (q.keys.pending, q.keys.scheduled, q.keys.active):
+                pipe.zcard(key)
+            busy = sum(pipe.execute())
+            if busy == 0 and ctx.production_done.is_set():
+                ids = list(ctx.told)
+                pipe = r.pipeline(transaction=False)
+                for jid in ids:
+                    pipe.hget(q.keys.job(jid), "state")
+                states = pipe.execute()
+                open_ = [j for j, st in zip(ids, states, strict=True)
+                         if st not in ("succeeded", "dead", "cancelled")]
+                if not open_ or all(ctx.told[j].status == "dropped" for j in open_):
+                    return time.monotonic() - start
+            if time.monotonic() - last_log > 5:
+                ctx.log(f"settling: {busy} pending/scheduled/active")
+                last_log = time.monotonic()
+        except (redis.RedisError, OSError) as exc:
+            ctx.log(f"settling: redis error {exc}")
+        time.sleep(0.25)
+    return time.monotonic() - start
+
+
+def run(s: Settings) -> tuple[int, dict[str, Any]]:
+    workdir = Path(tempfile.mkdtemp(prefix="forq-chaos-"))
+    exec_log = workdir / "executions.jsonl"
+    exec_log.touch()
+    redis_proc = RedisProc(workdir)
+    sups = []
+    for i in range(1, s.supervisors + 1):
+        name = f"chaos-{i}"
+        cfg = write_config(workdir / f"{name}.toml", name=name, redis_url=redis_proc.url,
+                           lease_ttl=s.lease_ttl, reaper_interval=s.reaper_interval,
+                           drain_timeout=s.drain_timeout, concurrency=s.concurrency,
+                           queue=QUEUE, max_attempts=s.max_attempts, max_crashes=s.max_crashes)
+        sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
+                                   supervisor_env(exec_log, name, s.breaks)))
+    ctx = Context(s, workdir, exec_log, redis_proc, sups)
+    wall0 = time.monotonic()
+    result: dict[str, Any] = {}
+    ok = False
+    threads = []
+    try:
+        ctx.log(f"run dir {workdir}; seed {s.seed}; {s.total_jobs()} jobs at "
+                f"{s.job_rate():g}/s over {s.duration:g}s; {s.supervisors} supervisors")
+        redis_proc.start()
+        for sp in sups:
+            sp.start()
+        for sp in sups:
+            if not sp.wait_ready(30):
+                raise RuntimeError(f"supervisor {sp.name} did not start; see {sp.log_path}")
+        ctx.started = time.time()
+        ctx.log(f"redis on port {redis_proc.port}, supervisors ready")
+        monitor = Monitor(ctx)
+        producer = Producer(ctx)
+        injector = Injector(ctx)
+        probe = Probe(ctx)
+        threads = [monitor, producer, injector, probe]
+        for t in threads:
+            t.start()
+        producer.join(s.duration + s.settle + 60)
+        injector.join(s.duration + 120)
+        ctx.log(f"production and faults done: {len(ctx.told)} told, {len(ctx.faults)} faults")
+        settle_s = settle(ctx, s.settle)
+        ctx.log(f"settled after {settle_s:.1f}s; checking")
+        ctx.stop.set()
+        monitor.join(10)
+        save_context(ctx, settle_s)
+        checked = check(ctx)
+        ok = checked["ok"] and not ctx.errors
+        result = {
+            "ok": ok, "settings": vars(s), "settle_s": settle_s, "started": ctx.started,
+            "wall_s": time.monotonic() - wall0, **checked,
+            "faults": ctx.faults, "redis_outages": ctx.redis_outages,
+            "unexpected_exits": ctx.unexpected_exits, "errors": ctx.errors,
+            "supervisors": {sp.name: [vars(i) | {"sup_id": i.sup_id} for i in sp.incarnations]
+                            for sp in sups},
+            "workdir": str(workdir) if (s.keep or not ok) else None,
+        }
+    except BaseException as exc:
+        ctx.errors.append(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        ctx.stop.set()
+        for sp in sups:
+            try:
+                sp.shutdown(timeout=20)
+            except Exception as exc:  # noqa: BLE001
+                ctx.errors.append(f"stopping {sp.name}: {exc}")
+        redis_proc.stop()
+        if s.keep or not ok:
+            ctx.log(f"run directory kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return (0 if ok else 1), result
+
+
+def save_context(ctx: Context, settle_s: float) -> None:
+    """What the harness recorded, beside the AOF and the execution log, so a kept run
+    directory can be checked again later (``python -m chaos --recheck DIR``)."""
+    data = {
+        "settings": vars(ctx.settings), "started": ctx.started, "settle_s": settle_s,
+        "told": [vars(t) for t in ctx.told.values()], "not_told": ctx.not_told,
+        "enqueue_errors": ctx.enqueue_errors, "faults": ctx.faults,
+        "redis_outages": ctx.redis_outages, "redis_slow": ctx.redis_slow,
+        "monitor_violations": ctx.monitor_violations,
+        "unexpected_exits": ctx.unexpected_exits, "samples": ctx.samples[-50:],
+        "sched": {str(k): v for k, v in ctx.sched.items()}, "cpu_pressure": ctx.cpu_pressure,
+        "errors": ctx.errors,
+        "supervisors": [{"name": sp.name, "config": str(sp.config), "log": str(sp.log_path),
+                         "incarnations": [vars(i) for i in sp.incarnations]} for sp in ctx.supervisors],
+    }
+    (ctx.workdir / "context.json").write_text(json.dumps(data, default=str))
+
+
+def recheck(workdir: Path) -> tuple[int, dict[str, Any]]:
+    """Check a kept run directory again: its AOF is loaded into a fresh redis-server."""
+    data = json.loads((workdir / "context.json").read_text())
+    s = Settings(**{k: tuple(v) if k in ("faults", "breaks") else v
+                    for k, v in data["settings"].items()})
+    s.quiet = True
+    redis_proc = RedisProc(workdir)  # same dir: it loads the AOF; a fresh port
+    sups = []
+    for sd in data["supervisors"]:
+        sp = SupervisorProc(sd["name"], Path(sd["config"]), Path(sd["log"]), {})
+        sp.incarnations = [Incarnation(**i) for i in sd["incarnations"]]
+        sups.append(sp)
+    ctx = Context(s, workdir, workdir / "executions.jsonl", redis_proc, sups)
+    ctx.started = data["started"]
+    ctx.told = {t["id"]: Told(**t) for t in data["told"]}
+    ctx.not_told = data["not_told"]
+    ctx.enqueue_errors = data["enqueue_errors"]
+    for name in ("faults", "redis_outages", "redis_slow", "monitor_violations", "unexpected_exits",
+                 "samples", "cpu_pressure", "errors"):
+        setattr(ctx, name, data.get(name, []))
+    ctx.sched = {int(k): v for k, v in data["sched"].items()}
+    redis_proc.start()
+    try:
+        checked = check(ctx)
+    finally:
+        redis_proc.stop()
+    result = {"settings": vars(s), "settle_s": data["settle_s"], "wall_s": 0.0, **checked,
+              "faults": ctx.faults, "redis_outages": ctx.redis_outages,
+              "unexpected_exits": ctx.unexpected_exits, "errors": ctx.errors,
+              "workdir": str(workdir), "rechecked": True}
+    return (0 if checked["ok"] else 1), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--recheck"]:
+        if len(argv) < 2:
+            print("usage: python -m chaos --recheck RUN_DIR [--report PATH]", file=sys.stderr)
+            return 2
+        code, result = recheck(Path(argv[1]))
+        path = Path(argv[3]) if argv[2:3] == ["--report"] and len(argv) > 3 \
+            else Path(argv[1]) / "recheck.json"
+        result["report_path"] = str(path)
+        report.write(result, path)
+        print(report.render(result))
+        return code
+    s = parse_args(argv)
+    try:
+        code, result = run(s)
+    except KeyboardInterrupt:
+        print("chaos: interrupted", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    path = Path(s.report) if s.report else report.default_path(s.seed)
+    result["report_path"] = str(path)
+    report.write(result, path)
+    print(report.render(result))
+    return code
