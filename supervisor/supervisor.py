@@ -88,6 +88,7 @@ class Supervisor:
         self.redis_down_until = 0.0
         self.redis_backoff = 0.1
         self.claim_timers: dict[str, Any] = {}
+        self.extend_retry = False  # a quick retry of a failed extend is scheduled
         self.last_error_log = 0.0
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
         self._apply_config(config)
@@ -496,6 +497,10 @@ class Supervisor:
 
     # -- leases ----------------------------------------------------------------------------
 
+    def _retry_extend(self) -> None:
+        self.extend_retry = False
+        self._extend_leases()
+
     def _extend_leases(self) -> None:
         if not len(self.leases):
             return
@@ -503,6 +508,12 @@ class Supervisor:
             lost, cancelled = self.leases.extend(self.redis, self.queues)
         except (redis.RedisError, OSError) as exc:
             self._redis_failed("extend", exc)
+            # try again soon rather than a whole ttl/3 later: a short Redis blip must not
+            # cost a running job its lease
+            if not self.extend_retry:
+                self.extend_retry = True
+                self.loop.timers.schedule(max(0.05, min(0.25, self.config.lease_ttl / 10)),
+                                          self._retry_extend)
             return
         self._redis_worked()
         self.metrics.lease_extended(len(self.leases))
