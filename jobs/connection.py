@@ -7,6 +7,7 @@ import os
 import redis
 
 from . import topology
+from .scripts import ForqRedis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -31,7 +32,7 @@ def connect(url: str | None = None, *, password: str | None = None, **kwargs) ->
         url = topology.as_cluster_url(url)
     if topology.is_topology_url(url):  # redis+cluster://, redis+sentinel://
         return topology.connect(url, password=password, **options)
-    client = redis.Redis.from_url(url, **options)
+    client = ForqRedis.from_url(url, **options)
     conn_kwargs = client.connection_pool.connection_kwargs
     if not conn_kwargs.get("password"):
         secret = password or os.environ.get("FORQ_REDIS_PASSWORD")

@@ -12,8 +12,11 @@ import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import redis
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
 
@@ -56,3 +59,49 @@ class Scripts:
     def __init__(self, client: redis.Redis) -> None:
         for name in TRANSITIONS:
             setattr(self, name, client.register_script(source(name)))
+
+
+class ScriptPipeline(Pipeline):
+    """A pipeline that sends forq's scripts by EVALSHA without asking first.
+
+    redis-py's pipeline sends ``SCRIPT EXISTS`` (a whole round trip) before every
+    execute that holds a script. Scripts are almost always loaded, so this pipeline
+    skips the question and, when a reply is NOSCRIPT (after a Redis restart or a
+    failover), loads the scripts and re-sends just those commands: a NOSCRIPT command
+    never ran, so re-sending cannot apply anything twice. WAITs after a re-sent command
+    are re-sent too, so a WAIT still follows every write it vouches for.
+    """
+
+    def load_scripts(self) -> None:
+        pass  # loaded on the first NOSCRIPT instead, see execute
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack = list(self.command_stack)
+        scripts = list(self.scripts)
+        replies = super().execute(raise_on_error=False)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            for script in scripts:
+                script.registered_client.script_load(script.script)
+            again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
+                                           if str(stack[i][0][0]).upper() == "WAIT"})
+            retry = Pipeline(self.connection_pool, self.response_callbacks, False, None)
+            for i in again:
+                retry.execute_command(*stack[i][0], **stack[i][1])
+            for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        if raise_on_error:
+            for i, reply in enumerate(replies):
+                if isinstance(reply, Exception):
+                    self.annotate_exception(reply, i + 1, stack[i][0])
+                    raise reply
+        return replies
+
+
+class ForqRedis(redis.Redis):
+    """`redis.Redis` whose non-transactional pipelines are `ScriptPipeline`s."""
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        if transaction:
+            return super().pipeline(transaction=True, shard_hint=shard_hint)
+        return ScriptPipeline(self.connection_pool, self.response_callbacks, False, shard_hint)

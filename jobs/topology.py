@@ -266,7 +266,10 @@ def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -
     if secret:
         options["password"] = secret
     sentinel = Sentinel(parts["hosts"], sentinel_kwargs=sentinel_kwargs)
-    return sentinel.master_for(parts["master"], db=parts["db"], **options)
+    from .scripts import ForqRedis
+
+    return sentinel.master_for(parts["master"], redis_class=ForqRedis, db=parts["db"],
+                               **options)
 
 
 def connect(url: str, *, password: str | None = None, cluster: bool = False,

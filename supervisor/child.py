@@ -50,19 +50,21 @@ class ChildSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def _libc() -> ctypes.CDLL | None:
+def _find_prctl() -> Any:
     try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
         return None
+
+
+_PRCTL = _find_prctl()  # resolved once in the supervisor, not in every child
 
 
 def _die_with_parent(parent_pid: int) -> None:
     """Ask the kernel for SIGKILL when the supervisor dies, then re-check: if the
     parent died between fork and prctl, nobody else will kill us."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(70)
 
@@ -106,14 +108,12 @@ def _limit(spec: ChildSpec) -> None:
 
 
 def _sandbox(spec: ChildSpec) -> None:
-    env = dict(os.environ)
     if spec.env_allow is not None:
-        env = {k: v for k, v in env.items() if k in spec.env_allow}
+        for name in [k for k in os.environ if k not in spec.env_allow]:
+            del os.environ[name]
     for name in _SYSTEMD_VARS:
-        env.pop(name, None)
-    env.update(spec.extra_env)
-    os.environ.clear()
-    os.environ.update(env)
+        os.environ.pop(name, None)
+    os.environ.update(spec.extra_env)
     if spec.run_as:
         import pwd
 

@@ -173,7 +173,7 @@ class Supervisor:
             log.info("metrics on http://%s:%d/metrics", *self.metrics_server.address)
         self._every(self.config.lease_ttl / 3, self._extend_leases)
         self._every(self.config.reaper_interval, self._reap)
-        self._every(self.config.memory_sample_interval, self._sample_memory)
+        self._every(self.config.memory_sample_interval, self._police_children)
         self._every(HEARTBEAT_INTERVAL, self._heartbeat)
         self._every(POLL_INTERVAL, self._poll)
         interval = watchdog_interval()
@@ -414,7 +414,6 @@ class Supervisor:
         self.leases.add(queue, job.id, lease.token, sent_at)
         self.loop.add_reader(child.pidfd, lambda _f, _m, c=child: self._on_child_exit(c))
         self.loop.add_reader(child.pipe, lambda _f, _m, c=child: self._on_child_pipe(c))
-        self.loop.timers.schedule(timeout, lambda c=child: self._on_timeout(c, timeout))
         waited = None
         if f.get("started_at"):
             waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
@@ -471,13 +470,6 @@ class Supervisor:
         self.want_claim = True
         self._set_title()
 
-    def _on_timeout(self, child: ch.RunningChild, timeout: float) -> None:
-        if child.job_id in self.children and self.children[child.job_id] is child:
-            log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id, child.task,
-                     timeout)
-            child.stop(ch.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
-            self._kill_after_grace(child)
-
     def _kill_after_grace(self, child: ch.RunningChild) -> None:
         def kill() -> None:
             if self.children.get(child.job_id) is child:
@@ -485,8 +477,18 @@ class Supervisor:
 
         self.loop.timers.schedule(KILL_GRACE, kill)
 
-    def _sample_memory(self) -> None:
+    def _police_children(self) -> None:
+        """Every `memory_sample_interval`: each child's time limit, and the RSS of its
+        process tree against its memory limit. One tick for all children, rather than a
+        timer per child that would keep each finished child alive until its time limit."""
+        now = time.monotonic()
         for child in list(self.children.values()):
+            if now >= child.deadline and child.kill_reason is None:
+                timeout = child.deadline - child.started
+                log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id,
+                         child.task, timeout)
+                child.stop(ch.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
+                self._kill_after_grace(child)
             rss = memory.tree_rss(child.pid)
             child.peak_rss = max(child.peak_rss, rss)
             limit = child.spec.memory_limit

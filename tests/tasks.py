@@ -72,3 +72,15 @@ def fanout(path: str, other: str):
     there = current().enqueue("tests.touch", path, queue=other)
     here = current().enqueue("tests.touch", path)
     return {"there": there, "here": here}
+
+
+@task("tests.whoami")
+def whoami():
+    """What the sandbox left a handler: its user, environment and limits."""
+    import resource
+
+    return {"uid": os.getuid(), "gid": os.getgid(), "env": sorted(os.environ),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
+            "as": resource.getrlimit(resource.RLIMIT_AS)[0],
+            "oom_score_adj": int(open("/proc/self/oom_score_adj").read())}

@@ -1039,3 +1039,21 @@ def test_cancel_requested_then_failure_is_cancelled_not_retried(queue):
     assert out.outcome == "cancelled"
     assert queue.get(jid).state == "cancelled"
     assert where(queue, jid) == []
+
+
+def test_pipelines_send_scripts_without_asking_script_exists():
+    """One round trip per pipeline: no SCRIPT EXISTS before it (counted by Redis)."""
+    with RedisServer() as server:
+        q = Queue("oneround", url=server.url)
+        q.enqueue_many([{"task": "t.x"}] * 3)
+
+        def script_exists_calls() -> int:
+            stats = q.redis.info("commandstats")
+            return int(stats.get("cmdstat_script|exists", {}).get("calls", 0))
+
+        before = script_exists_calls()
+        q.enqueue_many([{"task": "t.x"}] * 3)
+        pipe = q.redis.pipeline(transaction=False)
+        q.claim(OWNER, 5, LONG, client=pipe)
+        assert len(q.parse_claim(pipe.execute()[0]).leases) == 5
+        assert script_exists_calls() == before
