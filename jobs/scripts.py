@@ -65,15 +65,32 @@ class ScriptPipeline(Pipeline):
     """A pipeline that sends forq's scripts by EVALSHA without asking first.
 
     redis-py's pipeline sends ``SCRIPT EXISTS`` (a whole round trip) before every
-    execute that holds a script. Scripts are almost always loaded, so this pipeline
-    skips the question and, when a reply is NOSCRIPT (after a Redis restart or a
-    failover), loads the scripts and re-sends just those commands: a NOSCRIPT command
-    never ran, so re-sending cannot apply anything twice. WAITs after a re-sent command
-    are re-sent too, so a WAIT still follows every write it vouches for.
+    execute that holds a script. This one remembers, per connection pool, which scripts
+    it has loaded: the first pipeline to use a script loads it first, later ones just
+    send EVALSHA. When Redis lost them (a restart, a failover, SCRIPT FLUSH), a reply is
+    NOSCRIPT: the scripts are loaded again and just those commands re-sent. A NOSCRIPT
+    command never ran, so re-sending cannot apply anything twice; it does run after the
+    rest of its pipeline, which every transition tolerates (each is fenced by token or
+    idempotent by job id; a reclaim that ran too early is redone by the next reaper
+    pass). WAITs after a re-sent command are re-sent too, so a WAIT still follows every
+    write it vouches for.
     """
 
+    def _loaded(self) -> set[str]:
+        pool = self.connection_pool
+        if not hasattr(pool, "_forq_loaded_scripts"):
+            pool._forq_loaded_scripts = set()
+        return pool._forq_loaded_scripts
+
     def load_scripts(self) -> None:
-        pass  # loaded on the first NOSCRIPT instead, see execute
+        loaded = self._loaded()
+        missing = [script for script in self.scripts if script.sha not in loaded]
+        if missing:
+            loader = Pipeline(self.connection_pool, self.response_callbacks, False, None)
+            for script in missing:
+                loader.script_load(script.script)
+            loader.execute()
+            loaded.update(script.sha for script in missing)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack = list(self.command_stack)
@@ -81,8 +98,11 @@ class ScriptPipeline(Pipeline):
         replies = super().execute(raise_on_error=False)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
+            loaded = self._loaded()
+            loaded.clear()  # the server forgot them all
             for script in scripts:
                 script.registered_client.script_load(script.script)
+                loaded.add(script.sha)
             again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
                                            if str(stack[i][0][0]).upper() == "WAIT"})
             retry = Pipeline(self.connection_pool, self.response_callbacks, False, None)
