@@ -185,10 +185,8 @@ class Supervisor:
         log.info("ready")
         while not self._finished():
             self._fence_unproven()
-            if self.want_claim:
-                self._claim()
-            if self.outbox:
-                self._flush()
+            if self.want_claim or self.outbox:
+                self._sync()
             self.loop.run_once(cap=1.0)
         self._shutdown()
         return 0
@@ -362,36 +360,28 @@ class Supervisor:
         if self.pubsub is None and not self.draining:
             self._subscribe()  # the wake connection died with the outage: back at once
 
-    def _claim(self) -> None:
-        self.want_claim = False
-        if self.draining or not self._redis_ready():
-            return
+    def _queue_claims(self, pipe: Any) -> list[str]:
+        """Queue a claim for each served queue with free slots; returns their names."""
         asks = []
         for qc in self.config.queues:
             free = qc.concurrency - self.running[qc.name]
             if free > 0:
-                asks.append((qc.name, free))
-        if not asks:
+                self.queues[qc.name].claim(self.id, free, self.leases.ttl_ms,
+                                           self.policies[qc.name], client=pipe)
+                asks.append(qc.name)
+        return asks
+
+    def _claimed(self, name: str, reply: Any, sent_at: float) -> None:
+        if isinstance(reply, Exception):
+            self._redis_failed("claim", reply)
             return
-        sent_at = time.monotonic()
-        pipe = self.redis.pipeline(transaction=False)
-        for name, free in asks:
-            self.queues[name].claim(self.id, free, self.leases.ttl_ms, self.policies[name],
-                                    client=pipe)
-        try:
-            replies = pipe.execute()
-        except (redis.RedisError, OSError) as exc:
-            self._redis_failed("claim", exc)
-            return
-        self._redis_worked()
-        for (name, _free), reply in zip(asks, replies, strict=True):
-            result = self.queues[name].parse_claim(reply)
-            for lease in result.leases:
-                self._start(name, lease, sent_at)
-            if result.next_due_ms >= 0:
-                self._claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
-            if result.rate_wait_ms > 0:
-                self._claim_at(name, result.rate_wait_ms / 1000)
+        result = self.queues[name].parse_claim(reply)
+        for lease in result.leases:
+            self._start(name, lease, sent_at)
+        if result.next_due_ms >= 0:
+            self._claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
+        if result.rate_wait_ms > 0:
+            self._claim_at(name, result.rate_wait_ms / 1000)
 
     def _start(self, queue: str, lease: Any, sent_at: float) -> None:
         job = lease.job
@@ -564,14 +554,22 @@ class Supervisor:
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def _flush(self) -> None:
-        """Send every waiting report in one pipeline. On a Redis error they stay queued
-        and are sent again: each is fenced by its token, so a report that did land
-        the first time is answered "lost" the second, and changes nothing."""
+    def _sync(self) -> None:
+        """One round trip for everything waiting: claims for the free slots and the
+        finished children's reports (a finished job's slot is refilled in the same trip).
+
+        On a Redis error the reports stay queued and are sent again: each is fenced by
+        its token, so a report that did land the first time is answered "lost" the
+        second, and changes nothing."""
         if not self._redis_ready():
             return
+        claiming = self.want_claim and not self.draining
+        self.want_claim = False
         batch, self.outbox = self.outbox, []
         pipe = self.redis.pipeline(transaction=False)
+        # claims first: a global max_in_flight still counts our finished jobs, so the
+        # ack's wake-up lets every supervisor race fairly for the freed slot
+        asks = self._queue_claims(pipe) if claiming else []
         spans = []
         reap = set()
         for item in batch:
@@ -585,18 +583,24 @@ class Supervisor:
             default_max = int(json.loads(self.policies.get(name, "{}") or "{}")
                               .get("defaults", {}).get("max_crashes", 3))
             self.queues[name].reclaim(self.id, default_max, client=pipe)
-        waits = self._queue_waits(pipe, batch)
+        waits = self._queue_waits(pipe, batch) if batch else 0
+        if not len(pipe.command_stack):
+            return
+        sent_at = time.monotonic()
         try:
             replies = pipe.execute(raise_on_error=False)
         except (redis.RedisError, OSError) as exc:
             self.outbox = batch + self.outbox
-            self._redis_failed("report", exc)
+            self.want_claim = self.want_claim or claiming
+            self._redis_failed("report" if batch else "claim", exc)
             return
         self._redis_worked()
         if waits:
             replies = self._check_waits(batch, replies, waits)
         for item, (start, end) in zip(batch, spans, strict=True):
             self._reported(item, replies[start:end])
+        for offset, name in enumerate(asks):
+            self._claimed(name, replies[offset], sent_at)
         for name, reply in zip(reap_names, replies[len(replies) - len(reap_names):], strict=True):
             if isinstance(reply, list) and reply[3:]:
                 self.metrics.reclaimed(name, len(reply) - 3)
