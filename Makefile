@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	$(PY) -m tests.redis_server -- $(PY) bench/core.py
+	$(PY) -m bench
 
 chaos: $(STAMP)
 	$(PY) -m chaos

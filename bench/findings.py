@@ -1,0 +1,145 @@
+"""What profiling found where a target is missed: causes and proposed fixes.
+
+Written by hand on 2026-11-29 from profiles of the supervisor (py-spy, cProfile, /proc
+counters, and A/B runs of `forq run` with experimental monkeypatches from
+bench/experiments/) on this 2-core machine. The tables above are regenerated on every
+run; this section is not. bench/report.py appends it to RESULTS.md.
+"""
+
+FINDINGS = """
+## Findings: why targets are missed, and what to change
+
+Profiled with py-spy (the tables above), cProfile inside the supervisor, `/proc/PID/stat`
+counters (CPU, minor faults) and A/B drains of `forq run` with proposed fixes applied as
+monkeypatches (`bench/experiments/`, `python -m bench.experiments.ab --help`). The figures
+in this section come from those profiling runs (2026-11-29, load 1–3 unless said), not from
+the tables above.
+
+### Already fixed during this work (the tables above include these fixes)
+
+1. **Finished children kept for 5 minutes.** A per-child time-limit timer, never cancelled,
+   kept each `RunningChild` alive until the job's time limit (default 5 min): RSS grew
+   ≈ 5.2 KB per job (36.7 → 69.7 MiB after 6,477 jobs), and fork cost grows with RSS.
+   Now `Supervisor._police_children` checks deadlines on the sampling tick: RSS after a
+   3,000-job drain went from 52.7 MiB to 37.7 MiB.
+2. **A `SCRIPT EXISTS` round trip before every pipeline** (redis-py's
+   `Pipeline.load_scripts`, ≈ 30% of the supervisor's wall time in py-spy, 1.3–1.5 per
+   job). Now `jobs/scripts.py: ScriptPipeline` loads each script once per pool and reloads
+   on NOSCRIPT: 43.7 → 41.3 Redis commands per job.
+3. **Child set-up:** `ctypes.CDLL(None).prctl` is resolved once (`_PRCTL`), and `_sandbox`
+   no longer clears and refills `os.environ`: `_die_with_parent` 0.56 → 0.23 ms and title +
+   `_sandbox` 0.68 → 0.19 ms at p50 in the latency split (finding 5).
+
+With them, end to end went from 221–251 jobs/s (35–49% of each run's fork limit) to ≈ 313
+(45%), and from 2.0–2.2× RQ's forking worker to 2.8×.
+
+### 4. Still open, the largest: copy-on-write faults — fork from a lean fork server
+
+Targets: ≥ 50% of the fork limit, ≥ 3× RQ's forking worker.
+
+The supervisor spends ≈ 2.65 ms CPU per job, 1.8 ms of it *system* time, and takes ≈ 580
+minor page faults per job; a bare fork cycle of the same size costs its parent 0.34 ms and
+34 faults. With two children alive nearly all the time, every page of the supervisor's heap
+is shared copy-on-write with a child, so each page its Python code writes between forks
+(reference counts, claim parsing, `Job` objects, log records, metric labels, selector
+registrations) is copied — ≈ 580 × 4 KiB per job. The child pays the same way: ≈ 2.1 ms CPU
+against 1.07 ms for a bare fork+_exit.
+
+The supervisor is big because `import redis` (8.x) alone takes a Python process from 10.6 to
+29.7 MiB (it imports asyncio and `redis.asyncio`); it idles at ≈ 37 MiB, where a bare fork
+cycle runs ≈ 700/s, against ≈ 1,700–2,500/s at 14 MiB. Handler modules pull redis in too:
+`from jobs import task` runs `jobs/__init__.py`, which imports `jobs.queue` and so redis
+(31 MiB for `import jobs.registry`).
+
+**Fix:** fork job children from a *fork server*: a helper started at start-up, exec'd fresh
+(`python -m supervisor.forkserver`), importing only `jobs.registry`, `supervisor.child`
+and the configured handler modules — which needs `jobs/__init__.py` to import `Queue` & co.
+lazily (PEP 562 module `__getattr__`) so that handler modules do not drag in redis. The
+supervisor sends it each `ChildSpec` plus the result pipe's write end (SCM_RIGHTS over a
+unix SOCK_SEQPACKET socketpair); the fork server forks, opens the child's pidfd *before* it
+can reap it and sends it back with the pid, and reports `(pid, status, ru_maxrss)` when it
+reaps the child (the supervisor's `os.wait4` in `_on_child_exit` becomes a read of that
+report). PDEATHSIG chains child → fork server → supervisor; `killpg`, psutil sampling and
+pidfd polling all work on a grandchild. The fork server must import and initialise all a
+child uses before forking — notably call `setproctitle` once: a child that must import and
+initialise setproctitle itself costs 6.2 ms CPU instead of 2.1 ms. The supervisor then never
+forks after start-up, so it takes no copy-on-write faults and its RSS no longer sets the
+fork cost. A SIGHUP that changes `imports` restarts the fork server.
+
+Prototype (`bench/experiments/forkserver.py`, 20 MiB, no redis; `patched_run.py`'s
+`forkserver` patch), A/B drains of 3,000 no-op jobs, interleaved, with the fixes above
+already in; fork limit of the supervisor's size measured in the same session: 735/s.
+
+| supervisor | jobs/s (3 runs) | of the fork limit | supervisor CPU/job | its faults/job | fork server + children CPU/job |
+| --- | --- | --- | --- | --- | --- |
+| as is | 336, 327, 325 | 44–46% | 2.5–2.7 ms | ≈ 585 | 2.0–2.1 ms |
+| per-job INFO lines off (finding 6) | 348, 323, 336 | 44–47% | 2.3–2.5 ms | ≈ 565 | 2.0–2.1 ms |
+| that + lean fork server | 426, 413, 434 | 56–59% | 0.7 ms | 0 | 2.6 ms |
+
+≈ +28% throughput, and ≈ 3.3 ms of supervisor + child CPU per job instead of ≈ 4.7 ms; against RQ's
+forking worker (≈ 110–115 jobs/s in the full runs) that is ≈ 3.7×. Both targets met.
+
+### 5. Pick-up latency: fork and the child's set-up, not Redis
+
+Target: p50 ≤ 5 ms (≈ 6.1–8.3 ms in the full runs; 5.1 ms in one quick run on an idle
+machine).
+
+Split of one job's pick-up with the fixes above (`python -m bench.experiments.ab --split ""`:
+time marks put in the child's environment by a patched supervisor; 80 samples, load ≈ 2,
+p50): enqueue call 0.82 ms → claim reply parsed 0.80 ms → fork called 0.11 ms → `run_child`
+starts 2.56 ms → `_die_with_parent` 0.23 ms → `_isolate` 1.03 ms → title + `_sandbox`
+0.19 ms → `_limit` 0.30 ms → handler 0.11 ms; 6.55 ms in all. Redis is ≈ 1.6 ms of it;
+fork and the child's first touches of the parent's memory (copy-on-write) are the rest. A
+bare fork to the child's first line in a same-size process takes ≈ 1.1 ms on an idle
+machine. The child's `nice` made no difference at p50. With the fork-server prototype
+(measured before fixes 1–3) the total was 5.4 ms against 6.3 ms without it.
+
+**Fix:** *pre-fork one child per free slot*: fork and isolate it (setsid, fds, PDEATHSIG,
+nice, title) while the slot is idle, and let it block on a pipe for its `ChildSpec`; on
+claim the parent (or the fork server) writes the spec, and the child applies the job's
+rlimits and runs the handler. Each child still runs exactly one job and exits — the
+isolation is unchanged — but fork and set-up leave the pick-up path: ≈ enqueue + one claim
+round trip + a pipe write, ≈ 2 ms (estimated, not prototyped). Pre-forked children are
+discarded on SIGHUP and on drain.
+
+### 6. Per-job work in the supervisor's loop
+
+py-spy (the table above): logging ≈ 14% of the supervisor's wall time (two INFO lines per
+job, "started" and "succeeded"), `labels()` of the prometheus metrics ≈ 7 calls per job
+(3% self time), `setproctitle` twice per job. Each also writes pages that are then copied
+(finding 4). **Fix:** log "started" at DEBUG ("succeeded" already carries the id, task and
+duration); cache the labelled metric children per (queue, task) in `supervisor/metrics.py`;
+set the title at most every 100 ms (a timer), not on every start and exit. Worth ≈ 0–4% on
+its own in the A/B above; more once the fork server has removed the larger costs.
+
+### 7. enqueue_many: Redis-bound at ≈ 28 µs per job
+
+Target ≥ 40,000 jobs/s: 43,000–47,000/s on a quiet machine, 22,000–37,000/s while other
+work loaded it. For 20,000 jobs: ≈ 570 ms in `lua/enqueue.lua` on the Redis side (9 Redis
+commands per job) and ≈ 240 ms of client CPU, one after the other. **Fix (lua/enqueue.lua,
+lua/_lib.lua):** per call rather than per job — one `INCRBY seq N` instead of an `INCR`
+per job; one `HINCRBY stats enqueued N`, one `HINCRBY` of the minute and one `PEXPIRE`
+instead of three per job; no `LTRIM` on a new job's history: 9 → ≈ 4 commands per job.
+Client side: reply only for jobs that were not plainly `pending` (60,000 reply items are
+parsed per 20,000 jobs now), and send each 500-job chunk as it is built so that Redis and
+the client overlap.
+
+### 8. Smaller: the claim script's 11 `HSETNX` per job
+
+`lua/claim.lua` applies the queue policy with one `HSETNX` per field: 11 of the 41 Redis
+commands per job. Redis CPU is ≈ 0.25 ms per job in all, so not a bottleneck today; one
+`HMGET` of the policy's fields and one `HSET` of the missing ones would do.
+
+### What the peers' figures mean
+
+RQ's forking worker runs ≈ 59 Redis commands per job (DESIGN.md's "about 58") and forks a
+≈ 37 MiB process per job too. After a SIGKILL of the whole worker, none of RQ, Celery
+(acks_late + reject_on_worker_lost) or Dramatiq runs the job again within a minute: RQ
+leaves it `started` until its registry cleanup (every 10 minutes, once the job's heartbeat
+TTL has passed); Celery leaves the message unacked until `visibility_timeout` (1 hour by
+default); Dramatiq's Redis broker re-queues a dead worker's messages only after
+`heartbeat_timeout` (60 s), at a randomly chosen maintenance pass (1 in 1,000 broker
+commands, so minutes on an idle queue). Dramatiq's main process also stops every worker
+when one worker process dies, so killing the process running a job acts like killing the
+whole worker. Celery's prefork pool (no fork per job) is the fastest at draining no-ops.
+"""

@@ -1,0 +1,43 @@
+"""The peers' own venv, bench/.venv-peers: made on first use, reused afterwards.
+
+rq, celery[redis] and dramatiq[redis] come from PyPI with pip; psutil for the driver,
+py-spy to profile forq's supervisor. A stamp file holds the requirement list, so a
+change of it reinstalls.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
+REQUIREMENTS = ["rq", "celery[redis]", "dramatiq[redis]", "psutil", "py-spy"]
+STAMP = VENV / ".bench-installed"
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ensure(log=print) -> Path:
+    want = json.dumps(REQUIREMENTS)
+    if python().exists() and STAMP.exists() and STAMP.read_text() == want:
+        return python()
+    if not python().exists():
+        log(f"creating the peers' venv at {VENV} ...")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    log(f"installing {' '.join(REQUIREMENTS)} into {VENV} (pip) ...")
+    subprocess.run([str(python()), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+                   check=True)
+    subprocess.run([str(python()), "-m", "pip", "install", "--quiet", *REQUIREMENTS], check=True)
+    STAMP.write_text(want)
+    return python()
+
+
+def versions() -> dict[str, str]:
+    code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
+            "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'redis')}))")
+    out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)

@@ -1,0 +1,384 @@
+"""Turn one run's results (bench/results.json) into bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from bench.findings import FINDINGS
+
+NAMES = {"forq": "forq (supervisor, concurrency 2)", "rq-fork": "RQ Worker ×2 (fork per job)",
+         "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
+         "dramatiq": "Dramatiq 2 processes × 1 thread"}
+
+
+def n(x: Any, digits: int = 0) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, (int, float)):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def mib(x: Any) -> str:
+    return "n/a" if not x else f"{x / 2**20:.1f} MiB"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def runs(d: dict[str, Any] | None, digits: int = 0) -> str:
+    if not d or not d.get("runs"):
+        return ""
+    return ", ".join(n(x, digits) for x in d["runs"])
+
+
+def get(d: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+# -- the targets ------------------------------------------------------------------------------
+
+
+def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    s = res.get("sections", {})
+    out: list[tuple[str, str, str, bool | None]] = []
+    fork = res.get("fork_limit")
+    forq_e2e = get(s, "e2e", "forq", "median")
+    rq_fork = get(s, "e2e", "rq-fork", "median")
+    if forq_e2e and rq_fork:
+        ratio = forq_e2e / rq_fork
+        out.append(("end to end ≥ 3× RQ's forking Worker (2 processes)", "≥ 3.0×",
+                    f"{ratio:.1f}× ({n(forq_e2e)} vs {n(rq_fork)} jobs/s)", ratio >= 3))
+    if forq_e2e and fork:
+        share = forq_e2e / fork
+        out.append(("end to end ≥ 50% of the raw fork limit", "≥ 50%",
+                    f"{share:.0%} ({n(forq_e2e)} of {n(fork)} forks/s)", share >= 0.5))
+    many = get(s, "enqueue", "forq", "enqueue_many", "median")
+    if many:
+        out.append(("enqueue_many ≥ 40,000 jobs/s", "≥ 40,000/s", f"{n(many)}/s", many >= 40_000))
+    single = get(s, "enqueue", "forq", "enqueue", "median")
+    rq_single = get(s, "enqueue", "rq", "enqueue", "median")
+    if single and rq_single:
+        ratio = single / rq_single
+        out.append(("single enqueue within 20% of RQ's", "≥ 0.8× RQ",
+                    f"{ratio:.2f}× ({n(single)} vs {n(rq_single)}/s)", ratio >= 0.8))
+    p50 = get(s, "latency", "forq", "p50_ms")
+    if p50 is not None:
+        out.append(("pick-up latency p50 (idle)", "≤ 5 ms",
+                    f"{p50:.2f} ms (p99 {get(s, 'latency', 'forq', 'p99_ms'):.2f} ms)", p50 <= 5))
+    crash = get(s, "recovery", "forq", "child")
+    if crash:
+        pend = get(crash, "pending_again_s", "median")
+        again = get(crash, "running_again_s", "median")
+        if pend is not None:
+            out.append(("child crash → job pending again", "≤ 1 s",
+                        f"{pend:.3f} s (running again {n(again, 3)} s)", pend <= 1.0))
+    sup = get(s, "recovery", "forq", "worker")
+    if sup and get(sup, "running_again_s", "median") is not None:
+        bound = sup["lease_ttl_s"] + sup["reaper_interval_s"]
+        v = sup["running_again_s"]["median"]
+        out.append(("supervisor SIGKILL → job running again", f"≤ lease_ttl + reaper = {bound:g} s",
+                    f"{v:.2f} s", v <= bound))
+    scale = s.get("scale") or {}
+    small, big = scale.get("1000"), scale.get("1000000") or scale.get("100000")
+    if small and big:
+        label = "1M" if "1000000" in scale else "100k (1M skipped)"
+        r100 = big["claim_ack_100"] / small["claim_ack_100"]
+        r1 = big["claim_ack_1"] / small["claim_ack_1"]
+        out.append((f"claim+ack at {label} backlog ≥ 80% of 1k", "≥ 0.80",
+                    f"{r100:.2f} (claim 100) / {r1:.2f} (claim 1)", min(r100, r1) >= 0.8))
+    return out
+
+
+def summary_table(res: dict[str, Any]) -> str:
+    rows = targets(res)
+    lines = [f"{'target':<52} {'goal':<28} {'measured':<42} result"]
+    for name, goal, got, ok in rows:
+        verdict = "met" if ok else ("MISSED" if ok is False else "?")
+        lines.append(f"{name:<52} {goal:<28} {got:<42} {verdict}")
+    if res.get("errors"):
+        lines.append(f"sections that failed: {', '.join(res['errors'])}")
+    return "\n".join(lines)
+
+
+# -- the profile ----------------------------------------------------------------------------------
+
+
+def summarize_py_spy(raw: str, top: int = 25) -> dict[str, Any]:
+    """py-spy's raw (collapsed) stacks → inclusive and self shares per function."""
+    total = 0
+    incl: collections.Counter[str] = collections.Counter()
+    leaf: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        try:
+            k = int(count)
+        except ValueError:
+            continue
+        total += k
+        frames = stack.split(";")
+        names = []
+        for f in frames:
+            name, _, where = f.partition(" (")
+            names.append(f"{name} ({where.split(':')[0]})" if where else name)
+        leaf[names[-1]] += k
+        for name in set(names):
+            incl[name] += k
+    skip = ("<module>", "_run_module_as_main", "_run_code", "main (", "cmd_run", "run_supervisor")
+    inclusive = [(c / total, f) for f, c in incl.most_common(top + 10)
+                 if not f.startswith(skip)][:top]
+    return {"samples": total, "inclusive": inclusive,
+            "self": [(c / total, f) for f, c in leaf.most_common(15)]}
+
+
+# -- the document ------------------------------------------------------------------------------------
+
+
+def render(res: dict[str, Any]) -> str:
+    s = res.get("sections", {})
+    m = res.get("machine", {})
+    v = res.get("versions", {})
+    peers = v.get("peers", {})
+    out: list[str] = []
+    out.append("# forq benchmark results\n")
+    out.append(f"`python -m bench{' --quick' if res.get('mode') == 'quick' else ''}`, "
+               f"{res.get('date')}, {res.get('seconds', 0):.0f} s. One private redis-server "
+               "(no persistence) on a free port; every figure is the median of several runs "
+               "(the runs are listed). Generated by bench/report.py from bench/results.json; "
+               "do not edit by hand.\n")
+    out.append(f"- **machine:** {m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_gib')} GiB, "
+               f"Linux {m.get('kernel')}, Python {m.get('python')}")
+    out.append(f"- **versions:** forq {v.get('forq')}, Redis {v.get('redis_server')}, redis-py "
+               f"{v.get('redis_py_forq')}; RQ {peers.get('rq')}, Celery {peers.get('celery')} "
+               f"(kombu {peers.get('kombu')}, billiard {peers.get('billiard')}), Dramatiq "
+               f"{peers.get('dramatiq')}, peers' redis-py {peers.get('redis')}")
+    loads = res.get("load", {})
+    if loads:
+        worst = max(max(x["start"], x["end"]) for x in loads.values())
+        out.append(f"- **load average** (1 min) during the run: up to {worst:.1f} on "
+                   f"{m.get('cores')} cores, this benchmark's own processes included"
+                   + (" — other work shared the machine, so absolute figures are noisy; "
+                      "compare within the run" if worst > (m.get("cores") or 2) * 1.25
+                      else ""))
+    out.append("")
+    if res.get("errors"):
+        out.append("**Sections that failed:** " + ", ".join(res["errors"]) + " (tracebacks in "
+                   "results.json)\n")
+
+    out.append("## Targets\n")
+    rows = [[name, goal, got, "met" if ok else "**missed**"] for name, goal, got, ok in targets(res)]
+    out.append(table(["target", "goal", "measured", "result"], rows))
+    out.append("")
+
+    fork = res.get("fork_limit")
+    if "limits" in s:
+        lim = s["limits"]
+        out.append("## Limits of this machine\n")
+        rows = []
+        f = lim.get("fork", {})
+        rows.append([f"fork()+_exit+waitpid, serial, in a {mib(f.get('rss'))} process "
+                     "(a supervisor's imports, frozen heap, padded to its idle RSS)",
+                     f"{n(f.get('forks_per_s'))} /s", runs(f)])
+        again = get(s, "e2e", "fork_limit_in_rounds")
+        if again and again.get("runs"):
+            rows.append(["the same, measured again in each end-to-end round",
+                         f"{n(again['median'])} /s", runs(again)])
+        if res.get("fork_limit_runs"):
+            rows.append(["**fork limit used for the ratios** (median of all the above)",
+                         f"**{n(fork)} /s**", ""])
+        for name, d in lim.get("redis_benchmark", {}).items():
+            rows.append([f"redis-benchmark {name}", f"{n(d.get('median'))} /s", runs(d)])
+        out.append(table(["what", "rate", "runs"], rows))
+        out.append("")
+
+    if "enqueue" in s:
+        e = s["enqueue"]
+        out.append("## Enqueue (no-op jobs, one producer)\n")
+        rows = []
+        for system, label in (("forq", "forq"), ("rq", "RQ"), ("celery", "Celery"),
+                              ("dramatiq", "Dramatiq")):
+            for method, d in (e.get(system) or {}).items():
+                if isinstance(d, dict) and "median" in d:
+                    rows.append([f"{label} `{method}`", n(d.get("n")), f"{n(d['median'])}",
+                                 runs(d)])
+        out.append(table(["producer call", "jobs", "jobs/s", "runs"], rows))
+        out.append("\nforq `enqueue_many` and RQ `enqueue_many` get the whole list in one call; "
+                   "Celery `delay` and Dramatiq `send` have no batch form.\n")
+
+    if "e2e" in s:
+        e = s["e2e"]
+        out.append("## End to end: no-op jobs drained by 2 worker processes\n")
+        out.append("The jobs are enqueued first, then the workers started; the rate is taken "
+                   "from the first finished job to the last (start-up not counted), from each "
+                   "system's own completion record (forq's `succeeded` counter, RQ's finished "
+                   "registry, Celery's and Dramatiq's result keys).\n")
+        rows = []
+        forq_rate = get(e, "forq", "median")
+        for system in ("forq", "rq-fork", "rq-simple", "celery", "dramatiq"):
+            d = e.get(system)
+            if not isinstance(d, dict) or "median" not in d:
+                continue
+            fork_per_job = "yes" if system in ("forq", "rq-fork") else "no"
+            rows.append([NAMES[system], fork_per_job, n(d.get("n")), n(d["median"]),
+                         f"{d['median'] / fork:.0%}" if fork else "n/a",
+                         f"{forq_rate / d['median']:.2f}×" if forq_rate and system != "forq"
+                         else "", runs(d)])
+        out.append(table(["system", "fork per job", "jobs", "jobs/s", "of fork limit",
+                          "forq ÷ this", "runs"], rows))
+        f = e.get("forq") or {}
+        if f:
+            lim = get(s, "limits", "fork") or {}
+            out.append("\nCost per job, forq against a bare fork of a process of the same size "
+                       "(from the limits section):\n")
+            rows = [["forq: the supervisor (parent)",
+                     f"{n(f.get('parent_cpu_ms_per_job'), 2)} ms "
+                     f"({n(f.get('parent_user_ms_per_job'), 2)} user + "
+                     f"{n(f.get('parent_sys_ms_per_job'), 2)} system)",
+                     n(f.get("parent_minor_faults_per_job"))],
+                    ["forq: the job's child", f"{n(f.get('children_cpu_ms_per_job'), 2)} ms", ""],
+                    ["forq: Redis", f"{n(f.get('redis_cpu_ms_per_job'), 2)} ms", ""]]
+            if lim.get("parent_cpu_ms_per_fork") is not None:
+                rows += [["bare fork+_exit+waitpid: parent",
+                          f"{n(lim['parent_cpu_ms_per_fork'], 2)} ms",
+                          n(lim.get("parent_minor_faults_per_fork"))],
+                         ["bare fork+_exit+waitpid: child",
+                          f"{n(lim['child_cpu_ms_per_fork'], 2)} ms",
+                          n(lim.get("child_minor_faults_per_fork"))]]
+            out.append(table(["", "CPU per job", "minor page faults per job"], rows))
+            out.append(f"\nSupervisor RSS {mib(f.get('supervisor_rss'))} after a drain of "
+                       f"{n(f.get('n'))} jobs (idle at start: "
+                       f"{mib(get(s, 'limits', 'supervisor_rss_idle'))}).\n")
+            rows = []
+            for system in ("forq", "rq-fork", "rq-simple", "celery", "dramatiq"):
+                c = get(e, system, "redis_commands_per_job")
+                if c:
+                    top = ", ".join(f"{k} {v:g}" for k, v in list(c["top"].items())[:8])
+                    rows.append([NAMES[system], n(c["total"], 1), top])
+            if rows:
+                out.append("Redis commands per job (counted by Redis, including those run "
+                           "inside Lua scripts; the benchmark's own polling left out):\n")
+                out.append(table(["system", "commands per job", "most frequent"], rows))
+                out.append("")
+        prof = e.get("profile")
+        if prof:
+            out.append(f"### Where the supervisor's time goes (py-spy, {prof['samples']} samples, "
+                       "one extra drain)\n")
+            rows = [[f"{share:.1%}", f"`{name}`"] for share, name in prof["inclusive"]]
+            out.append(table(["inclusive", "function"], rows))
+            out.append("")
+            rows = [[f"{share:.1%}", f"`{name}`"] for share, name in prof["self"][:10]]
+            out.append(table(["self", "function"], rows))
+            out.append("")
+
+    if "latency" in s:
+        lat = s["latency"]
+        out.append("## Pick-up latency on an idle system (enqueue → handler starts)\n")
+        out.append("One job at a time; the handler returns `time.time()` at its start, compared "
+                   "with `time.time()` just before the enqueue call (one clock, µs resolution).\n")
+        rows = []
+        for system in ("forq", "rq-fork", "rq-simple", "celery", "dramatiq"):
+            d = lat.get(system)
+            if isinstance(d, dict) and "p50_ms" in d:
+                rows.append([NAMES[system], n(d.get("samples")), n(d["p50_ms"], 2),
+                             n(d["p99_ms"], 2), n(d.get("max_ms"), 2)])
+        out.append(table(["system", "samples", "p50 ms", "p99 ms", "max ms"], rows))
+        f = lat.get("forq") or {}
+        if "to_claim_p50_ms" in f:
+            out.append(f"\nforq's split at the claim (the claim script's Redis time, ms "
+                       f"resolution): enqueue call → claim {n(f['to_claim_p50_ms'], 2)} ms, claim → "
+                       f"handler running {n(f['claim_to_start_p50_ms'], 2)} ms (the reply, the "
+                       "fork and the child's set-up), at p50.\n")
+
+    if "recovery" in s:
+        rec = s["recovery"]
+        out.append("## Recovery after SIGKILL (a 20 s job)\n")
+        out.append("*child*: SIGKILL of the process running the job (forq's child, RQ's work "
+                   "horse, Celery's pool process, a Dramatiq worker process). *worker*: SIGKILL "
+                   "of the whole worker with its children, and a fresh one started at once (as "
+                   "systemd would). Seconds from the kill until the job's handler starts again; "
+                   "\"never\" when it did not within the cap. Peers are configured for "
+                   "at-least-once as their docs advise: RQ `Retry(max=3)`, Celery "
+                   "`acks_late` + `reject_on_worker_lost`, Dramatiq defaults.\n")
+        rows = []
+        fr = rec.get("forq") or {}
+        if fr.get("child"):
+            c = fr["child"]
+            rows.append(["forq", "child",
+                         f"{n(get(c, 'running_again_s', 'median'), 3)} s "
+                         f"(pending again {n(get(c, 'pending_again_s', 'median'), 3)} s)",
+                         runs(c.get("running_again_s"), 3), ""])
+        if fr.get("worker"):
+            w = fr["worker"]
+            rows.append(["forq", "whole supervisor",
+                         f"{n(get(w, 'running_again_s', 'median'), 2)} s",
+                         runs(w.get("running_again_s"), 2),
+                         f"lease_ttl {w['lease_ttl_s']:g} s, reaper {w['reaper_interval_s']:g} s"
+                         + ("; a child outlived its supervisor" if w.get("orphaned_child")
+                            else "; the child died with it (PDEATHSIG)")])
+        for system, label in (("rq-fork", "RQ"), ("celery", "Celery"), ("dramatiq", "Dramatiq")):
+            for kind in ("child", "worker"):
+                d = get(rec, system, kind)
+                if not d:
+                    continue
+                if "error" in d:
+                    rows.append([label, kind, "error", "", d["error"][-200:]])
+                    continue
+                med = get(d, "seconds", "median")
+                value = (f"{med:.2f} s" if med is not None and not d.get("never")
+                         else f"never (> {d['cap_s']:.0f} s)")
+                notes = "; ".join(x for x in d.get("notes", []) if x)
+                rows.append([label, kind if kind == "child" else "whole worker", value,
+                             runs(d.get("seconds"), 2), notes])
+        out.append(table(["system", "killed", "job runs again after", "runs", "notes"], rows))
+        out.append("")
+
+    if "scale" in s:
+        sc = s["scale"]
+        out.append("## Scale: claim+ack at big backlogs\n")
+        out.append("Through the public lease API (`Queue.claim` then `Queue.ack`), one client: "
+                   "*claim 1* is one claim and one ack per job (a supervisor with one free slot), "
+                   "*claim 100* claims 100 and pipelines their acks. The backlog is refilled after "
+                   "each measure, so it stays where it was.\n")
+        rows = []
+        base = sc.get("1000") or {}
+        for d in sc.values():
+            sup = d.get("supervisor") or {}
+            rows.append([n(d["backlog"]), n(d["claim_ack_1"]), n(d["claim_ack_100"]),
+                         f"{d['claim_ack_100'] / base['claim_ack_100']:.2f}" if base else "",
+                         n(d["redis_bytes_per_job"]), n(d["fill_jobs_per_s"]),
+                         f"{n(sup.get('jobs_per_s'))} jobs/s, {mib(sup.get('supervisor_rss'))}"
+                         if sup else ""])
+        out.append(table(["backlog", "claim 1 + ack, jobs/s", "claim 100 + acks, jobs/s",
+                          "÷ 1k (claim 100)", "Redis bytes per queued job",
+                          "enqueue_many while filling, jobs/s",
+                          "supervisor draining its top (rate, RSS)"], rows))
+        out.append("")
+
+    out.append(FINDINGS)
+    out.append(METHOD)
+    return "\n".join(out)
+
+
+METHOD = """
+## How to run, and what is where
+
+`.venv/bin/python -m bench` (full, about 7 minutes), `--quick` (about 2.5 minutes),
+`--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, latency, recovery, scale),
+`--no-profile`. `.venv/bin/python -m bench.supervisor` gives the supervisor's own
+figures (issue 3) alone. The peers run from `bench/.venv-peers` (created on first use
+with pip), each worker as its own CLI would start it (`rq worker -w ...`,
+`celery -A celery_app worker -P prefork -c 2`, `dramatiq --processes 2 --threads 1`);
+their apps are in `bench/peers/`. The forq handlers are in `bench/tasks.py`. The
+experiments behind the findings (proposed fixes as monkeypatches, the fork-server
+prototype, the latency split) are in `bench/experiments/`.
+"""

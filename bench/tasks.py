@@ -1,0 +1,41 @@
+"""The handlers forq's benchmarks enqueue (preloaded by the benchmark supervisors).
+
+Each peer (RQ, Celery, Dramatiq) gets the same three in bench/peers/: a no-op, a
+stamp that returns the wall-clock time at which the handler started, and a long job
+that appends a start marker to a file (to see a job run again after a kill).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from jobs import task
+
+
+@task("bench.noop")
+def noop(*_args, **_kwargs) -> None:
+    return None
+
+
+@task("bench.stamp")
+def stamp() -> float:
+    """The wall clock when the handler started: enqueue→start latency, in µs."""
+    return time.time()
+
+
+@task("bench.marked_sleep")
+def marked_sleep(path: str, seconds: float = 20.0) -> int:
+    """Append "<pid> <time>" to `path` at start, then sleep: a job to kill."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} {time.time():.6f}\n")
+    time.sleep(seconds)
+    return os.getpid()
+
+
+@task("bench.stamp_env")
+def stamp_env() -> dict:
+    """`stamp`, plus any BENCH_* marks a patched supervisor put in the child's
+    environment (used to split pick-up latency when profiling)."""
+    now = time.time()
+    return {"t": now, **{k: v for k, v in os.environ.items() if k.startswith("BENCH_")}}
