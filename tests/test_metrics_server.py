@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from supervisor.metrics import OUTCOMES, RSS_BUCKETS, Metrics, MetricsServer
+from tests.helpers import wait_for
 
 MIB = 1024 * 1024
 
@@ -325,10 +326,8 @@ def test_slow_client_does_not_block_the_loop(serve: Callable[..., Loop]) -> None
         assert stalled.recv(100) == b""
         idle.settimeout(3)
         assert idle.recv(100) == b""
-        deadline = time.monotonic() + 3
-        while loop.server.open_connections and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert loop.server.open_connections == 0
+        wait_for(lambda: loop.server.open_connections == 0, timeout=3,
+                 message="the stalled connections to be dropped")
     finally:
         stalled.close()
         idle.close()
@@ -363,10 +362,10 @@ def test_large_response_is_written_without_blocking(serve: Callable[..., Loop]) 
         s.settimeout(5)
         s.connect(loop.server.address)
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        time.sleep(0.2)
         # The response is still pending in the server (white-box check that
         # the EVENT_WRITE path is what this test exercises)...
-        assert [c.state for c in list(loop.server._conns.values())] == ["writing"]
+        wait_for(lambda: [c.state for c in list(loop.server._conns.values())] == ["writing"],
+                 timeout=5, message="the response to be part-written")
         # ...and the loop is free meanwhile: another scrape is served.
         scrape(loop)
         data = bytearray()
