@@ -120,14 +120,45 @@ class SupervisorProcess:
         self._log.close()
 
 
-def children_of(pid: int) -> list[int]:
-    """Live child pids of `pid` (the supervisor's job children)."""
+def _is_fork_server(proc) -> bool:
     import psutil
 
     try:
-        return [c.pid for c in psutil.Process(pid).children()]
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "supervisor.forkserver" in cmdline or cmdline.startswith("forq: fork server")
+
+
+def fork_servers_of(pid: int) -> list[int]:
+    """The supervisor's live fork server(s) (more than one only while an old one retires)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children() if _is_fork_server(c)]
     except psutil.Error:
         return []
+
+
+def children_of(pid: int) -> list[int]:
+    """Live job children of supervisor `pid`: the processes it or its fork server forked
+    for jobs (not the fork server itself, nor what a job started in turn)."""
+    import psutil
+
+    try:
+        direct = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    found = []
+    for proc in direct:
+        if not _is_fork_server(proc):
+            found.append(proc.pid)  # forked by the supervisor itself (fork_server = false)
+            continue
+        try:
+            found.extend(c.pid for c in proc.children())
+        except psutil.Error:
+            pass
+    return found
 
 
 def wait_children(pid: int, count: int = 1, timeout: float = 10.0) -> list[int]:
