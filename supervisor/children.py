@@ -1,8 +1,11 @@
 """The parent's view of one forked child: fork it, read its report, kill its group,
 and say what its end means.
 
-A child is watched through a pidfd (readable when it exits) and its result pipe,
-both registered in the supervisor's selector, so no thread and no SIGCHLD race.
+A child is forked by the fork server (`ForkServer`, the supervisor's end of
+supervisor/forkserver.py), or here (`spawn`) when there is none. Its result pipe is
+registered in the supervisor's selector, and so is the event of its end: the fork
+server's exit report, or the child's pidfd (readable when it exits) if forked here —
+no thread and no SIGCHLD race.
 """
 
 from __future__ import annotations
@@ -60,13 +63,16 @@ class RunningChild:
     def alive(self) -> bool:
         """Not yet exited (its pidfd is not readable): its pid, and the group id it
         leads, are still its own, even if another process reaps it."""
-        if self.pidfd < 0:
-            return False
+        return self.pidfd >= 0 and not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to exit; True if it has."""
+        poller = select.poll()  # not select(): a pidfd may be numbered above 1024
+        poller.register(self.pidfd, select.POLLIN)
         try:
-            readable, _, _ = select.select([self.pidfd], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return not readable
+            return bool(poller.poll(max(0, int(timeout * 1000))))
+        except OSError:
+            return True
 
     @property
     def job_id(self) -> str:

@@ -2,7 +2,7 @@
 parent, enforce limits, report every end, drain on SIGTERM.
 
 Read it top to bottom as the life of a job: `_claim` leases jobs for free slots,
-`_start` forks a child, `_extend_leases` keeps its lease (or fences it), `_sample_memory`
+`_start` has a child forked (by the lean fork server, `_spawn`), `_extend_leases` keeps its lease (or fences it), `_sample_memory`
 and the per-child timeout police its limits, `_on_child_exit` classifies its end, and
 `_flush` reports it to Redis in one pipelined round trip with every other report.
 """
@@ -14,7 +14,6 @@ import importlib
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import time
@@ -522,11 +521,9 @@ class Supervisor:
                   len(orphans))
         deadline = time.monotonic() + KILL_GRACE
         for child in orphans:
-            while child.alive() and time.monotonic() < deadline:
-                select.select([child.pidfd], [], [], max(0.0, deadline - time.monotonic()))
-            if child.alive():
+            if not child.wait_exit(max(0.0, deadline - time.monotonic())):
                 child.signal_group(signal.SIGKILL)
-                select.select([child.pidfd], [], [], 1.0)
+                child.wait_exit(1.0)
             if child.pipe_open:
                 child.read_pipe()
             # its status died with the fork server: a complete report means it finished

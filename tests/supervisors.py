@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 def write_config(path: Path, redis_url: str, queues: dict[str, int], *, lease_ttl: str = "2s",
                  reaper_interval: str = "200ms", drain_timeout: str = "5s",
                  defaults: str = "", extra: str = "", name: str = "",
-                 queue_extra: str = "") -> Path:
-    """A small config for tests. `defaults` and `extra` are raw TOML appended in place."""
+                 queue_extra: str = "", supervisor_extra: str = "",
+                 imports: tuple[str, ...] = ("jobs.examples", "tests.tasks")) -> Path:
+    """A small config for tests. `defaults`, `supervisor_extra` and `extra` are raw TOML
+    appended in place."""
     queue_tables = "\n".join(
         f'[[queue]]\nname = "{q}"\nconcurrency = {n}\n{queue_extra}' for q, n in queues.items()
     )
@@ -32,8 +34,9 @@ url = "{redis_url}"
 lease_ttl = "{lease_ttl}"
 reaper_interval = "{reaper_interval}"
 drain_timeout = "{drain_timeout}"
-imports = ["jobs.examples", "tests.tasks"]
+imports = [{", ".join(f'"{m}"' for m in imports)}]
 memory_sample_interval = "20ms"
+{supervisor_extra}
 
 [defaults]
 timeout = "30s"
