@@ -145,3 +145,17 @@ def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
         sup._log.close()
     assert "Traceback" not in sup.log()
     assert "fork server" not in sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path, redis_url,
+                                                                       queue):
+    sup = start(tmp_path, redis_url, queue,
+                imports=("jobs.examples", "tests.tasks", "tests.fs_poison"))
+    try:
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        assert not fork_servers_of(sup.pid)
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "fork server did not start" in sup.log(), sup.log()
