@@ -79,6 +79,14 @@ already in; fork limit of the supervisor's size measured in the same session: 73
 ≈ +28% throughput, and ≈ 3.3 ms of supervisor + child CPU per job instead of ≈ 4.7 ms; against RQ's
 forking worker (≈ 110–115 jobs/s in the full runs) that is ≈ 3.7×. Both targets met.
 
+**Implemented** (`supervisor/forkserver.py`, `[supervisor].fork_server = true` by default;
+`false`, or a fork server that cannot start, forks from the supervisor as before). Quick
+runs (`bench/supervisor.py --quick`, 2026-11-29, load ≈ 1, interleaved with the code
+before it): 335, 330 → 466, 438 jobs/s; 45% → 62–63% of the fork limit (709–742/s);
+supervisor CPU 2.7 → 0.7–0.8 ms per job and 715 → 0 page faults; fork server + child
+2.6–2.7 ms. `python -m bench --quick --only limits,e2e`: 406 jobs/s, 59% of the fork
+limit, 3.5× RQ's forking worker (116 jobs/s). The tables above predate it.
+
 ### 5. Pick-up latency: fork and the child's set-up, not Redis
 
 Target: p50 ≤ 5 ms (≈ 6.1–8.3 ms in the full runs; 5.1 ms in one quick run on an idle

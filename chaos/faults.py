@@ -24,7 +24,7 @@ import redis
 from jobs import Queue
 
 from .context import QUEUE, Context
-from .procs import SupervisorProc, children_of
+from .procs import SupervisorProc, job_children_of
 from .producer import client, enqueue_recorded, memhog_job
 
 KINDS = ("child_kill", "sup_kill", "sup_stop", "sup_term", "redis_kill", "redis_stop", "memhog")
@@ -126,7 +126,7 @@ class Injector(threading.Thread):
             for sp in self.ctx.supervisors:
                 if sp.state != "running" or sp.pid is None:
                     continue
-                for pid, title, _ in children_of(sp.pid):
+                for pid, title, _ in job_children_of(sp.pid):
                     parts = title.split()
                     if len(parts) >= 4 and parts[:2] == ["forq:", "job"]:
                         candidates.append((sp, pid, parts[2], parts[3]))

@@ -51,12 +51,28 @@ def _record(fields: dict) -> None:
         os.close(fd)
 
 
+def _supervisor_pid() -> int:
+    """The supervisor that runs this job: the parent, or the parent's parent when the
+    parent is the supervisor's fork server."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            cmdline = f.read()
+        if cmdline.startswith(b"forq: fork server") or b"supervisor.forkserver" in cmdline:
+            with open(f"/proc/{parent}/stat", "rb") as f:
+                stat = f.read()
+            return int(stat[stat.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return parent
+
+
 def _start(kind: str) -> tuple[str, object]:
     ctx = current()
     x = f"{os.getpid()}-{time.time_ns()}"
     _record({"ev": "start", "job": ctx.id, "x": x, "n": ctx.attempts + ctx.crashes + 1,
              "a": ctx.attempts, "c": ctx.crashes, "sup": os.environ.get(SUPERVISOR_ENV, ""),
-             "spid": os.getppid(), "pid": os.getpid(), "t": time.time(), "kind": kind})
+             "spid": _supervisor_pid(), "pid": os.getpid(), "t": time.time(), "kind": kind})
     return x, ctx
 
 

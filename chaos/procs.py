@@ -247,6 +247,18 @@ def children_of(pid: int) -> list[tuple[int, str, float]]:
     return out
 
 
+def job_children_of(pid: int) -> list[tuple[int, str, float]]:
+    """Like `children_of`, but through the supervisor's fork server: the processes
+    forked for its jobs, whichever of the two forked them."""
+    out = []
+    for kid in children_of(pid):
+        if kid[1].startswith("forq: fork server") or "supervisor.forkserver" in kid[1]:
+            out.extend(children_of(kid[0]))
+        else:
+            out.append(kid)
+    return out
+
+
 def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
                  queue: str, max_attempts: int, max_crashes: int) -> Path:

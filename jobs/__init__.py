@@ -1,16 +1,47 @@
 """forq's producer side: the job model and the queue API. Knows nothing of processes.
 
     from jobs import Queue, task
+
+`task`, `current` and `NonRetryable` come from `jobs.registry`, which imports no redis;
+everything else is imported on first use (PEP 562), so a handler module's
+`from jobs import task` keeps redis out of the fork server and of its job children.
 """
 
-from .errors import ForqError, JobFailed, JobNotFound, JobTimeout, NotReplicated, PayloadError
-from .job import ACTIVE as ACTIVE
-from .job import CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
-from .queue import Queue, find_job, known_queues
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .registry import NonRetryable, current, task
+
+if TYPE_CHECKING:
+    from .errors import ForqError, JobFailed, JobNotFound, JobTimeout, NotReplicated, PayloadError
+    from .job import ACTIVE, CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
+    from .queue import Queue, find_job, known_queues
+
+_LAZY = {
+    "ForqError": "errors", "JobFailed": "errors", "JobNotFound": "errors",
+    "JobTimeout": "errors", "NotReplicated": "errors", "PayloadError": "errors",
+    "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
+    "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
+    "Queue": "queue", "find_job": "queue", "known_queues": "queue",
+}
 
 __all__ = [
     "ACTIVE", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
     "ForqError", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
     "NonRetryable", "NotReplicated", "Queue", "current", "find_job", "known_queues", "task",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

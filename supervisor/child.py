@@ -1,8 +1,9 @@
 """What runs in the forked child: isolate, limit, run one handler, report, `_exit`.
 
-Everything here executes after `fork()` in a copy of the supervisor. It must never
-return into the parent's event loop, never touch the parent's Redis socket, and
-never write metrics: it reports once, through its result pipe, then `_exit`s.
+Everything here executes after `fork()` in a copy of the fork server
+(supervisor/forkserver.py), or of the supervisor itself when it runs without one. It
+must never return into the parent's loop, never touch the parent's sockets, and never
+write metrics: it reports once, through its result pipe, then `_exit`s.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ _PRCTL = _find_prctl()  # resolved once in the supervisor, not in every child
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel for SIGKILL when the supervisor dies, then re-check: if the
-    parent died between fork and prctl, nobody else will kill us."""
+    """Ask the kernel for SIGKILL when the parent dies (the fork server, which dies with
+    the supervisor; or the supervisor), then re-check: if the parent died between fork
+    and prctl, nobody else will kill us."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:

@@ -1,16 +1,25 @@
 """The parent's view of one forked child: fork it, read its report, kill its group,
 and say what its end means.
 
-A child is watched through a pidfd (readable when it exits) and its result pipe,
-both registered in the supervisor's selector, so no thread and no SIGCHLD race.
+A child is forked by the fork server (`ForkServer`, the supervisor's end of
+supervisor/forkserver.py), or here (`spawn`) when there is none. Its result pipe is
+registered in the supervisor's selector, and so is the event of its end: the fork
+server's exit report, or the child's pidfd (readable when it exits) if forked here —
+no thread and no SIGCHLD race.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
+import logging
 import os
+import select
 import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +27,8 @@ from typing import Any
 from jobs.queue import Lease
 
 from .child import RESULT_OVERHEAD, ChildSpec, run_child
+
+log = logging.getLogger("forq.supervisor")
 
 # why the parent killed a child; decides the outcome instead of the exit status
 TIMEOUT = "timeout"
@@ -43,6 +54,25 @@ class RunningChild:
     sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
     overflow: bool = False
     pipe_open: bool = True
+    server: int = 0  # the pid of the fork server that forked it (0: forked here)
+
+    @property
+    def forked_by_server(self) -> bool:
+        return self.server != 0
+
+    def alive(self) -> bool:
+        """Not yet exited (its pidfd is not readable): its pid, and the group id it
+        leads, are still its own, even if another process reaps it."""
+        return self.pidfd >= 0 and not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to exit; True if it has."""
+        poller = select.poll()  # not select(): a pidfd may be numbered above 1024
+        poller.register(self.pidfd, select.POLLIN)
+        try:
+            return bool(poller.poll(max(0, int(timeout * 1000))))
+        except OSError:
+            return True
 
     @property
     def job_id(self) -> str:
@@ -75,6 +105,8 @@ class RunningChild:
                 self.buf += chunk
 
     def signal_group(self, sig: int) -> None:
+        if self.forked_by_server and not self.alive():
+            return  # the fork server reaps it, and killed its group then: the pid may be reused
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -194,3 +226,173 @@ def classify(child: RunningChild, status: int) -> Outcome:
         return Outcome("fail", "failed", error=error, reason=error.get("reason", "error"),
                        mode="fatal" if report.get("fatal") else "retry")
     return Outcome("expire", "crashed", reason=f"{describe_status(status)} ({peak})")
+
+
+class ForkServerError(Exception):
+    """The fork server is gone, or did not answer: it must be replaced."""
+
+
+# a request bigger than this (a spec with a large payload) goes through a memfd
+_INLINE_MAX = 60 * 1024
+READY_TIMEOUT = 30.0  # start-up: it imports the handler modules
+REPLY_TIMEOUT = 10.0  # one fork
+
+
+class ForkServer:
+    """The supervisor's end of `python -m supervisor.forkserver`: asks it to fork each
+    child, and collects the exits it reports (`pending_exits`: pid, status, peak RSS
+    in bytes) for the supervisor's loop."""
+
+    def __init__(self, imports: list[str]) -> None:
+        self.imports = list(imports)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.set_inheritable(False)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, FORQ_FORKSERVER_PATH=json.dumps(sys.path),
+                   PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        env.pop("FORQ_FORKSERVER_PYTHONPATH", None)
+        if "PYTHONPATH" in os.environ:
+            env["FORQ_FORKSERVER_PYTHONPATH"] = os.environ["PYTHONPATH"]
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()),
+                 ",".join(self.imports)],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            ours.close()
+            raise ForkServerError(f"cannot start: {exc}") from exc
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = self.proc.pid
+        self.pending_exits: list[tuple[int, int, int]] = []
+        self.closed = False
+        try:
+            message, _ = self._receive(READY_TIMEOUT)
+            if "ready" not in message:
+                raise ForkServerError(f"unexpected first message {message!r}")
+        except ForkServerError:
+            self.close()
+            raise
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def _receive(self, timeout: float | None) -> tuple[dict[str, Any], list[int]]:
+        """One message (waiting up to `timeout`, None: not at all); raises
+        ForkServerError on EOF, on a timeout, or on garbage."""
+        if timeout is not None:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                raise ForkServerError(f"no answer in {timeout:g}s")
+        try:
+            data, ancillary, _flags, _ = self.sock.recvmsg(
+                65536, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            raise
+        except OSError as exc:
+            raise ForkServerError(f"socket: {exc}") from exc
+        from .forkserver import fds_of
+
+        fds = fds_of(ancillary)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            code = self.proc.poll()
+            raise ForkServerError("it closed its socket" if code is None
+                                  else f"it ended: {describe_status_code(code)}")
+        try:
+            message = json.loads(data)
+        except ValueError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise ForkServerError(f"garbled message: {exc}") from exc
+        if "exit" in message:
+            self.pending_exits.append((int(message["exit"]), int(message["status"]),
+                                       int(message["maxrss"]) * 1024))
+        return message, fds
+
+    def drain(self) -> None:
+        """Read every message waiting (exits go to `pending_exits`)."""
+        while True:
+            try:
+                _message, fds = self._receive(None)
+            except BlockingIOError:
+                return
+            for fd in fds:
+                os.close(fd)
+
+    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
+              timeout: float) -> RunningChild:
+        from .forkserver import send
+
+        data = json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
+        read_fd, write_fd = os.pipe()
+        memfd = -1
+        try:
+            if len(data) + len(title) < _INLINE_MAX:
+                message: dict[str, Any] = {"title": title, "spec": json.loads(data)}
+                fds = [write_fd]
+            else:
+                memfd = os.memfd_create("forq-spec", os.MFD_CLOEXEC)
+                view = memoryview(data.encode())
+                while view:
+                    view = view[os.write(memfd, view):]
+                message, fds = {"title": title, "memfd": True}, [write_fd, memfd]
+            try:
+                send(self.sock, message, fds)
+            except OSError as exc:
+                raise ForkServerError(f"socket: {exc}") from exc
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+            if memfd >= 0:
+                os.close(memfd)
+        try:
+            while True:
+                try:
+                    reply, fds = self._receive(REPLY_TIMEOUT)
+                except BlockingIOError:
+                    continue
+                if "pid" in reply and fds:
+                    pidfd = fds[0]
+                    for fd in fds[1:]:
+                        os.close(fd)
+                    break
+                for fd in fds:
+                    os.close(fd)
+                if "error" in reply:
+                    raise OSError(f"fork server: {reply['error']}")
+        except BaseException:
+            os.close(read_fd)
+            raise
+        os.set_blocking(read_fd, False)
+        now = time.monotonic()
+        return RunningChild(lease, spec, int(reply["pid"]), pidfd, read_fd, now, now + timeout,
+                            server=self.pid)
+
+    def close(self) -> None:
+        """Stop it (its children die with it: PR_SET_PDEATHSIG) and reap it."""
+        if self.closed:
+            return
+        self.closed = True
+        self.sock.close()
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.error("fork server %d did not die", self.pid)
+
+
+def describe_status_code(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

@@ -92,6 +92,7 @@ _SUPERVISOR_KEYS = (
     "memory_sample_interval",
     "address_space_factor",
     "log_format",
+    "fork_server",
 )
 _POLICY_KEYS = (
     "timeout",
@@ -259,6 +260,8 @@ class Config:
     # [redis].min_replicas / wait_timeout: WAIT for replicas after every report batch
     redis_min_replicas: int = 0
     redis_wait_timeout: float = 1.0
+    # fork job children from a lean fork server (supervisor/forkserver.py), not from here
+    fork_server: bool = True
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -290,6 +293,12 @@ class Config:
 
 def _key(name: str) -> str:
     return name if _BARE_KEY_RE.fullmatch(name) else json.dumps(name, ensure_ascii=False)
+
+
+def _fork_server(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _expected("[supervisor].fork_server", "true or false", value)
+    return value
 
 
 def _expected(where: str, what: str, value: object) -> _Invalid:
@@ -820,6 +829,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         defaults=defaults,
         queue_overrides=queue_overrides,
         task_overrides=task_overrides,
+        fork_server=_fork_server(sup.get("fork_server", True)),
         **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.

@@ -2,7 +2,7 @@
 parent, enforce limits, report every end, drain on SIGTERM.
 
 Read it top to bottom as the life of a job: `_claim` leases jobs for free slots,
-`_start` forks a child, `_extend_leases` keeps its lease (or fences it), `_sample_memory`
+`_start` has a child forked (by the lean fork server, `_spawn`), `_extend_leases` keeps its lease (or fences it), `_sample_memory`
 and the per-child timeout police its limits, `_on_child_exit` classifies its end, and
 `_flush` reports it to Redis in one pipelined round trip with every other report.
 """
@@ -91,6 +91,12 @@ class Supervisor:
         self.extend_retry = False  # a quick retry of a failed extend is scheduled
         self.last_error_log = 0.0
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
+        # job children are forked by a lean fork server ([supervisor].fork_server);
+        # old ones retire (after a reload that changed `imports`) once their children end
+        self.fork_server: ch.ForkServer | None = None
+        self.retiring: list[ch.ForkServer] = []
+        self.fork_server_losses: list[float] = []  # monotonic times, for crash loops
+        self.fork_server_given_up = False
         self._apply_config(config)
 
     # -- configuration -------------------------------------------------------------
@@ -123,7 +129,12 @@ class Supervisor:
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
             return
+        old = self.config
         self._apply_config(config)
+        if (config.fork_server != old.fork_server
+                or (config.fork_server and config.imports != old.imports)):
+            self._retire_fork_server()
+            self._start_fork_server()
         self.scheduler.replace(config.schedules)
         self._push_limits_safely()
         self._subscribe()
@@ -150,6 +161,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.preload()
+        self._start_fork_server()
         log.info("supervisor %s (%s) starting: queues %s; memory limits by %s",
                  self.name, self.id,
                  ", ".join(f"{q.name}×{q.concurrency}" for q in self.config.queues),
@@ -251,6 +263,11 @@ class Supervisor:
         self._unsubscribe()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        for server in [*self.retiring, self.fork_server]:
+            if server is not None:
+                self.loop.remove_reader(server.sock)
+                server.close()
+        self.fork_server, self.retiring = None, []
         self.loop.close()
         log.info("stopped")
 
@@ -398,11 +415,12 @@ class Supervisor:
             return
         spec = self._spec(queue, job, f)
         timeout = int(f.get("timeout_ms") or 300000) / 1000
-        child = ch.spawn(lease, spec, title=f"forq: job {job.id} {job.task}", timeout=timeout)
+        child = self._spawn(lease, spec, title=f"forq: job {job.id} {job.task}", timeout=timeout)
         self.children[job.id] = child
         self.running[queue] += 1
         self.leases.add(queue, job.id, lease.token, sent_at)
-        self.loop.add_reader(child.pidfd, lambda _f, _m, c=child: self._on_child_exit(c))
+        if not child.forked_by_server:  # else the fork server's exit report is the event
+            self.loop.add_reader(child.pidfd, lambda _f, _m, c=child: self._on_child_exit(c))
         self.loop.add_reader(child.pipe, lambda _f, _m, c=child: self._on_child_pipe(c))
         waited = None
         if f.get("started_at"):
@@ -413,6 +431,113 @@ class Supervisor:
         log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, child.pid,
                  job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
         self._set_title()
+
+    # -- the fork server -------------------------------------------------------------------
+
+    def _start_fork_server(self) -> None:
+        """Start the fork server ([supervisor].fork_server); if it cannot start, children
+        are forked here, as without it."""
+        if (not self.config.fork_server or self.fork_server is not None
+                or self.fork_server_given_up):
+            return
+        try:
+            server = ch.ForkServer(self.config.imports)
+        except ch.ForkServerError as exc:
+            log.error("fork server did not start (%s); forking job children from the "
+                      "supervisor instead", exc)
+            return
+        self.fork_server = server
+        self.loop.add_reader(server.sock, lambda _s, _m, f=server: self._on_fork_server(f))
+        log.info("fork server started in pid %d", server.pid)
+
+    def _spawn(self, lease: Any, spec: ChildSpec, *, title: str,
+               timeout: float) -> ch.RunningChild:
+        server = self.fork_server
+        if server is not None:
+            try:
+                child = server.spawn(lease, spec, title=title, timeout=timeout)
+            except ch.ForkServerError as exc:
+                self._fork_server_lost(server, exc)
+            else:
+                if server.pending_exits:  # other children's exits read while waiting
+                    self.loop.timers.schedule(0, lambda: self._dispatch_exits(server))
+                return child
+            if self.fork_server is not None:  # restarted: one more try
+                try:
+                    return self.fork_server.spawn(lease, spec, title=title, timeout=timeout)
+                except ch.ForkServerError as exc:
+                    self._fork_server_lost(self.fork_server, exc)
+        return ch.spawn(lease, spec, title=title, timeout=timeout)
+
+    def _on_fork_server(self, server: ch.ForkServer) -> None:
+        try:
+            server.drain()
+        except ch.ForkServerError as exc:
+            self._fork_server_lost(server, exc)
+            return
+        self._dispatch_exits(server)
+
+    def _dispatch_exits(self, server: ch.ForkServer) -> None:
+        while server.pending_exits:
+            pid, status, peak = server.pending_exits.pop(0)
+            child = next((c for c in self.children.values()
+                          if c.server == server.pid and c.pid == pid), None)
+            if child is not None:
+                self._child_ended(child, status, peak)
+        if server in self.retiring and not self._children_of_server(server):
+            self.retiring.remove(server)
+            self.loop.remove_reader(server.sock)
+            server.close()
+            log.info("old fork server %d stopped", server.pid)
+
+    def _children_of_server(self, server: ch.ForkServer) -> list[ch.RunningChild]:
+        return [c for c in self.children.values() if c.server == server.pid]
+
+    def _retire_fork_server(self) -> None:
+        """Fork no more from the current fork server; stop it when its children end."""
+        server, self.fork_server = self.fork_server, None
+        if server is None:
+            return
+        if self._children_of_server(server):
+            self.retiring.append(server)
+        else:
+            self.loop.remove_reader(server.sock)
+            server.close()
+
+    def _fork_server_lost(self, server: ch.ForkServer, exc: Exception) -> None:
+        """The fork server died (or stopped answering). Its children die with it
+        (PR_SET_PDEATHSIG): each ends as a crash — or with its report, if it had written
+        one — and a new fork server takes over, unless it keeps dying."""
+        self.loop.remove_reader(server.sock)
+        orphans = self._children_of_server(server)
+        self._dispatch_exits(server)  # the exits it reported before it went
+        orphans = [c for c in orphans if c.job_id in self.children]
+        server.close()
+        if self.fork_server is server:
+            self.fork_server = None
+        if server in self.retiring:
+            self.retiring.remove(server)
+        log.error("fork server %d lost (%s); %d running job(s) die with it", server.pid, exc,
+                  len(orphans))
+        deadline = time.monotonic() + KILL_GRACE
+        for child in orphans:
+            if not child.wait_exit(max(0.0, deadline - time.monotonic())):
+                child.signal_group(signal.SIGKILL)
+                child.wait_exit(1.0)
+            if child.pipe_open:
+                child.read_pipe()
+            # its status died with the fork server: a complete report means it finished
+            status = 0 if child.report() is not None else signal.SIGKILL
+            self._child_ended(child, status, 0)
+        now = time.monotonic()
+        self.fork_server_losses = [t for t in self.fork_server_losses if now - t < 60] + [now]
+        if len(self.fork_server_losses) > 5:
+            log.error("fork server lost %d times in a minute: forking job children from the "
+                      "supervisor from now on", len(self.fork_server_losses))
+            self.fork_server_given_up = True
+            return
+        if not self.draining:
+            self._start_fork_server()
 
     def _spec(self, queue: str, job: Any, f: dict[str, Any]) -> ChildSpec:
         qc = next((q for q in self.config.queues if q.name == queue), None)
@@ -437,14 +562,19 @@ class Supervisor:
             child.pipe_open = False
 
     def _on_child_exit(self, child: ch.RunningChild) -> None:
-        if child.pipe_open:
-            child.read_pipe()
-            self.loop.remove_reader(child.pipe)
+        """A child forked here exited (its pidfd is readable)."""
         # the job's whole process group goes with it: no grandchild outlives its job
         child.signal_group(signal.SIGKILL)
         _, status, usage = os.wait4(child.pid, 0)
-        child.peak_rss = max(child.peak_rss, usage.ru_maxrss * 1024)
         self.loop.remove_reader(child.pidfd)
+        self._child_ended(child, status, usage.ru_maxrss * 1024)
+
+    def _child_ended(self, child: ch.RunningChild, status: int, peak_rss: int) -> None:
+        """A child was reaped (here, or by the fork server, which killed its group first)."""
+        if child.pipe_open:
+            child.read_pipe()
+            self.loop.remove_reader(child.pipe)
+        child.peak_rss = max(child.peak_rss, peak_rss)
         os.close(child.pidfd)
         os.close(child.pipe)
         self.children.pop(child.job_id, None)
@@ -473,6 +603,8 @@ class Supervisor:
         timer per child that would keep each finished child alive until its time limit."""
         now = time.monotonic()
         for child in list(self.children.values()):
+            if child.forked_by_server and not child.alive():
+                continue  # exited: its pid may be reaped, and reused, before its report
             if now >= child.deadline and child.kill_reason is None:
                 timeout = child.deadline - child.started
                 log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id,

@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 def write_config(path: Path, redis_url: str, queues: dict[str, int], *, lease_ttl: str = "2s",
                  reaper_interval: str = "200ms", drain_timeout: str = "5s",
                  defaults: str = "", extra: str = "", name: str = "",
-                 queue_extra: str = "") -> Path:
-    """A small config for tests. `defaults` and `extra` are raw TOML appended in place."""
+                 queue_extra: str = "", supervisor_extra: str = "",
+                 imports: tuple[str, ...] = ("jobs.examples", "tests.tasks")) -> Path:
+    """A small config for tests. `defaults`, `supervisor_extra` and `extra` are raw TOML
+    appended in place."""
     queue_tables = "\n".join(
         f'[[queue]]\nname = "{q}"\nconcurrency = {n}\n{queue_extra}' for q, n in queues.items()
     )
@@ -32,8 +34,9 @@ url = "{redis_url}"
 lease_ttl = "{lease_ttl}"
 reaper_interval = "{reaper_interval}"
 drain_timeout = "{drain_timeout}"
-imports = ["jobs.examples", "tests.tasks"]
+imports = [{", ".join(f'"{m}"' for m in imports)}]
 memory_sample_interval = "20ms"
+{supervisor_extra}
 
 [defaults]
 timeout = "30s"
@@ -120,14 +123,45 @@ class SupervisorProcess:
         self._log.close()
 
 
-def children_of(pid: int) -> list[int]:
-    """Live child pids of `pid` (the supervisor's job children)."""
+def _is_fork_server(proc) -> bool:
     import psutil
 
     try:
-        return [c.pid for c in psutil.Process(pid).children()]
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "supervisor.forkserver" in cmdline or cmdline.startswith("forq: fork server")
+
+
+def fork_servers_of(pid: int) -> list[int]:
+    """The supervisor's live fork server(s) (more than one only while an old one retires)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children() if _is_fork_server(c)]
     except psutil.Error:
         return []
+
+
+def children_of(pid: int) -> list[int]:
+    """Live job children of supervisor `pid`: the processes it or its fork server forked
+    for jobs (not the fork server itself, nor what a job started in turn)."""
+    import psutil
+
+    try:
+        direct = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    found = []
+    for proc in direct:
+        if not _is_fork_server(proc):
+            found.append(proc.pid)  # forked by the supervisor itself (fork_server = false)
+            continue
+        try:
+            found.extend(c.pid for c in proc.children())
+        except psutil.Error:
+            pass
+    return found
 
 
 def wait_children(pid: int, count: int = 1, timeout: float = 10.0) -> list[int]:

@@ -84,3 +84,13 @@ def whoami():
             "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
             "as": resource.getrlimit(resource.RLIMIT_AS)[0],
             "oom_score_adj": int(open("/proc/self/oom_score_adj").read())}
+
+
+@task("tests.lineage")
+def lineage(sleep: float = 0.0):
+    """Who forked this child, and what it inherited: redis is not among its modules when
+    a lean fork server forked it."""
+    import sys
+
+    time.sleep(sleep)
+    return {"pid": os.getpid(), "ppid": os.getppid(), "redis": "redis" in sys.modules}

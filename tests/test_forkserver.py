@@ -1,0 +1,161 @@
+"""The fork server: job children are forked by a lean helper process, not by the
+37 MiB supervisor. It must be small (no redis), die with its supervisor, be survived
+when it crashes, be replaced on a reload that changes `imports`, and be optional."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from jobs import Queue
+from tests.helpers import wait_for
+from tests.supervisors import (
+    SupervisorProcess,
+    children_of,
+    fork_servers_of,
+    wait_children,
+    write_config,
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def start(tmp_path, redis_url, queue: Queue, concurrency: int = 1, **options) -> SupervisorProcess:
+    options.setdefault("drain_timeout", "2s")
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: concurrency},
+                          **options)
+    return SupervisorProcess(config).start()
+
+
+def the_fork_server(sup: SupervisorProcess) -> int:
+    (server,) = wait_for(lambda: fork_servers_of(sup.pid), timeout=10, message="a fork server")
+    return server
+
+
+@pytest.mark.timeout(60)
+def test_fork_server_is_lean_forks_the_jobs_and_dies_with_the_supervisor(tmp_path, redis_url,
+                                                                         queue):
+    sup = start(tmp_path, redis_url, queue)
+    try:
+        server = the_fork_server(sup)
+        assert psutil.Process(server).cmdline()[0].startswith("forq: fork server")
+        # small: well below the supervisor, which holds redis, metrics and the loop
+        sup_rss = psutil.Process(sup.pid).memory_info().rss
+        server_rss = psutil.Process(server).memory_info().rss
+        assert server_rss < 0.75 * sup_rss, (server_rss >> 20, sup_rss >> 20)
+        # a job's child is the fork server's, and inherits no redis from it
+        done = queue.enqueue("tests.lineage").wait(timeout=10)
+        assert done["ppid"] == server, (done, server)
+        assert done["redis"] is False, done
+        # a running job's child is found under it; PDEATHSIG chains child → server → supervisor
+        jid = queue.enqueue("tests.lineage", 30).id
+        [child] = wait_children(sup.pid, 1)
+        assert psutil.Process(child).ppid() == server
+        wait_for(lambda: queue.get(jid).state == "active", timeout=10, message="job active")
+        sup.kill()  # SIGKILL: the supervisor can do nothing itself
+        wait_for(lambda: gone(server), timeout=5, message="the fork server to die with it")
+        wait_for(lambda: gone(child), timeout=5, message="the job's child to die too")
+    finally:
+        sup.kill()
+        sup._log.close()
+    assert "Traceback" not in sup.log(), sup.log()[-4000:]
+
+
+@pytest.mark.timeout(60)
+def test_fork_server_crash_is_survived(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2, lease_ttl="30s",
+                reaper_interval="5s")
+    try:
+        server = the_fork_server(sup)
+        jid = queue.enqueue("examples.sleep", 30, max_crashes=3).id
+        [child] = wait_children(sup.pid, 1)
+        wait_for(lambda: queue.get(jid).state == "active", timeout=10, message="job active")
+        os.kill(server, signal.SIGKILL)
+        wait_for(lambda: f"fork server {server} lost" in sup.log(), timeout=10,
+                 message="the supervisor to log the lost fork server")
+        wait_for(lambda: gone(child), timeout=5, message="its child to die with it")
+        new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != server],
+                       timeout=10, message="a new fork server")[0]
+        assert server not in fork_servers_of(sup.pid)
+        # the running job ended as a crash and runs again, under the new fork server
+        second = wait_for(lambda: [p for p in children_of(sup.pid) if p != child],
+                          timeout=10, message="the job to run again")[0]
+        assert psutil.Process(second).ppid() == new
+        job = queue.get(jid)
+        assert job.state == "active", job.history
+        assert job.crashes == 1, job.history
+        assert [h["event"] for h in job.history][:3] == ["enqueued", "claimed", "crashed"]
+        assert sup.proc.poll() is None
+        queue.cancel(jid)
+        # and it keeps processing jobs
+        results = [queue.enqueue("tests.lineage") for _ in range(5)]
+        for job in results:
+            assert job.wait(timeout=15)["ppid"] == new
+    finally:
+        sup.stop()
+        sup._log.close()
+    log = sup.log()
+    assert "Traceback" not in log, log[-4000:]
+    assert f"fork server {server} lost" in log
+
+
+@pytest.mark.timeout(60)
+def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs(
+        tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        old = the_fork_server(sup)
+        jid = queue.enqueue("tests.lineage", 2.0).id
+        wait_children(sup.pid, 1)
+        write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
+                     imports=("jobs.examples", "tests.tasks", "json"))
+        sup.signal(signal.SIGHUP)
+        new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
+                       message="a new fork server")[0]
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == new
+        # the old one forked the running job and stays until it ends
+        done = queue.get(jid)
+        assert done.state == "active", done.history
+        wait_for(lambda: queue.get(jid).state == "succeeded", timeout=10, message="old job done")
+        job = queue.get(jid)
+        assert job.result["ppid"] == old, job.result
+        wait_for(lambda: gone(old), timeout=5, message="the old fork server to stop")
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "Traceback" not in sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, supervisor_extra="fork_server = false")
+    try:
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        assert not fork_servers_of(sup.pid)
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "Traceback" not in sup.log()
+    assert "fork server" not in sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path, redis_url,
+                                                                       queue):
+    sup = start(tmp_path, redis_url, queue,
+                imports=("jobs.examples", "tests.tasks", "tests.fs_poison"))
+    try:
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        assert not fork_servers_of(sup.pid)
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "fork server did not start" in sup.log(), sup.log()
