@@ -7,7 +7,7 @@ run; this section is not. bench/report.py appends it to RESULTS.md.
 """
 
 FINDINGS = """
-## Findings: why targets are missed, and what to change
+## Findings: where the time went, what was fixed, what is left
 
 Profiled with py-spy (the tables above), cProfile inside the supervisor, `/proc/PID/stat`
 counters (CPU, minor faults) and A/B drains of `forq run` with proposed fixes applied as
