@@ -93,29 +93,45 @@ class ScriptPipeline(Pipeline):
             loaded.update(script.sha for script in missing)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        stack = list(self.command_stack)
+        stack = [(tuple(args), dict(options)) for args, options in self.command_stack]
         scripts = list(self.scripts)
         replies = super().execute(raise_on_error=False)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
+
+        def reload(_shas: set[str]) -> None:
             loaded = self._loaded()
             loaded.clear()  # the server forgot them all
             for script in scripts:
                 script.registered_client.script_load(script.script)
                 loaded.add(script.sha)
-            again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
-                                           if str(stack[i][0][0]).upper() == "WAIT"})
-            retry = Pipeline(self.connection_pool, self.response_callbacks, False, None)
-            for i in again:
-                retry.execute_command(*stack[i][0], **stack[i][1])
-            for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
-                replies[i] = reply
-        if raise_on_error:
-            for i, reply in enumerate(replies):
-                if isinstance(reply, Exception):
-                    self.annotate_exception(reply, i + 1, stack[i][0])
-                    raise reply
-        return replies
+
+        def fresh() -> Pipeline:
+            return Pipeline(self.connection_pool, self.response_callbacks, False, None)
+
+        return finish_pipeline(self, stack, replies, reload, fresh, raise_on_error)
+
+
+def finish_pipeline(pipe: Any, stack: list[tuple[tuple, dict]], replies: list[Any],
+                    reload: Any, fresh: Any, raise_on_error: bool) -> list[Any]:
+    """After a pipeline ran with raise_on_error=False: re-send the commands a server
+    answered NOSCRIPT once `reload(shas)` loaded the scripts again (and every WAIT after
+    the first of them, so a WAIT still follows each write it vouches for), on the
+    pipeline `fresh()` gives; then raise the first error if asked to."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        reload({stack[i][0][1] for i in missing})
+        again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
+                                       if str(stack[i][0][0]).upper() == "WAIT"})
+        retry = fresh()
+        for i in again:
+            retry.execute_command(*stack[i][0], **stack[i][1])
+        for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    if raise_on_error:
+        for i, reply in enumerate(replies):
+            if isinstance(reply, Exception):
+                pipe.annotate_exception(reply, i + 1, stack[i][0])
+                raise reply
+    return replies
 
 
 class ForqRedis(redis.Redis):

@@ -43,10 +43,10 @@ from urllib.parse import unquote
 
 import redis
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
-from redis.exceptions import NoScriptError
 from redis.sentinel import Sentinel
 
 from .errors import NotReplicated
+from .scripts import ForqRedis, finish_pipeline
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -182,25 +182,9 @@ class ForqClusterPipeline(_ScriptKeys, ClusterPipeline):
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack = [(tuple(c.args), dict(c.options)) for c in self._execution_strategy.command_queue]
         replies = super().execute(raise_on_error=False)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
-            client = self._forq_client
-            client.load_scripts({stack[i][0][1] for i in missing})
-            # the re-sent scripts run after the rest of the pipeline: re-send the WAITs
-            # that followed them too, so a WAIT still covers every write before it
-            again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
-                                           if str(stack[i][0][0]).upper() == "WAIT"})
-            retry = client.pipeline(transaction=False)
-            for i in again:
-                retry.execute_command(*stack[i][0], **stack[i][1])
-            for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
-                replies[i] = reply
-        if raise_on_error:
-            for i, reply in enumerate(replies):
-                if isinstance(reply, Exception):
-                    self.annotate_exception(reply, i + 1, stack[i][0])
-                    raise reply
-        return replies
+        client = self._forq_client
+        return finish_pipeline(self, stack, replies, client.load_scripts,
+                               lambda: client.pipeline(transaction=False), raise_on_error)
 
 
 class ForqCluster(_ScriptKeys, RedisCluster):
@@ -266,8 +250,6 @@ def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -
     if secret:
         options["password"] = secret
     sentinel = Sentinel(parts["hosts"], sentinel_kwargs=sentinel_kwargs)
-    from .scripts import ForqRedis
-
     return sentinel.master_for(parts["master"], redis_class=ForqRedis, db=parts["db"],
                                **options)
 
