@@ -374,3 +374,16 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(), "python": platform.python_version(),
         "load_at_start": os.getloadavg()[0],
     }
+
+
+def remove_queue(r: Any, name: str) -> None:
+    """UNLINK every key of a benchmark queue (a million jobs: two million keys) in batches."""
+    batch: list[str] = []
+    for key in r.scan_iter(match=f"forq:{{{name}}}:*", count=10_000):
+        batch.append(key)
+        if len(batch) >= 10_000:
+            r.unlink(*batch)
+            batch.clear()
+    if batch:
+        r.unlink(*batch)
+    r.srem("forq:queues", name)

@@ -47,6 +47,7 @@ from urllib.parse import unquote, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import remove_queue  # noqa: E402
 from jobs import Queue  # noqa: E402
 from jobs.connection import connect  # noqa: E402
 
@@ -227,23 +228,6 @@ def measure_claim_ack(small: Queue, big: Queue, rounds: int, per_round: int, bat
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
         at_big.extra["profile"] = out.getvalue()
     return at_small, at_big
-
-
-# -- cleanup ----------------------------------------------------------------------------
-
-
-def remove_queue(r, name: str) -> None:
-    """UNLINK every key of the queue (a million jobs: two million keys) in batches."""
-    pattern = f"forq:{{{name}}}:*"
-    batch: list[str] = []
-    for key in r.scan_iter(match=pattern, count=10_000):
-        batch.append(key)
-        if len(batch) >= 10_000:
-            r.unlink(*batch)
-            batch.clear()
-    if batch:
-        r.unlink(*batch)
-    r.srem("forq:queues", name)
 
 
 # -- report ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import remove_queue  # noqa: E402
 from jobs import Queue  # noqa: E402
 from jobs.connection import connect  # noqa: E402
 
@@ -90,17 +91,6 @@ def measure_round(queues: dict[str, Queue], n: int, batch: int) -> dict[str, Rat
         step += 1
     return rates
 
-
-def remove_queue(r, name: str) -> None:
-    batch: list[str] = []
-    for key in r.scan_iter(match=f"forq:{{{name}}}:*", count=10_000):
-        batch.append(key)
-        if len(batch) >= 10_000:
-            r.unlink(*batch)
-            batch.clear()
-    if batch:
-        r.unlink(*batch)
-    r.srem("forq:queues", name)
 
 
 def main(argv: list[str] | None = None) -> int:

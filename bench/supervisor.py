@@ -61,6 +61,7 @@ from bench.common import (
     log,
     median,
     percentile,
+    remove_queue,
     rss_bytes,
     summary,
     wait_until,
@@ -78,17 +79,6 @@ TARGET_CRASH_S = 1.0
 def _queue_name(what: str) -> str:
     return f"bench-{what}-{uuid.uuid4().hex[:8]}"
 
-
-def remove_queue(r: redis.Redis, name: str) -> None:
-    batch: list[str] = []
-    for key in r.scan_iter(match=f"forq:{{{name}}}:*", count=10_000):
-        batch.append(key)
-        if len(batch) >= 10_000:
-            r.unlink(*batch)
-            batch.clear()
-    if batch:
-        r.unlink(*batch)
-    r.srem("forq:queues", name)
 
 
 def _tmpdir() -> Path:

@@ -36,6 +36,7 @@ from jobs.errors import JobNotFound
 from jobs.job import Job
 from supervisor.config import ScheduleConfig
 from supervisor.scheduler import SCHEDULES, Scheduler
+from tests import helpers
 from tests import tasks as _tasks  # noqa: F401 — registers tests.fanout for the ghost runs
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, children_of, write_config
@@ -97,24 +98,7 @@ def logs(sups: list[SupervisorProcess] | tuple) -> str:
 
 def wait_job(queue: Queue, job_id: str, states: tuple[str, ...] = TERMINAL,
              timeout: float = 20.0, sups: tuple | list = ()) -> Job:
-    last: list[Job] = []
-
-    def check() -> Job | None:
-        try:
-            job = queue.get(job_id)
-        except JobNotFound:
-            return None
-        last[:] = [job]
-        return job if job.state in states else None
-
-    try:
-        return wait_for(check, timeout=timeout, interval=0.02,
-                        message=f"job {job_id} to reach {states}")
-    except AssertionError:
-        job = last[0] if last else None
-        detail = f"state {job.state!r}, history {job.history}" if job else "no record"
-        raise AssertionError(f"job {job_id} never reached {states}: {detail}\n"
-                             f"{logs(sups)}") from None
+    return helpers.wait_job(queue, job_id, states, timeout, context=lambda: logs(sups))
 
 
 def events(job: Job) -> list[str]:

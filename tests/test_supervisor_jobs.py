@@ -25,6 +25,7 @@ import pytest
 from jobs import Queue
 from jobs.job import Job
 from supervisor.supervisor import KILL_GRACE
+from tests import helpers
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, children_of, wait_children, write_config
 
@@ -46,21 +47,9 @@ def supervisor(tmp_path: Path, redis_url: str, queue: Queue, concurrency: int = 
 def wait_job(queue: Queue, job_id: str, states: tuple[str, ...] = TERMINAL,
              timeout: float = 20.0, sup: SupervisorProcess | None = None) -> Job:
     """Wait until the job is in one of `states`; on timeout, say where it was."""
-    last: list[Job] = []
-
-    def check() -> Job | None:
-        job = queue.get(job_id)
-        last[:] = [job]
-        return job if job.state in states else None
-
-    try:
-        return wait_for(check, timeout=timeout, interval=0.02,
-                        message=f"job {job_id} to reach {states}")
-    except AssertionError:
-        job = last[0] if last else None
-        detail = f"state {job.state!r}, history {job.history}" if job else "no record"
-        log = f"\nsupervisor log:\n{sup.log()[-4000:]}" if sup is not None else ""
-        raise AssertionError(f"job {job_id} never reached {states}: {detail}{log}") from None
+    return helpers.wait_job(
+        queue, job_id, states, timeout,
+        context=lambda: f"supervisor log:\n{sup.log()[-4000:]}" if sup is not None else "")
 
 
 def events(job: Job) -> list[str]:
