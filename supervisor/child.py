@@ -19,6 +19,8 @@ from typing import Any
 
 from jobs import registry
 
+from .cgroups import JOIN_FAILED
+
 PR_SET_PDEATHSIG = 1
 TRACEBACK_CAP = 8192
 RESULT_OVERHEAD = 64 * 1024  # envelope and follow-ups beside the result itself
@@ -49,6 +51,7 @@ class ChildSpec:
     env_allow: list[str] | None = None
     max_open_files: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    cgroup: str = ""  # the job's own cgroup v2 directory, joined first (supervisor/cgroups.py)
 
 
 def _find_prctl() -> Any:
@@ -69,6 +72,17 @@ def _die_with_parent(parent_pid: int) -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(70)
+
+
+def _join_cgroup(path: str) -> None:
+    """Enter the job's cgroup before anything else runs, so all the job's memory is
+    charged to (and limited by) it. A child that cannot exits at once with JOIN_FAILED:
+    the supervisor hands the job back and stops using per-job cgroups."""
+    try:
+        with open(f"{path}/cgroup.procs", "w") as f:
+            f.write("0")
+    except OSError:
+        os._exit(JOIN_FAILED)
 
 
 def _isolate(spec: ChildSpec, result_fd: int) -> int:
@@ -175,6 +189,8 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> N
     code = 0
     try:
         _die_with_parent(parent_pid)
+        if spec.cgroup:
+            _join_cgroup(spec.cgroup)
         fd = _isolate(spec, result_fd)
         try:
             import setproctitle

@@ -26,6 +26,7 @@ from typing import Any
 
 from jobs.queue import Lease
 
+from .cgroups import JOIN_FAILED, kill_all
 from .child import RESULT_OVERHEAD, ChildSpec, run_child
 
 log = logging.getLogger("forq.supervisor")
@@ -55,6 +56,7 @@ class RunningChild:
     overflow: bool = False
     pipe_open: bool = True
     server: int = 0  # the pid of the fork server that forked it (0: forked here)
+    oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
 
     @property
     def forked_by_server(self) -> bool:
@@ -105,6 +107,8 @@ class RunningChild:
                 self.buf += chunk
 
     def signal_group(self, sig: int) -> None:
+        if sig == signal.SIGKILL and self.spec.cgroup:
+            kill_all(self.spec.cgroup)  # those that left the group too; the cgroup is ours
         if self.forked_by_server and not self.alive():
             return  # the fork server reaps it, and killed its group then: the pid may be reused
         try:
@@ -225,6 +229,19 @@ def classify(child: RunningChild, status: int) -> Outcome:
             error = {**error, "reason": why}
         return Outcome("fail", "failed", error=error, reason=error.get("reason", "error"),
                        mode="fatal" if report.get("fatal") else "retry")
+    if child.oom == "limit":
+        # the kernel enforced the job's limit in its cgroup: the job's fault, as above
+        why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+               f"{child.spec.memory_limit / (1 << 20):.0f} MiB; OOM-killed in its cgroup)")
+        return Outcome("fail", "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
+    if child.oom == "outside":  # the machine, or an enclosing cgroup, ran out: not the job
+        return Outcome("expire", "crashed",
+                       reason=f"OOM-killed outside its own limit: the machine or an enclosing "
+                              f"cgroup ran out of memory ({describe_status(status)}, {peak})")
+    if (child.spec.cgroup and os.WIFEXITED(status)
+            and os.WEXITSTATUS(status) == JOIN_FAILED):
+        return Outcome("release", "released", reason="could not join its job cgroup")
     return Outcome("expire", "crashed", reason=f"{describe_status(status)} ({peak})")
 
 

@@ -93,6 +93,7 @@ _SUPERVISOR_KEYS = (
     "address_space_factor",
     "log_format",
     "fork_server",
+    "job_cgroups",
 )
 _POLICY_KEYS = (
     "timeout",
@@ -121,6 +122,7 @@ _SCHEDULE_KEYS = (
 )
 _CATCH_UP = ("none", "latest", "all")
 _LOG_FORMATS = ("text", "json")
+_JOB_CGROUPS = ("auto", "required", "off")
 
 # Names end up inside Redis keys ("forq:{emails}:pending") and process
 # titles, so keep them to characters that need no quoting anywhere.
@@ -262,6 +264,8 @@ class Config:
     redis_wait_timeout: float = 1.0
     # fork job children from a lean fork server (supervisor/forkserver.py), not from here
     fork_server: bool = True
+    # per-job cgroup v2 memory limits (supervisor/cgroups.py): auto | required | off
+    job_cgroups: str = "auto"
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -830,6 +834,8 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         queue_overrides=queue_overrides,
         task_overrides=task_overrides,
         fork_server=_fork_server(sup.get("fork_server", True)),
+        job_cgroups=_choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
+                            _JOB_CGROUPS),
         **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.

@@ -4,6 +4,9 @@ A job's memory is its child's RSS plus every descendant's (a handler that shells
 to ImageMagick is still one job). The direct children of a process are read from
 ``/proc/PID/task/TID/children``, which costs a few small reads; where the kernel lacks
 it, psutil's scan of /proc is the fallback.
+
+This is how memory limits are enforced where per-job cgroups (supervisor/cgroups.py)
+cannot be used: on cgroup v1 and hybrid hosts, and without a delegated cgroup.
 """
 
 from __future__ import annotations
@@ -58,19 +61,3 @@ def tree_pids(pid: int) -> list[int]:
 def tree_rss(pid: int) -> int:
     """Bytes resident in `pid` and its descendants (0 once they are gone)."""
     return sum(_rss(p) for p in tree_pids(pid))
-
-
-def cgroup_mode() -> str:
-    """How memory limits are enforced on this host, said once at start-up.
-
-    Per-job cgroups need cgroup v2 with a delegated subtree (systemd ``Delegate=yes``);
-    forq samples RSS everywhere, which works on v1, v2 and in containers alike.
-    """
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return "rss-sampling (no /proc/self/cgroup)"
-    if lines == [line for line in lines if line.startswith("0::")]:
-        return "rss-sampling (cgroup v2 present; per-job cgroups not used)"
-    return "rss-sampling (cgroup v1/hybrid host)"

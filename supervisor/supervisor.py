@@ -27,8 +27,9 @@ from jobs import Queue, registry, topology
 from jobs.connection import connect
 from jobs.keys import QueueKeys
 
+from . import cgroups, memory
 from . import children as ch
-from . import memory
+from .cgroups import JobCgroups
 from .child import ChildSpec
 from .config import Config, ConfigError, load_config
 from .leases import LeaseKeeper
@@ -97,6 +98,9 @@ class Supervisor:
         self.retiring: list[ch.ForkServer] = []
         self.fork_server_losses: list[float] = []  # monotonic times, for crash loops
         self.fork_server_given_up = False
+        # per-job cgroup v2 memory limits, where this supervisor may create cgroups
+        self.cgroups: JobCgroups | None = None
+        self.cgroups_failed = False  # a child could not join its cgroup: no more of them
         self._apply_config(config)
 
     # -- configuration -------------------------------------------------------------
@@ -160,12 +164,19 @@ class Supervisor:
         gc.freeze()
 
     def run(self) -> int:
+        try:  # before the fork server starts: it must live in the supervisor's own cgroup
+            self.cgroups, memory_mode = cgroups.probe(self.config.job_cgroups)
+        except cgroups.CgroupsUnavailable as exc:
+            log.error("per-job cgroups unavailable: %s ([supervisor].job_cgroups = "
+                      "\"required\" in %s)", exc, self.config.path)
+            self.loop.close()
+            return 1
         self.preload()
         self._start_fork_server()
         log.info("supervisor %s (%s) starting: queues %s; memory limits by %s",
                  self.name, self.id,
                  ", ".join(f"{q.name}×{q.concurrency}" for q in self.config.queues),
-                 memory.cgroup_mode())
+                 memory_mode)
         self.loop.watch_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal)
         self._wait_for_redis()
         if self.draining:
@@ -268,6 +279,8 @@ class Supervisor:
                 self.loop.remove_reader(server.sock)
                 server.close()
         self.fork_server, self.retiring = None, []
+        if self.cgroups is not None:
+            self.cgroups.sweep()
         self.loop.close()
         log.info("stopped")
 
@@ -415,7 +428,14 @@ class Supervisor:
             return
         spec = self._spec(queue, job, f)
         timeout = int(f.get("timeout_ms") or 300000) / 1000
-        child = self._spawn(lease, spec, title=f"forq: job {job.id} {job.task}", timeout=timeout)
+        spec.cgroup = self._job_cgroup(job.id, spec.memory_limit)
+        try:
+            child = self._spawn(lease, spec, title=f"forq: job {job.id} {job.task}",
+                                timeout=timeout)
+        except BaseException:
+            if spec.cgroup and self.cgroups is not None:
+                self.cgroups.remove(spec.cgroup)
+            raise
         self.children[job.id] = child
         self.running[queue] += 1
         self.leases.add(queue, job.id, lease.token, sent_at)
@@ -431,6 +451,18 @@ class Supervisor:
         log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, child.pid,
                  job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
         self._set_title()
+
+    def _job_cgroup(self, job_id: str, memory_limit: int) -> str:
+        """A fresh cgroup for the job's child ("" when per-job cgroups are off)."""
+        if self.cgroups is None or self.cgroups_failed:
+            return ""
+        try:
+            return self.cgroups.create(job_id, memory_limit)
+        except OSError as exc:
+            log.error("job %s: cannot create its cgroup in %s (%s); memory limits by RSS "
+                      "sampling from now on", job_id, self.cgroups.base, exc.strerror or exc)
+            self.cgroups_failed = True
+            return ""
 
     # -- the fork server -------------------------------------------------------------------
 
@@ -574,7 +606,15 @@ class Supervisor:
         if child.pipe_open:
             child.read_pipe()
             self.loop.remove_reader(child.pipe)
-        child.peak_rss = max(child.peak_rss, peak_rss)
+        if child.spec.cgroup and self.cgroups is not None:
+            # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
+            # counts the pages it shares with the fork server, charged to the server)
+            child.oom = self.cgroups.oom_cause(child.spec.cgroup)
+            child.peak_rss = (self.cgroups.usage(child.spec.cgroup, peak=True)
+                              or max(child.peak_rss, peak_rss))
+            self.cgroups.remove(child.spec.cgroup)
+        else:
+            child.peak_rss = max(child.peak_rss, peak_rss)
         os.close(child.pidfd)
         os.close(child.pipe)
         self.children.pop(child.job_id, None)
@@ -586,6 +626,11 @@ class Supervisor:
         outcome = ch.classify(child, status)
         if outcome.kind == "fail" and outcome.error.get("type") == "MemoryError":
             outcome.metric = "memory"
+        if outcome.kind == "release" and child.kill_reason is None and not self.cgroups_failed:
+            log.error("job %s: its child could not join its cgroup %s; job handed back, "
+                      "memory limits by RSS sampling from now on", child.job_id,
+                      child.spec.cgroup)
+            self.cgroups_failed = True
         self.outbox.append(Pending(child, outcome, token))
         self.want_claim = True
         self._set_title()
@@ -599,8 +644,11 @@ class Supervisor:
 
     def _police_children(self) -> None:
         """Every `memory_sample_interval`: each child's time limit, and the RSS of its
-        process tree against its memory limit. One tick for all children, rather than a
+        process tree against its memory limit (in a per-job cgroup the kernel enforces it,
+        and the tick only records the peak). One tick for all children, rather than a
         timer per child that would keep each finished child alive until its time limit."""
+        if self.cgroups is not None:
+            self.cgroups.sweep()
         now = time.monotonic()
         for child in list(self.children.values()):
             if child.forked_by_server and not child.alive():
@@ -611,6 +659,10 @@ class Supervisor:
                          child.task, timeout)
                 child.stop(ch.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
                 self._kill_after_grace(child)
+            if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
+                usage = JobCgroups.usage(child.spec.cgroup)
+                child.peak_rss = max(child.peak_rss, usage)
+                continue
             rss = memory.tree_rss(child.pid)
             child.peak_rss = max(child.peak_rss, rss)
             limit = child.spec.memory_limit

@@ -59,8 +59,10 @@ listen = ""
 class SupervisorProcess:
     """`forq run --config PATH` in its own process, logging to a file."""
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, env: dict[str, str] | None = None,
+                 cgroup: str | None = None) -> None:
         self.config = config
+        self.cgroup = cgroup  # a cgroup v2 directory to start it in (as systemd would)
         self.log_path = Path(tempfile.mkstemp(prefix="forq-sup-", suffix=".log")[1])
         # the config names the Redis: FORQ_REDIS_URL (set by `make test`) would override it
         base = {k: v for k, v in os.environ.items() if k != "FORQ_REDIS_URL"}
@@ -72,12 +74,17 @@ class SupervisorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config)],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
+            preexec_fn=self._enter_cgroup if self.cgroup else None,
         )
         if wait_ready:
             wait_for(lambda: "ready" in self.log() or self.proc.poll() is not None,
                      timeout=timeout, message="supervisor ready")
             assert self.proc.poll() is None, f"supervisor exited:\n{self.log()}"
         return self
+
+    def _enter_cgroup(self) -> None:
+        with open(f"{self.cgroup}/cgroup.procs", "w") as f:
+            f.write("0")
 
     @property
     def pid(self) -> int:

@@ -94,3 +94,22 @@ def lineage(sleep: float = 0.0):
 
     time.sleep(sleep)
     return {"pid": os.getpid(), "ppid": os.getppid(), "redis": "redis" in sys.modules}
+
+
+@task("tests.cgroup")
+def cgroup():
+    """The child's cgroup v2 directory and the memory limit set on it."""
+    path = "/sys/fs/cgroup" + open("/proc/self/cgroup").read().strip().split("::", 1)[1]
+    return {"cgroup": path, "memory_max": open(f"{path}/memory.max").read().strip()}
+
+
+@task("tests.escape")
+def escape():
+    """Leaves a process behind in a session of its own, out of the job's process group:
+    only the job's cgroup still holds it. Returns its pid."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    return proc.pid

@@ -122,6 +122,7 @@ def test_minimal_config_gets_every_default(tmp_path):
     assert config.memory_sample_interval == pytest.approx(0.05)
     assert config.address_space_factor == 4.0
     assert config.log_format == "text"
+    assert config.job_cgroups == "auto"
     assert config.queues == [QueueConfig(name="q", concurrency=1)]
     assert config.queues[0].nice == 10 and config.queues[0].priority == 0
     assert config.queues[0].rate_limit is None and config.queues[0].max_in_flight is None
@@ -581,6 +582,10 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
         (
             '[supervisor]\nlog_format = "xml"\n' + QUEUE,
             '[supervisor].log_format: expected one of "text", "json", got "xml"',
+        ),
+        (
+            '[supervisor]\njob_cgroups = true\n' + QUEUE,
+            '[supervisor].job_cgroups: expected one of "auto", "required", "off", got true',
         ),
         (
             "[supervisor]\naddress_space_factor = 0.5\n" + QUEUE,

@@ -1,0 +1,159 @@
+"""Run a command inside a small virtual machine whose kernel runs cgroup v2.
+
+    python -m tests.vm [--timeout SECONDS] -- COMMAND...
+
+The machines forq is developed and tested on are cgroup v1/hybrid hosts (the memory
+controller is bound to v1), so per-job cgroups (supervisor/cgroups.py) cannot be
+exercised there. This boots Debian's kernel (package linux-image-amd64) under
+qemu-system-x86_64 with the host's root file system shared read-only over 9p, mounts a
+fresh cgroup2 hierarchy, tmpfs on /tmp and /run, brings up loopback, and runs COMMAND
+as root in the current directory — the same files, the same venv, a different kernel.
+Its output comes back on the serial console; its exit code is this one's.
+
+The VM uses software emulation (TCG) unless FORQ_VM_ACCEL says otherwise (``kvm``):
+nested KVM hangs on some of our machines. Boot takes about 10 s under TCG, and Python
+runs a few times slower than on the host.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CACHE = Path(tempfile.gettempdir()) / "forq-vm"
+_INIT = """#!/bin/sh
+# PID 1 of the test VM: prepare a writable, cgroup-v2 world, run the command, power off.
+export PATH={path}:/usr/sbin:/sbin
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mkdir -p /tmp/vm-out
+mount -t 9p -o trans=virtio,version=9p2000.L vmout /tmp/vm-out
+ip link set lo up 2>/dev/null || ifconfig lo up 2>/dev/null
+echo 0 > /proc/sys/kernel/printk 2>/dev/null
+cd {cwd}
+env -i PATH="$PATH" HOME=/tmp LANG=C.UTF-8 TERM=dumb PYTHONDONTWRITEBYTECODE=1 \\
+    FORQ_IN_VM=1 {env} {command} </dev/null >/dev/console 2>&1
+echo $? > /tmp/vm-out/rc
+sync
+echo o > /proc/sysrq-trigger
+sleep 60
+"""
+
+
+class VMUnavailable(Exception):
+    """What the VM needs is missing here; ``str()`` says what to install."""
+
+
+def kernel() -> tuple[str, str]:
+    """(vmlinuz path, version) of the newest installed kernel image."""
+    images = sorted(glob.glob("/boot/vmlinuz-*"),
+                    key=lambda p: [int(x) if x.isdigit() else x
+                                   for x in re.split(r"[.-]", p.split("vmlinuz-", 1)[1])])
+    readable = [p for p in images if os.access(p, os.R_OK)
+                and os.path.isdir(f"/lib/modules/{p.split('vmlinuz-', 1)[1]}")]
+    if not readable:
+        raise VMUnavailable("no kernel image with its modules in /boot "
+                            "(apt-get install linux-image-amd64)")
+    return readable[-1], readable[-1].split("vmlinuz-", 1)[1]
+
+
+def initramfs(version: str) -> Path:
+    """Debian's initramfs with just the modules a 9p root needs (built once, cached)."""
+    out = CACHE / f"initrd-{version}.img"
+    if out.exists():
+        return out
+    if shutil.which("mkinitramfs") is None:
+        raise VMUnavailable("mkinitramfs missing (apt-get install initramfs-tools)")
+    conf = Path(tempfile.mkdtemp(prefix="forq-vm-conf-"))
+    try:
+        for sub in ("scripts", "conf.d", "hooks"):
+            (conf / sub).mkdir()
+        (conf / "initramfs.conf").write_text("MODULES=list\nBUSYBOX=auto\nCOMPRESS=gzip\n")
+        (conf / "modules").write_text("virtio_pci\n9pnet_virtio\n9p\n")
+        CACHE.mkdir(exist_ok=True)
+        partial = out.with_suffix(".partial")
+        subprocess.run(["mkinitramfs", "-d", str(conf), "-o", str(partial), version],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        partial.rename(out)
+    finally:
+        shutil.rmtree(conf, ignore_errors=True)
+    return out
+
+
+def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None = None,
+        memory_mib: int = 1536) -> tuple[int, str]:
+    """Run `command` in the VM; (its exit code, or -1 if it never reported one; the
+    console output)."""
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        raise VMUnavailable("qemu-system-x86_64 missing (apt-get install qemu-system-x86)")
+    vmlinuz, version = kernel()
+    initrd = initramfs(version)
+    work = Path(tempfile.mkdtemp(prefix="forq-vm-"))
+    try:
+        out = work / "out"
+        out.mkdir()
+        init = work / "init.sh"
+        init.write_text(_INIT.format(
+            path=shlex.quote(os.environ.get("PATH", "/usr/bin:/bin")),
+            cwd=shlex.quote(os.getcwd()),
+            env=" ".join(shlex.quote(f"{k}={v}") for k, v in (env or {}).items()),
+            command=" ".join(shlex.quote(c) for c in command)))
+        init.chmod(0o755)
+        accel = os.environ.get("FORQ_VM_ACCEL", "tcg")
+        cpu = ["-accel", "kvm"] if accel == "kvm" else ["-accel", "tcg,thread=multi",
+                                                          "-cpu", "max"]
+        argv = [
+            qemu, *cpu, "-m", str(memory_mib), "-smp", "2", "-nographic", "-no-reboot",
+            "-kernel", vmlinuz, "-initrd", str(initrd),
+            "-append", f"root=hostroot rootfstype=9p rootflags=trans=virtio,version=9p2000.L,cache=loose,"
+                       f"msize=262144 ro console=ttyS0 init={init} panic=-1 quiet loglevel=1",
+            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                       "multidevs=remap",
+            "-virtfs", f"local,path={out},mount_tag=vmout,security_model=none,multidevs=remap",
+        ]
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+            console = proc.stdout.decode(errors="replace")
+        except subprocess.TimeoutExpired as exc:
+            console = (exc.stdout or b"").decode(errors="replace")
+            console += f"\n[tests.vm: no result after {timeout:g}s; VM stopped]\n"
+        rc_file = out / "rc"
+        rc = int(rc_file.read_text()) if rc_file.exists() else -1
+        # the firmware's banner and screen-clearing escapes, before the kernel's console
+        console = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1bc", "", console)
+        console = re.sub(r"(?s)\A.*?Booting from ROM\.*", "", console)
+        return rc, console
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    timeout = 600.0
+    if argv[:1] == ["--timeout"]:
+        timeout, argv = float(argv[1]), argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    try:
+        rc, console = run(argv, timeout=timeout)
+    except VMUnavailable as exc:
+        print(f"tests.vm: {exc}", file=sys.stderr)
+        return 3
+    sys.stdout.write(console)
+    return rc if rc >= 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
