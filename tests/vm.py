@@ -6,7 +6,7 @@ The machines forq is developed and tested on are cgroup v1/hybrid hosts (the mem
 controller is bound to v1), so per-job cgroups (supervisor/cgroups.py) cannot be
 exercised there. This boots Debian's kernel (package linux-image-amd64) under
 qemu-system-x86_64 with the host's root file system shared read-only over 9p, mounts a
-fresh cgroup2 hierarchy, tmpfs on /tmp and /run, brings up loopback, and runs COMMAND
+fresh cgroup2 hierarchy, a tmpfs on /run (TMPDIR=/run/tmp), brings up loopback, and runs COMMAND
 as root in the current directory — the same files, the same venv, a different kernel.
 Its output comes back on the serial console; its exit code is this one's.
 
@@ -31,17 +31,18 @@ CACHE = Path(tempfile.gettempdir()) / "forq-vm"
 _INIT = """#!/bin/sh
 # PID 1 of the test VM: prepare a writable, cgroup-v2 world, run the command, power off.
 export PATH={path}:/usr/sbin:/sbin
-mount -t tmpfs tmpfs /tmp
+# the host's files are read-only here; /run is the guest's own (a tmpfs), and the host's
+# /tmp stays visible (the checkout may live there): TMPDIR points at a writable one
 mount -t tmpfs tmpfs /run
+mkdir -p /run/tmp /run/vm-out
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mkdir -p /tmp/vm-out
-mount -t 9p -o trans=virtio,version=9p2000.L vmout /tmp/vm-out
+mount -t 9p -o trans=virtio,version=9p2000.L vmout /run/vm-out
 ip link set lo up 2>/dev/null || ifconfig lo up 2>/dev/null
 echo 0 > /proc/sys/kernel/printk 2>/dev/null
 cd {cwd}
-env -i PATH="$PATH" HOME=/tmp LANG=C.UTF-8 TERM=dumb PYTHONDONTWRITEBYTECODE=1 \\
-    FORQ_IN_VM=1 {env} {command} </dev/null >/dev/console 2>&1
-echo $? > /tmp/vm-out/rc
+env -i PATH="$PATH" HOME=/run/tmp TMPDIR=/run/tmp LANG=C.UTF-8 TERM=dumb \\
+    PYTHONDONTWRITEBYTECODE=1 FORQ_IN_VM=1 {env} {command} </dev/null >/dev/console 2>&1
+echo $? > /run/vm-out/rc
 sync
 echo o > /proc/sysrq-trigger
 sleep 60
