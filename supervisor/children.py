@@ -252,7 +252,9 @@ class ForkServerError(Exception):
 # a request bigger than this (a spec with a large payload) goes through a memfd
 _INLINE_MAX = 60 * 1024
 READY_TIMEOUT = 30.0  # start-up: it imports the handler modules
-REPLY_TIMEOUT = 10.0  # one fork
+# one fork (about a millisecond when it works): the supervisor's loop waits for it, so a
+# fork server that stops answering must not stall lease extension for long
+REPLY_TIMEOUT = 3.0
 
 
 class ForkServer:

@@ -560,7 +560,7 @@ class Supervisor:
                 child.read_pipe()
             # its status died with the fork server: a complete report means it finished
             status = 0 if child.report() is not None else signal.SIGKILL
-            self._child_ended(child, status, 0)
+            self._child_ended(child, status, 0, cause=f"its fork server was lost ({exc})")
         now = time.monotonic()
         self.fork_server_losses = [t for t in self.fork_server_losses if now - t < 60] + [now]
         if len(self.fork_server_losses) > 5:
@@ -601,8 +601,10 @@ class Supervisor:
         self.loop.remove_reader(child.pidfd)
         self._child_ended(child, status, usage.ru_maxrss * 1024)
 
-    def _child_ended(self, child: ch.RunningChild, status: int, peak_rss: int) -> None:
-        """A child was reaped (here, or by the fork server, which killed its group first)."""
+    def _child_ended(self, child: ch.RunningChild, status: int, peak_rss: int,
+                     cause: str = "") -> None:
+        """A child was reaped (here, or by the fork server, which killed its group first).
+        `cause`: what is known beyond its status, said in the reason of a crash."""
         if child.pipe_open:
             child.read_pipe()
             self.loop.remove_reader(child.pipe)
@@ -626,6 +628,8 @@ class Supervisor:
         outcome = ch.classify(child, status)
         if outcome.kind == "fail" and outcome.error.get("type") == "MemoryError":
             outcome.metric = "memory"
+        if outcome.kind == "expire" and cause:
+            outcome.reason = f"{cause}: {outcome.reason}"
         if outcome.kind == "release" and child.kill_reason is None and not self.cgroups_failed:
             log.error("job %s: its child could not join its cgroup %s; job handed back, "
                       "memory limits by RSS sampling from now on", child.job_id,

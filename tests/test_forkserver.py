@@ -5,12 +5,14 @@ when it crashes, be replaced on a reload that changes `imports`, and be optional
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import psutil
 import pytest
 
 from jobs import Queue
+from supervisor.children import REPLY_TIMEOUT
 from tests.helpers import wait_for
 from tests.supervisors import (
     SupervisorProcess,
@@ -93,6 +95,9 @@ def test_fork_server_crash_is_survived(tmp_path, redis_url, queue):
         assert job.state == "active", job.history
         assert job.crashes == 1, job.history
         assert [h["event"] for h in job.history][:3] == ["enqueued", "claimed", "crashed"]
+        assert job.history[2]["reason"].startswith(
+            "its fork server was lost (it ended: killed by SIGKILL): killed by SIGKILL"), \
+            job.history[2]
         assert sup.proc.poll() is None
         queue.cancel(jid)
         # and it keeps processing jobs
@@ -159,3 +164,48 @@ def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path,
         sup.stop()
         sup._log.close()
     assert "fork server did not start" in sup.log(), sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_stops_answering_is_replaced(tmp_path, redis_url, queue):
+    """A fork request waits at most REPLY_TIMEOUT for its answer (the loop waits with
+    it); then the fork server is killed, a new one started, and the job forked there."""
+    sup = start(tmp_path, redis_url, queue, lease_ttl="30s")
+    try:
+        server = the_fork_server(sup)
+        os.kill(server, signal.SIGSTOP)
+        job = queue.enqueue("tests.lineage")
+        done = job.wait(timeout=20)
+        assert f"fork server {server} lost (no answer in {REPLY_TIMEOUT:g}s)" in sup.log()
+        new = the_fork_server(sup)
+        assert new != server and done["ppid"] == new, (done, server, new)
+        wait_for(lambda: gone(server), timeout=5, message="the silent fork server killed")
+        assert queue.get(job.id).crashes == 0  # never forked: nothing crashed
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "Traceback" not in sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
+    """Lost more than 5 times in a minute: the supervisor forks job children itself."""
+    sup = start(tmp_path, redis_url, queue)
+    try:
+        killed: list[int] = []
+        for _ in range(6):
+            server = int(wait_for(  # started, not merely starting
+                lambda: [p for p in re.findall(r"fork server started in pid (\d+)", sup.log())
+                         if int(p) not in killed], timeout=10, message="a new fork server")[0])
+            os.kill(server, signal.SIGKILL)
+            killed.append(server)
+            wait_for(lambda s=server: f"fork server {s} lost" in sup.log(), timeout=10,
+                     message=f"fork server {server} lost")
+        wait_for(lambda: "lost 6 times in a minute: forking job children from the supervisor"
+                 in sup.log(), timeout=10, message="the supervisor to give up")
+        assert not [p for p in fork_servers_of(sup.pid) if p not in killed]
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+    finally:
+        sup.stop()
+        sup._log.close()
+    assert "Traceback" not in sup.log()
