@@ -237,7 +237,7 @@ def write_forq_config(path: Path, redis_url: str, queue: str, concurrency: int =
                       lease_ttl: str = "15s", reaper_interval: str = "1s",
                       imports: Sequence[str] = ("bench.tasks",), timeout: str = "5m",
                       memory_sample_interval: str = "50ms", extra: str = "",
-                      queue_extra: str = "") -> Path:
+                      queue_extra: str = "", supervisor_extra: str = "") -> Path:
     path.write_text(f"""
 [redis]
 url = "{redis_url}"
@@ -248,6 +248,7 @@ reaper_interval = "{reaper_interval}"
 drain_timeout = "10s"
 imports = {json.dumps(list(imports))}
 memory_sample_interval = "{memory_sample_interval}"
+{supervisor_extra}
 
 [defaults]
 timeout = "{timeout}"

@@ -142,8 +142,10 @@ def _redis_cpu(r: redis.Redis) -> float:
 
 
 def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = None,
-               profile_to: Path | None = None, queue_extra: str = "") -> dict[str, Any]:
-    """Enqueue n no-op jobs, start a supervisor, time first finish → last finish."""
+               profile_to: Path | None = None, queue_extra: str = "",
+               supervisor_extra: str = "", launcher: list[str] | None = None) -> dict[str, Any]:
+    """Enqueue n no-op jobs, start a supervisor, time first finish → last finish.
+    `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup)."""
     workdir = workdir or _tmpdir()
     r = connect(url)
     name = _queue_name("e2e")
@@ -151,8 +153,10 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
     for start in range(0, n, 5000):
         q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, concurrency,
-                            queue_extra=queue_extra)
+                            queue_extra=queue_extra, supervisor_extra=supervisor_extra)
     sup = ForqSupervisor(cfg, workdir / f"{name}.log")
+    if launcher:
+        sup.command = [*launcher, *sup.command]
     stats_key = q.keys.stats
     spy = None
     try:

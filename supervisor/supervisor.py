@@ -630,6 +630,7 @@ class Supervisor:
             outcome.metric = "memory"
         if outcome.kind == "expire" and cause:
             outcome.reason = f"{cause}: {outcome.reason}"
+        # a release the child caused itself: it could not join its cgroup (JOIN_FAILED)
         if outcome.kind == "release" and child.kill_reason is None and not self.cgroups_failed:
             log.error("job %s: its child could not join its cgroup %s; job handed back, "
                       "memory limits by RSS sampling from now on", child.job_id,

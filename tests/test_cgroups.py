@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,51 +30,21 @@ from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, wait_children, write_config
 
 IN_VM = os.environ.get("FORQ_IN_VM") == "1"
-ROOT = "/sys/fs/cgroup"
 TERMINAL = ("succeeded", "dead", "cancelled")
-
-
-def _why_no_delegation() -> str:
-    """Why this machine cannot give a test supervisor a cgroup v2 of its own ("": it can)."""
-    try:
-        cgroups.locate()
-    except cgroups.CgroupsUnavailable as exc:
-        return str(exc)
-    if os.geteuid() != 0:
-        return "not root"
-    try:
-        if "memory" not in Path(f"{ROOT}/cgroup.controllers").read_text().split():
-            return f"no memory controller in {ROOT}"
-    except OSError as exc:
-        return f"cannot read {ROOT}: {exc}"
-    return ""
 
 
 @pytest.fixture
 def base() -> Iterator[str]:
-    """A fresh cgroup for one supervisor, with the memory controller available in it:
-    what systemd makes for a unit with Delegate=yes."""
-    why = _why_no_delegation()
+    """A fresh cgroup for one supervisor, as systemd's Delegate=yes would make it."""
+    why = vm.cgroup_v2_problem()
     if why:
         if IN_VM:
             pytest.fail(f"the VM should run cgroup v2 with delegation: {why}")
         pytest.skip(f"needs cgroup v2 ({why}); test_per_job_cgroups_in_a_cgroup_v2_vm "
                     "runs these in a VM")
-    if "memory" not in Path(f"{ROOT}/cgroup.subtree_control").read_text().split():
-        Path(f"{ROOT}/cgroup.subtree_control").write_text("+memory")
-    path = f"{ROOT}/forq-test-{uuid.uuid4().hex[:8]}"
-    os.mkdir(path)
+    path = vm.delegated_cgroup("forq-test")
     yield path
-    for _ in range(50):  # processes first, then the tree, deepest first
-        for sub, _dirs, _files in os.walk(path, topdown=False):
-            cgroups.kill_all(sub)
-            try:
-                os.rmdir(sub)
-            except OSError:
-                pass
-        if not os.path.exists(path):
-            break
-        psutil.wait_procs([], timeout=0.1)
+    vm.remove_cgroup_tree(path)
 
 
 def start(tmp_path: Path, redis_url: str, queue: Queue, cgroup: str | None,
@@ -269,7 +238,7 @@ def test_per_job_cgroups_in_a_cgroup_v2_vm():
     """Boots the VM and runs this file's cgroup v2 tests in it."""
     if IN_VM:
         pytest.skip("already in the VM")
-    if not _why_no_delegation():
+    if not vm.cgroup_v2_problem():
         pytest.skip("this host has cgroup v2 with delegation: the tests above ran here")
     command = [sys.executable, "-m", "tests.redis_server", "--", sys.executable, "-m",
                "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", str(Path(__file__)),

@@ -49,6 +49,62 @@ sleep 60
 """
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_v2_problem() -> str:
+    """Why this machine cannot give a supervisor a cgroup v2 of its own, with the memory
+    controller, as systemd's Delegate=yes would ("" if it can: no VM needed)."""
+    from supervisor import cgroups
+
+    try:
+        cgroups.locate()
+    except cgroups.CgroupsUnavailable as exc:
+        return str(exc)
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        with open(f"{CGROUP_ROOT}/cgroup.controllers") as f:
+            if "memory" not in f.read().split():
+                return f"no memory controller in {CGROUP_ROOT}"
+    except OSError as exc:
+        return f"cannot read {CGROUP_ROOT}: {exc}"
+    return ""
+
+
+def delegated_cgroup(prefix: str) -> str:
+    """A new cgroup under the root with the memory controller available in it: what
+    systemd makes for a unit with Delegate=yes. The caller removes it."""
+    import uuid
+
+    with open(f"{CGROUP_ROOT}/cgroup.subtree_control") as f:
+        enabled = f.read().split()
+    if "memory" not in enabled:
+        with open(f"{CGROUP_ROOT}/cgroup.subtree_control", "w") as f:
+            f.write("+memory")
+    path = f"{CGROUP_ROOT}/{prefix}-{uuid.uuid4().hex[:8]}"
+    os.mkdir(path)
+    return path
+
+
+def remove_cgroup_tree(path: str, attempts: int = 50) -> None:
+    """Kill every process under `path`, then remove its cgroups, deepest first."""
+    import time
+
+    from supervisor import cgroups
+
+    for _ in range(attempts):
+        for sub, _dirs, _files in os.walk(path, topdown=False):
+            cgroups.kill_all(sub)
+            try:
+                os.rmdir(sub)
+            except OSError:
+                pass
+        if not os.path.exists(path):
+            return
+        time.sleep(0.1)  # killed processes take a moment to leave their cgroups
+
+
 class VMUnavailable(Exception):
     """What the VM needs is missing here; ``str()`` says what to install."""
 
