@@ -36,6 +36,7 @@ class Settings:
     report: str | None = None
     keep: bool = False
     quiet: bool = False
+    job_cgroups: bool = False  # supervisors in cgroups of their own, job_cgroups = "required"
 
     @property
     def reclaim_bound(self) -> float:

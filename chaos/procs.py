@@ -133,6 +133,9 @@ class SupervisorProc:
     state: str = "down"  # running | stopped | draining | down
     lock: threading.Lock = field(default_factory=threading.Lock)
     _log_offset: int = 0
+    # each start in a fresh cgroup v2 of its own, as systemd makes one per unit start
+    own_cgroup: bool = False
+    cgroups: list[str] = field(default_factory=list)
 
     @property
     def current(self) -> Incarnation | None:
@@ -145,11 +148,21 @@ class SupervisorProc:
     def start(self) -> Incarnation:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
+        enter = None
+        if self.own_cgroup:
+            from tests.vm import delegated_cgroup
+
+            self.cgroups.append(delegated_cgroup(f"chaos-{self.name}"))
+            procs = f"{self.cgroups[-1]}/cgroup.procs"
+
+            def enter() -> None:
+                with open(procs, "w") as f:
+                    f.write("0")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
-                start_new_session=True,
+                start_new_session=True, preexec_fn=enter,
             )
         finally:
             log.close()
@@ -208,18 +221,25 @@ class SupervisorProc:
         return rc
 
     def shutdown(self, timeout: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            rc = self.proc.wait(timeout=timeout)
-            self.ended("shutdown", rc)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(timeout=10)
-            self.ended("shutdown-killed", rc)
-        return rc
+            if self.proc is None or self.proc.poll() is not None:
+                return None if self.proc is None else self.proc.returncode
+            self.signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=timeout)
+                self.ended("shutdown", rc)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rc = self.proc.wait(timeout=10)
+                self.ended("shutdown-killed", rc)
+            return rc
+        finally:
+            if self.cgroups:
+                from tests.vm import remove_cgroup_tree
+
+                for path in self.cgroups:
+                    remove_cgroup_tree(path)
 
 
 def children_of(pid: int) -> list[tuple[int, str, float]]:
@@ -261,7 +281,8 @@ def job_children_of(pid: int) -> list[tuple[int, str, float]]:
 
 def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
-                 queue: str, max_attempts: int, max_crashes: int) -> Path:
+                 queue: str, max_attempts: int, max_crashes: int,
+                 job_cgroups: str = "auto") -> Path:
     path.write_text(f"""# written by chaos for supervisor {name}
 [redis]
 url = "{redis_url}"
@@ -274,6 +295,7 @@ drain_timeout = "{int(drain_timeout * 1000)}ms"
 imports = ["chaos.handlers"]
 memory_sample_interval = "25ms"
 log_format = "text"
+job_cgroups = "{job_cgroups}"
 
 [defaults]
 timeout = "30s"

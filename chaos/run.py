@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--report", default=None, help="JSON report path (default chaos/reports/...)")
     p.add_argument("--keep", action="store_true", help="keep the run directory (Redis AOF, logs)")
     p.add_argument("--quiet", action="store_true", help="only the final report")
+    p.add_argument("--job-cgroups", action="store_true",
+                   help='start each supervisor in a fresh cgroup v2 of its own (as systemd '
+                        'Delegate=yes would) with job_cgroups = "required": needs root on a '
+                        'cgroup v2 host, e.g. the VM: python -m tests.vm -- python -m chaos '
+                        '--job-cgroups')
     p.epilog = ("A failed run keeps its directory (AOF, logs, execution log); "
                 "`python -m chaos --recheck DIR` checks it again.")
     a = p.parse_args(argv)
@@ -78,6 +83,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             p.error(f"--break: unknown mode {b!r} (known: {', '.join(BREAKS)})")
     if a.supervisors < 1:
         p.error("--supervisors must be >= 1")
+    if a.job_cgroups:
+        from tests.vm import cgroup_v2_problem
+
+        problem = cgroup_v2_problem()
+        if problem:
+            p.error(f"--job-cgroups needs root on a cgroup v2 host ({problem}); run it in "
+                    "the VM: python -m tests.vm -- python -m chaos --job-cgroups")
     return Settings(
         duration=dur(a.duration, "--duration"), supervisors=a.supervisors,
         concurrency=a.concurrency, jobs=a.jobs, rate=a.rate,
@@ -87,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
-        quiet=a.quiet)
+        quiet=a.quiet, job_cgroups=a.job_cgroups)
 
 
 def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:
@@ -146,9 +158,11 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         cfg = write_config(workdir / f"{name}.toml", name=name, redis_url=redis_proc.url,
                            lease_ttl=s.lease_ttl, reaper_interval=s.reaper_interval,
                            drain_timeout=s.drain_timeout, concurrency=s.concurrency,
-                           queue=QUEUE, max_attempts=s.max_attempts, max_crashes=s.max_crashes)
+                           queue=QUEUE, max_attempts=s.max_attempts, max_crashes=s.max_crashes,
+                           job_cgroups="required" if s.job_cgroups else "auto")
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
-                                   supervisor_env(exec_log, name, s.breaks)))
+                                   supervisor_env(exec_log, name, s.breaks),
+                                   own_cgroup=s.job_cgroups))
     ctx = Context(s, workdir, exec_log, redis_proc, sups)
     wall0 = time.monotonic()
     result: dict[str, Any] = {}

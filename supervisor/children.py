@@ -317,7 +317,10 @@ class ForkServer:
         if not data:
             for fd in fds:
                 os.close(fd)
-            code = self.proc.poll()
+            try:  # EOF: it is most likely dying; say how it ended, if it ends at once
+                code: int | None = self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                code = None
             raise ForkServerError("it closed its socket" if code is None
                                   else f"it ended: {describe_status_code(code)}")
         try:
