@@ -15,8 +15,8 @@ Layout under the supervisor's own cgroup BASE::
                         memory.swap.max = 0 (else the limit only moves pages to swap),
                         memory.oom.group = 1 (an OOM kill takes the whole job)
 
-The child joins its cgroup itself, first thing after fork (it writes 0 into
-cgroup.procs), so not one line of handler code runs outside it; a child that cannot
+The child joins its cgroup itself, right after fork (it writes 0 into cgroup.procs),
+so not one line of handler code runs outside it; a child that cannot
 join exits with `JOIN_FAILED` before running anything. The supervisor reads
 memory.events (``oom``, ``oom_kill``) when a child ends without a report, and memory.peak for the
 figure it reports; cgroup.kill stops every process of the job, including those that

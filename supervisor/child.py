@@ -75,7 +75,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _join_cgroup(path: str) -> None:
-    """Enter the job's cgroup before anything else runs, so all the job's memory is
+    """Enter the job's cgroup before any handler code runs, so the job's memory is
     charged to (and limited by) it. A child that cannot exits at once with JOIN_FAILED:
     the supervisor hands the job back and stops using per-job cgroups."""
     try:
@@ -189,9 +189,11 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> N
     code = 0
     try:
         _die_with_parent(parent_pid)
+        # its own process group and default signals first: joining a cgroup can wait for
+        # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
+        fd = _isolate(spec, result_fd)
         if spec.cgroup:
             _join_cgroup(spec.cgroup)
-        fd = _isolate(spec, result_fd)
         try:
             import setproctitle
 

@@ -83,7 +83,7 @@ class Server:
         # the supervisor decides when jobs stop; a terminal's ^C reaches the whole group
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        send(self.sock, {"ready": self.me})
+        self.tell({"ready": self.me})
         while True:
             try:
                 ready, _, _ = select.select([self.sock, self.wake_r], [], [])
@@ -97,6 +97,14 @@ class Server:
             self.reap()
             if self.sock in ready:
                 self.request()
+
+    def tell(self, message: dict, fds: list[int] | None = None) -> None:
+        """Send to the supervisor. If it has gone (it closed its end on the way out, and
+        kills us next), end quietly: our children die with us (PR_SET_PDEATHSIG)."""
+        try:
+            send(self.sock, message, fds)
+        except OSError:
+            os._exit(0)
 
     def reap(self) -> None:
         """Report every exited child: its group SIGKILLed first (while the zombie still
@@ -115,7 +123,7 @@ class Server:
                 pass
             _, status, usage = os.wait4(pid, 0)
             self.children.discard(pid)
-            send(self.sock, {"exit": pid, "status": status, "maxrss": usage.ru_maxrss})
+            self.tell({"exit": pid, "status": status, "maxrss": usage.ru_maxrss})
 
     def request(self) -> None:
         try:
@@ -140,13 +148,13 @@ class Server:
                     os.close(fd)
                 except OSError:
                     pass
-            send(self.sock, {"error": f"bad request: {exc}"})
+            self.tell({"error": f"bad request: {exc}"})
             return
         try:
             pid = os.fork()
         except OSError as exc:
             os.close(result_fd)
-            send(self.sock, {"error": f"fork failed: {exc}"})
+            self.tell({"error": f"fork failed: {exc}"})
             return
         if pid == 0:  # the child: never returns
             self.sock.close()
@@ -157,7 +165,7 @@ class Server:
         self.children.add(pid)
         pidfd = os.pidfd_open(pid)  # before reap() can run: the pid is still ours
         try:
-            send(self.sock, {"pid": pid}, [pidfd])
+            self.tell({"pid": pid}, [pidfd])
         finally:
             os.close(pidfd)
 

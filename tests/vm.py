@@ -1,6 +1,6 @@
 """Run a command inside a small virtual machine whose kernel runs cgroup v2.
 
-    python -m tests.vm [--timeout SECONDS] -- COMMAND...
+    python -m tests.vm [--timeout SECONDS] [--out DIR] -- COMMAND...
 
 The machines forq is developed and tested on are cgroup v1/hybrid hosts (the memory
 controller is bound to v1), so per-job cgroups (supervisor/cgroups.py) cannot be
@@ -146,9 +146,10 @@ def initramfs(version: str) -> Path:
 
 
 def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None = None,
-        memory_mib: int = 1536) -> tuple[int, str]:
+        memory_mib: int = 1536, out: Path | None = None) -> tuple[int, str]:
     """Run `command` in the VM; (its exit code, or -1 if it never reported one; the
-    console output)."""
+    console output). `out`: a host directory the command may write, as /run/vm-out
+    (default: a temporary one, removed)."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise VMUnavailable("qemu-system-x86_64 missing (apt-get install qemu-system-x86)")
@@ -156,8 +157,10 @@ def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None 
     initrd = initramfs(version)
     work = Path(tempfile.mkdtemp(prefix="forq-vm-"))
     try:
-        out = work / "out"
-        out.mkdir()
+        if out is None:
+            out = work / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "rc").unlink(missing_ok=True)
         init = work / "init.sh"
         init.write_text(_INIT.format(
             path=shlex.quote(os.environ.get("PATH", "/usr/bin:/bin")),
@@ -195,16 +198,20 @@ def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None 
 
 
 def main(argv: list[str]) -> int:
-    timeout = 600.0
-    if argv[:1] == ["--timeout"]:
-        timeout, argv = float(argv[1]), argv[2:]
+    timeout, out = 600.0, None
+    while argv[:1] in (["--timeout"], ["--out"]):
+        if argv[0] == "--timeout":
+            timeout = float(argv[1])
+        else:
+            out = Path(argv[1]).resolve()
+        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     try:
-        rc, console = run(argv, timeout=timeout)
+        rc, console = run(argv, timeout=timeout, out=out)
     except VMUnavailable as exc:
         print(f"tests.vm: {exc}", file=sys.stderr)
         return 3
