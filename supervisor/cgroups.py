@@ -48,8 +48,12 @@ def _read(path: str) -> str:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    """Write a cgroup file: never create one (O_CREAT), only the kernel's exist."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _own_cgroup() -> str:
@@ -203,26 +207,26 @@ class JobCgroups:
         """Remove a job's cgroup once its child has ended. Stragglers (a grandchild that
         left the child's process group) are killed first; a cgroup that is still busy
         is tried again at the next `sweep`."""
-        kill_all(path)
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
+        if not _kill_and_remove(path):
             self._leftovers.append(path)
 
     def sweep(self) -> None:
         """Try again to remove the cgroups that were still busy."""
-        leftovers, self._leftovers = self._leftovers, []
-        for path in leftovers:
-            kill_all(path)
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.debug("cgroup %s not removed yet: %s", path, exc.strerror)
-                self._leftovers.append(path)
+        if self._leftovers:
+            self._leftovers = [p for p in self._leftovers if not _kill_and_remove(p)]
+
+
+def _kill_and_remove(path: str) -> bool:
+    """True once the cgroup `path` is gone."""
+    kill_all(path)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.debug("cgroup %s not removed yet: %s", path, exc.strerror)
+        return False
+    return True
 
 
 def probe(mode: str) -> tuple[JobCgroups | None, str]:
