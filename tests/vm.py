@@ -6,13 +6,14 @@ The machines forq is developed and tested on are cgroup v1/hybrid hosts (the mem
 controller is bound to v1), so per-job cgroups (supervisor/cgroups.py) cannot be
 exercised there. This boots Debian's kernel (package linux-image-amd64) under
 qemu-system-x86_64 with the host's root file system shared read-only over 9p, mounts a
-fresh cgroup2 hierarchy, a tmpfs on /run (TMPDIR=/run/tmp), brings up loopback, and runs COMMAND
-as root in the current directory — the same files, the same venv, a different kernel.
-Its output comes back on the serial console; its exit code is this one's.
+fresh cgroup2 hierarchy and a tmpfs on /run (TMPDIR=/run/tmp), brings up loopback, and
+runs COMMAND as root in the current directory — the same files, the same venv, a
+different kernel. Its output comes back on the serial console; its exit code is this
+one's. --out DIR: a host directory the command may write, as /run/vm-out.
 
 The VM uses software emulation (TCG) unless FORQ_VM_ACCEL says otherwise (``kvm``):
-nested KVM hangs on some of our machines. Boot takes about 10 s under TCG, and Python
-runs a few times slower than on the host.
+nested KVM hangs at early boot on our machines. Boot takes about 10 s under TCG, and a
+fork is 10-15 times slower than on the host.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ip link set lo up 2>/dev/null || ifconfig lo up 2>/dev/null
 echo 0 > /proc/sys/kernel/printk 2>/dev/null
 cd {cwd}
 env -i PATH="$PATH" HOME=/run/tmp TMPDIR=/run/tmp LANG=C.UTF-8 TERM=dumb \\
-    PYTHONDONTWRITEBYTECODE=1 FORQ_IN_VM=1 {env} {command} </dev/null >/dev/console 2>&1
+    PYTHONDONTWRITEBYTECODE=1 FORQ_IN_VM=1 {command} </dev/null >/dev/console 2>&1
 echo $? > /run/vm-out/rc
 sync
 echo o > /proc/sysrq-trigger
@@ -145,8 +146,8 @@ def initramfs(version: str) -> Path:
     return out
 
 
-def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None = None,
-        memory_mib: int = 1536, out: Path | None = None) -> tuple[int, str]:
+def run(command: list[str], *, timeout: float = 600, memory_mib: int = 1536,
+        out: Path | None = None) -> tuple[int, str]:
     """Run `command` in the VM; (its exit code, or -1 if it never reported one; the
     console output). `out`: a host directory the command may write, as /run/vm-out
     (default: a temporary one, removed)."""
@@ -165,7 +166,6 @@ def run(command: list[str], *, timeout: float = 600, env: dict[str, str] | None 
         init.write_text(_INIT.format(
             path=shlex.quote(os.environ.get("PATH", "/usr/bin:/bin")),
             cwd=shlex.quote(os.getcwd()),
-            env=" ".join(shlex.quote(f"{k}={v}") for k, v in (env or {}).items()),
             command=" ".join(shlex.quote(c) for c in command)))
         init.chmod(0o755)
         accel = os.environ.get("FORQ_VM_ACCEL", "tcg")
