@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m supervisor.demo
+	$(PY) -m forq.supervisor.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

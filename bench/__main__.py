@@ -92,8 +92,8 @@ def section_limits(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
 
 def _forq_enqueue_once(url: str, n_single: int, n_batch: int) -> tuple[float, float]:
     from bench.supervisor import remove_queue
-    from jobs import Queue
-    from jobs.connection import connect
+    from forq import Queue
+    from forq.connection import connect
 
     r = connect(url)
     q = Queue(f"bench-enq-{os.getpid()}-{time.monotonic_ns()}", redis=r)

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis.crc import key_slot  # noqa: E402
 
-from jobs import Queue  # noqa: E402
-from jobs.connection import connect  # noqa: E402
+from forq import Queue  # noqa: E402
+from forq.connection import connect  # noqa: E402
 from tests.cluster_server import LocalCluster  # noqa: E402
 
 OWNER = "bench-cluster:1"

@@ -269,7 +269,7 @@ listen = ""
 
 
 class ForqSupervisor:
-    """`python -m supervisor.cli run --config FILE` from the repo's venv."""
+    """`python -m forq.supervisor.cli run --config FILE` from the repo's venv."""
 
     def __init__(self, config: Path, log_path: Path | None = None) -> None:
         self.config = config
@@ -277,7 +277,7 @@ class ForqSupervisor:
         self.proc: subprocess.Popen | None = None
         self._log = None
         # how `forq` is started; experiments may swap in a patched launcher
-        self.command = [FORQ_PYTHON, "-m", "supervisor.cli"]
+        self.command = [FORQ_PYTHON, "-m", "forq.supervisor.cli"]
 
     def start(self, wait_ready: bool = True, timeout: float = 30.0) -> ForqSupervisor:
         self._log = open(self.log_path, "ab")

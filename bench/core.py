@@ -48,8 +48,8 @@ from urllib.parse import unquote, urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import remove_queue  # noqa: E402
-from jobs import Queue  # noqa: E402
-from jobs.connection import connect  # noqa: E402
+from forq import Queue  # noqa: E402
+from forq.connection import connect  # noqa: E402
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
 OWNER = "bench:1"

@@ -48,11 +48,11 @@ against 1.07 ms for a bare fork+_exit.
 The supervisor is big because `import redis` (8.x) alone takes a Python process from 10.6 to
 29.7 MiB (it imports asyncio and `redis.asyncio`); it idles at ≈ 37 MiB, where a bare fork
 cycle runs ≈ 700/s, against ≈ 1,700–2,500/s at 14 MiB. Handler modules pull redis in too:
-`from jobs import task` runs `jobs/__init__.py`, which imports `jobs.queue` and so redis
-(31 MiB for `import jobs.registry`).
+`from forq import task` runs `jobs/__init__.py`, which imports `forq.queue` and so redis
+(31 MiB for `import forq.registry`).
 
 **Fix:** fork job children from a *fork server*: a helper started at start-up, exec'd fresh
-(`python -m supervisor.forkserver`), importing only `jobs.registry`, `supervisor.child`
+(`python -m forq.supervisor.forkserver`), importing only `forq.registry`, `forq.supervisor.child`
 and the configured handler modules — which needs `jobs/__init__.py` to import `Queue` & co.
 lazily (PEP 562 module `__getattr__`) so that handler modules do not drag in redis. The
 supervisor sends it each `ChildSpec` plus the result pipe's write end (SCM_RIGHTS over a

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-DEFAULT_IMPORTS = "supervisor.supervisor,supervisor.cli,jobs.examples,bench.tasks"
+DEFAULT_IMPORTS = "forq.supervisor.supervisor,forq.supervisor.cli,forq.examples,bench.tasks"
 
 
 def rss() -> int:

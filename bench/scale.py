@@ -16,8 +16,8 @@ from typing import Any
 
 from bench.common import ForqSupervisor, log, median, wait_until, write_forq_config
 from bench.supervisor import _cpu_seconds, _tmpdir, remove_queue
-from jobs import Queue
-from jobs.connection import connect
+from forq import Queue
+from forq.connection import connect
 
 OWNER = "bench-scale:1"
 LEASE_MS = 300_000

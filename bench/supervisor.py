@@ -68,8 +68,8 @@ from bench.common import (
     workdir,
     write_forq_config,
 )
-from jobs import Queue
-from jobs.connection import connect
+from forq import Queue
+from forq.connection import connect
 
 TARGET_FORK_SHARE = 0.5
 TARGET_P50_MS = 5.0

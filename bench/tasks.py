@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from jobs import task
+from forq import task
 
 
 @task("bench.noop")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import Job, Queue
+from forq import Job, Queue
 
 from .context import QUEUE, Context
 

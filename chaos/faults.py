@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from jobs import Queue
+from forq import Queue
 
 from .context import QUEUE, Context
 from .procs import SupervisorProc, job_children_of

@@ -28,7 +28,7 @@ import json
 import os
 import time
 
-from jobs import NonRetryable, current, task
+from forq import NonRetryable, current, task
 
 LOG_ENV = "FORQ_CHAOS_EXEC_LOG"
 SUPERVISOR_ENV = "FORQ_CHAOS_SUPERVISOR"
@@ -58,7 +58,7 @@ def _supervisor_pid() -> int:
     try:
         with open(f"/proc/{parent}/cmdline", "rb") as f:
             cmdline = f.read()
-        if cmdline.startswith(b"forq: fork server") or b"supervisor.forkserver" in cmdline:
+        if cmdline.startswith(b"forq: fork server") or b"forq.supervisor.forkserver" in cmdline:
             with open(f"/proc/{parent}/stat", "rb") as f:
                 stat = f.read()
             return int(stat[stat.rindex(b")") + 2:].split()[1])
@@ -173,9 +173,9 @@ return 1
 
 def _install_no_fencing() -> None:
     """Monkeypatch the supervisor importing us so it skips every fencing step."""
-    from jobs.queue import Queue
-    from supervisor import children as ch
-    from supervisor import supervisor as sv
+    from forq.queue import Queue
+    from forq.supervisor import children as ch
+    from forq.supervisor import supervisor as sv
 
     sv.Supervisor._fence_unproven = lambda self: None
     original_stop = ch.RunningChild.stop
@@ -206,7 +206,7 @@ if "no-fencing" in _breaks() and os.environ.get(SUPERVISOR_ENV):
 def _install_stall_dump() -> None:
     import faulthandler
 
-    from supervisor import loop as lp
+    from forq.supervisor import loop as lp
 
     original = lp.EventLoop.run_once
     out = open(os.environ.get("FORQ_CHAOS_STALL_LOG", "/tmp/forq-stall.log"), "a")
@@ -220,7 +220,7 @@ def _install_stall_dump() -> None:
 
     lp.EventLoop.run_once = run_once
 
-    from supervisor import supervisor as sv
+    from forq.supervisor import supervisor as sv
 
     failed = sv.Supervisor._redis_failed
 

@@ -2,7 +2,7 @@
 
 Redis runs with AOF and ``appendfsync always`` in the run's directory, on a free
 port it keeps across restarts, so a restart after ``kill -9`` reloads the AOF.
-Each supervisor is ``python -m supervisor.cli run --config FILE`` (what ``forq run``
+Each supervisor is ``python -m forq.supervisor.cli run --config FILE`` (what ``forq run``
 does) in its own session, so a Ctrl-C on the harness never reaches it.
 """
 
@@ -160,7 +160,7 @@ class SupervisorProc:
                     f.write("0")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
                 start_new_session=True, preexec_fn=enter,
             )
@@ -272,7 +272,7 @@ def job_children_of(pid: int) -> list[tuple[int, str, float]]:
     forked for its jobs, whichever of the two forked them."""
     out = []
     for kid in children_of(pid):
-        if kid[1].startswith("forq: fork server") or "supervisor.forkserver" in kid[1]:
+        if kid[1].startswith("forq: fork server") or "forq.supervisor.forkserver" in kid[1]:
             out.extend(children_of(kid[0]))
         else:
             out.append(kid)

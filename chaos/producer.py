@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from jobs import Queue
+from forq import Queue
 
 from .context import QUEUE, Context, Told
 

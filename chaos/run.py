@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from jobs import Queue
-from jobs.units import UnitError, parse_duration
+from forq import Queue
+from forq.units import UnitError, parse_duration
 
 from . import report
 from .checker import check

@@ -1,10 +1,10 @@
 """forq's producer side: the job model and the queue API. Knows nothing of processes.
 
-    from jobs import Queue, task
+    from forq import Queue, task
 
-`task`, `current` and `NonRetryable` come from `jobs.registry`, which imports no redis;
+`task`, `current` and `NonRetryable` come from `forq.registry`, which imports no redis;
 everything else is imported on first use (PEP 562), so a handler module's
-`from jobs import task` keeps redis out of the fork server and of its job children.
+`from forq import task` keeps redis out of the fork server and of its job children.
 """
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .registry import NonRetryable, current, task
+from forq.registry import NonRetryable, current, task
 
 if TYPE_CHECKING:
-    from .errors import ForqError, JobFailed, JobNotFound, JobTimeout, NotReplicated, PayloadError
-    from .job import ACTIVE, CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
-    from .queue import Queue, find_job, known_queues
+    from forq.errors import (
+        ForqError,
+        JobFailed,
+        JobNotFound,
+        JobTimeout,
+        NotReplicated,
+        PayloadError,
+    )
+    from forq.job import ACTIVE, CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
+    from forq.queue import Queue, find_job, known_queues
 
 _LAZY = {
     "ForqError": "errors", "JobFailed": "errors", "JobNotFound": "errors",

@@ -6,8 +6,8 @@ import os
 
 import redis
 
-from . import topology
-from .scripts import ForqRedis
+from forq import topology
+from forq.scripts import ForqRedis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 

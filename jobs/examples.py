@@ -1,6 +1,6 @@
 """Example handlers: the demo's jobs, and a reference for writing your own.
 
-The supervisor preloads this module (``imports = ["jobs.examples"]``), so each
+The supervisor preloads this module (``imports = ["forq.examples"]``), so each
 forked child finds these handlers already imported.
 """
 
@@ -11,7 +11,7 @@ import hashlib
 import os
 import time
 
-from jobs import current, task
+from forq import current, task
 
 
 @task("examples.add")

@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobFailed, JobNotFound, JobTimeout
+from forq.errors import JobFailed, JobNotFound, JobTimeout
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from forq.queue import Queue
 
 SCHEDULED = "scheduled"
 PENDING = "pending"

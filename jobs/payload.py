@@ -11,8 +11,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import PayloadError
-from .units import UnitError, parse_duration, parse_size
+from forq.errors import PayloadError
+from forq.units import UnitError, parse_duration, parse_size
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double

@@ -14,13 +14,13 @@ from typing import Any
 
 import redis
 
-from . import keys as keyspace
-from . import topology
-from .connection import connect
-from .errors import JobNotFound
-from .job import Job
-from .payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec
-from .scripts import Scripts
+from forq import keys as keyspace
+from forq import topology
+from forq.connection import connect
+from forq.errors import JobNotFound
+from forq.job import Job
+from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec
+from forq.scripts import Scripts
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .payload import build_spec
+from forq.payload import build_spec
 
 
 class NonRetryable(Exception):

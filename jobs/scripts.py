@@ -37,7 +37,7 @@ TRANSITIONS = (
 
 def _lua_dir() -> Path:
     try:
-        path = Path(str(resources.files("forq_lua")))
+        path = Path(str(resources.files("forq.lua")))
         if (path / "claim.lua").exists():
             return path
     except ModuleNotFoundError:

@@ -1,6 +1,6 @@
 """Topologies beyond one Redis: Redis Cluster, Sentinel, and replicated writes (WAIT).
 
-URLs (what `jobs.connection.connect` accepts besides redis://, rediss:// and unix://):
+URLs (what `forq.connection.connect` accepts besides redis://, rediss:// and unix://):
 
 * ``redis+cluster://host:port,host:port`` (``rediss+cluster://`` for TLS): a Redis
   Cluster, reached through any of the listed nodes (the client discovers the rest).
@@ -45,8 +45,8 @@ import redis
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.sentinel import Sentinel
 
-from .errors import NotReplicated
-from .scripts import ForqRedis, finish_pipeline
+from forq.errors import NotReplicated
+from forq.scripts import ForqRedis, finish_pipeline
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")

@@ -17,9 +17,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import registry
-
-from .cgroups import JOIN_FAILED
+from forq import registry
+from forq.supervisor.cgroups import JOIN_FAILED
 
 PR_SET_PDEATHSIG = 1
 TRACEBACK_CAP = 8192

@@ -24,10 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.queue import Lease
-
-from .cgroups import JOIN_FAILED, kill_all
-from .child import RESULT_OVERHEAD, ChildSpec, run_child
+from forq.queue import Lease
+from forq.supervisor.cgroups import JOIN_FAILED, kill_all
+from forq.supervisor.child import RESULT_OVERHEAD, ChildSpec, run_child
 
 log = logging.getLogger("forq.supervisor")
 
@@ -258,7 +257,7 @@ REPLY_TIMEOUT = 3.0
 
 
 class ForkServer:
-    """The supervisor's end of `python -m supervisor.forkserver`: asks it to fork each
+    """The supervisor's end of `python -m forq.supervisor.forkserver`: asks it to fork each
     child, and collects the exits it reports (`pending_exits`: pid, status, peak RSS
     in bytes) for the supervisor's loop."""
 
@@ -274,7 +273,7 @@ class ForkServer:
             env["FORQ_FORKSERVER_PYTHONPATH"] = os.environ["PYTHONPATH"]
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.forkserver", str(theirs.fileno()),
+                [sys.executable, "-m", "forq.supervisor.forkserver", str(theirs.fileno()),
                  ",".join(self.imports)],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         except OSError as exc:
@@ -311,7 +310,7 @@ class ForkServer:
             raise
         except OSError as exc:
             raise ForkServerError(f"socket: {exc}") from exc
-        from .forkserver import fds_of
+        from forq.supervisor.forkserver import fds_of
 
         fds = fds_of(ancillary)
         if not data:
@@ -346,7 +345,7 @@ class ForkServer:
 
     def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
               timeout: float) -> RunningChild:
-        from .forkserver import send
+        from forq.supervisor.forkserver import send
 
         data = json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
         read_fd, write_fd = os.pipe()

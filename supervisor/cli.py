@@ -33,12 +33,11 @@ from typing import Any, NoReturn
 
 import redis
 
-from jobs import ForqError, Job, JobNotFound, Queue, find_job, known_queues
-from jobs.connection import connect
-from jobs.keys import SCHEDULES
-from jobs.units import UnitError, parse_duration, parse_rate
-
-from . import render
+from forq import ForqError, Job, JobNotFound, Queue, find_job, known_queues
+from forq.connection import connect
+from forq.keys import SCHEDULES
+from forq.supervisor import render
+from forq.units import UnitError, parse_duration, parse_rate
 
 # The scheduler records each schedule's last fired tick here:
 # field = schedule name, value = JSON {"last": unix_seconds, "job": id}.
@@ -81,7 +80,7 @@ def _client(args: argparse.Namespace) -> redis.Redis:
 def _config(args: argparse.Namespace) -> Any:
     cached = getattr(args, "_loaded_config", None)
     if cached is None:
-        from .config import ConfigError, load_config
+        from forq.supervisor.config import ConfigError, load_config
 
         try:
             cached = load_config(args.config)
@@ -124,7 +123,7 @@ def _redis_now(client: redis.Redis) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .supervisor import run_supervisor
+    from forq.supervisor.supervisor import run_supervisor
 
     return run_supervisor(args.config, log_format=args.log_format)
 
@@ -305,7 +304,7 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from .registry import live_supervisors
+    from forq.supervisor.registry import live_supervisors
 
     records = live_supervisors(_client(args))
     if args.json:
@@ -432,7 +431,7 @@ def cmd_limit(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from .config import check_config_main
+    from forq.supervisor.config import check_config_main
 
     return check_config_main(args.path)
 
@@ -446,7 +445,7 @@ def _version() -> str:
 
         return version("forq")
     except Exception:  # noqa: BLE001 — not installed: the source tree's version
-        from .registry import VERSION
+        from forq.supervisor.registry import VERSION
 
         return VERSION
 

@@ -10,7 +10,7 @@ the kind of mistake that only shows up in production.
 
 Choices worth knowing (also in ``etc/forq.toml``):
 
-* Durations and sizes use :mod:`jobs.units` ("15s", "256MiB"); bare
+* Durations and sizes use :mod:`forq.units` ("15s", "256MiB"); bare
   numbers are seconds / bytes.
 * ``memory_limit = 0`` means no memory limit; ``address_space_factor = 0``
   disables the RLIMIT_AS backstop.
@@ -45,8 +45,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cronsim
 
-from jobs.topology import as_cluster_url, is_topology_url, url_problem
-from jobs.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
+from forq.topology import as_cluster_url, is_topology_url, url_problem
+from forq.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,12 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs import Queue
-from jobs.connection import connect
-from jobs.job import TERMINAL
+from forq import Queue
+from forq.connection import connect
+from forq.job import TERMINAL
+from forq.supervisor import render
 from tests.redis_server import RedisServer, free_port, reachable
-
-from . import render
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "etc" / "forq.toml"
@@ -103,7 +102,7 @@ def main() -> int:
 
 def run_demo(url: str, env: dict[str, str], config: Path) -> int:
     say(f"starting a supervisor: forq run --config {CONFIG.relative_to(REPO)}")
-    sup = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", "--config", str(config)],
+    sup = subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(config)],
                            env=env, cwd=str(REPO))
     client = connect(url)
     q = Queue("default", redis=client)

@@ -1,10 +1,10 @@
 """The fork server: a lean process that forks job children for the supervisor.
 
-    python -m supervisor.forkserver FD IMPORTS
+    python -m forq.supervisor.forkserver FD IMPORTS
 
 Started by the supervisor at start-up, exec'd fresh so it does not share the
 supervisor's 37 MiB heap (redis, metrics, the event loop): it imports only what a child
-needs — `jobs.registry`, `supervisor.child`, setproctitle and the configured handler
+needs — `forq.registry`, `forq.supervisor.child`, setproctitle and the configured handler
 modules (IMPORTS, comma-separated) — then freezes its heap. A fork from it is cheaper
 for both sides, and the supervisor, which no longer forks, takes no copy-on-write
 faults from its children.
@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 
-from supervisor.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
+from forq.supervisor.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
 
 RECV_MAX = 1 << 16  # a request above this comes in a memfd
 

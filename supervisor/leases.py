@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from jobs import Queue
+from forq import Queue
 
 
 class LeaseKeeper:

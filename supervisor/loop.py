@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .timers import Timers
+from forq.supervisor.timers import Timers
 
 Handler = Callable[[Any, int], None]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from jobs.keys import SUPERVISORS
+from forq.keys import SUPERVISORS
 
 VERSION = "0.1.0"
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive

@@ -15,8 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobs import Job
-from jobs.units import format_duration
+from forq import Job
+from forq.units import format_duration
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
 

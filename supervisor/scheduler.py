@@ -16,10 +16,9 @@ from collections.abc import Callable
 
 import redis
 
-from jobs import Queue
-from jobs.keys import SCHEDULES
-
-from .config import ScheduleConfig
+from forq import Queue
+from forq.keys import SCHEDULES
+from forq.supervisor.config import ScheduleConfig
 
 log = logging.getLogger("forq.scheduler")
 

@@ -23,21 +23,20 @@ from typing import Any
 
 import redis
 
-from jobs import Queue, registry, topology
-from jobs.connection import connect
-from jobs.keys import QueueKeys
-
-from . import cgroups, memory
-from . import children as ch
-from .cgroups import JobCgroups
-from .child import ChildSpec
-from .config import Config, ConfigError, load_config
-from .leases import LeaseKeeper
-from .loop import EventLoop
-from .metrics import Metrics, MetricsServer
-from .registry import SupervisorRegistry
-from .scheduler import Scheduler
-from .sdnotify import Notifier, watchdog_interval
+from forq import Queue, registry, topology
+from forq.connection import connect
+from forq.keys import QueueKeys
+from forq.supervisor import cgroups, memory
+from forq.supervisor import children as ch
+from forq.supervisor.cgroups import JobCgroups
+from forq.supervisor.child import ChildSpec
+from forq.supervisor.config import Config, ConfigError, load_config
+from forq.supervisor.leases import LeaseKeeper
+from forq.supervisor.loop import EventLoop
+from forq.supervisor.metrics import Metrics, MetricsServer
+from forq.supervisor.registry import SupervisorRegistry
+from forq.supervisor.scheduler import Scheduler
+from forq.supervisor.sdnotify import Notifier, watchdog_interval
 
 log = logging.getLogger("forq.supervisor")
 
@@ -938,7 +937,7 @@ class Supervisor:
 
 def run_supervisor(config_path: str, log_format: str | None = None) -> int:
     """`forq run`: load the config (a bad one is one line and exit 2), then run."""
-    from . import logs
+    from forq.supervisor import logs
 
     try:
         config = load_config(config_path)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from jobs import Queue
-from jobs.connection import connect
+from forq import Queue
+from forq.connection import connect
 from tests.redis_server import DEFAULT_TEST_URL, RedisServer, reachable
 
 

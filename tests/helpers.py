@@ -23,7 +23,7 @@ def wait_job(queue, job_id: str, states: tuple[str, ...], timeout: float = 20.0,
              context: Callable[[], str] = lambda: ""):
     """Wait until the job is in one of `states`; on timeout, say where it was (state,
     history) plus `context()`, e.g. the supervisors' logs."""
-    from jobs import JobNotFound
+    from forq import JobNotFound
 
     last: list = []
 

@@ -19,7 +19,7 @@ def write_config(path: Path, redis_url: str, queues: dict[str, int], *, lease_tt
                  reaper_interval: str = "200ms", drain_timeout: str = "5s",
                  defaults: str = "", extra: str = "", name: str = "",
                  queue_extra: str = "", supervisor_extra: str = "",
-                 imports: tuple[str, ...] = ("jobs.examples", "tests.tasks")) -> Path:
+                 imports: tuple[str, ...] = ("forq.examples", "tests.tasks")) -> Path:
     """A small config for tests. `defaults`, `supervisor_extra` and `extra` are raw TOML
     appended in place."""
     queue_tables = "\n".join(
@@ -72,7 +72,7 @@ class SupervisorProcess:
     def start(self, wait_ready: bool = True, timeout: float = 20.0) -> SupervisorProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "run", "--config", str(self.config)],
+            [sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(self.config)],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
             preexec_fn=self._enter_cgroup if self.cgroup else None,
         )
@@ -137,7 +137,7 @@ def _is_fork_server(proc) -> bool:
         cmdline = " ".join(proc.cmdline())
     except psutil.Error:
         return False
-    return "supervisor.forkserver" in cmdline or cmdline.startswith("forq: fork server")
+    return "forq.supervisor.forkserver" in cmdline or cmdline.startswith("forq: fork server")
 
 
 def fork_servers_of(pid: int) -> list[int]:

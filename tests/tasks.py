@@ -1,4 +1,4 @@
-"""Handlers used only by tests (preloaded by test supervisors beside jobs.examples)."""
+"""Handlers used only by tests (preloaded by test supervisors beside forq.examples)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from jobs import NonRetryable, current, task
+from forq import NonRetryable, current, task
 
 
 @task("tests.echo")

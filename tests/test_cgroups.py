@@ -21,10 +21,10 @@ from typing import Any
 import psutil
 import pytest
 
-from jobs import Queue
-from supervisor import cgroups
-from supervisor.child import ChildSpec, run_child
-from supervisor.children import RunningChild, classify
+from forq import Queue
+from forq.supervisor import cgroups
+from forq.supervisor.child import ChildSpec, run_child
+from forq.supervisor.children import RunningChild, classify
 from tests import vm
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, wait_children, write_config

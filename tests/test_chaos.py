@@ -18,7 +18,7 @@ import pytest
 
 from chaos.checker import Checker
 from chaos.faults import KINDS
-from jobs import Job
+from forq import Job
 
 REPO = Path(__file__).resolve().parent.parent
 

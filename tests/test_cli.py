@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import Queue
-from jobs.keys import SCHEDULES as SCHEDULES_KEY
-from supervisor.cli import CLEAR
-from supervisor.registry import SupervisorRegistry
+from forq import Queue
+from forq.keys import SCHEDULES as SCHEDULES_KEY
+from forq.supervisor.cli import CLEAR
+from forq.supervisor.registry import SupervisorRegistry
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +47,13 @@ class Forq:
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, redis: bool = True,
                  timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "supervisor.cli", *args],
+        return subprocess.run([sys.executable, "-m", "forq.supervisor.cli", *args],
                               env=self._env(env, redis), cwd=ROOT, capture_output=True,
                               text=True, timeout=timeout)
 
     def many(self, *argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
         """Run independent invocations at once (start-up dominates their cost)."""
-        procs = [(argv, subprocess.Popen([sys.executable, "-m", "supervisor.cli", *argv],
+        procs = [(argv, subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", *argv],
                                          env=self._env(None, True), cwd=ROOT, text=True,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
                  for argv in argvs]
@@ -215,7 +215,7 @@ def test_stats_table_and_json(forq, queue):
 
 def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url)
-    return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "stats", "--watch", *args],
+    return subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "stats", "--watch", *args],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 

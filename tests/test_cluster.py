@@ -27,11 +27,11 @@ import pytest
 import redis as redis_lib
 from redis.crc import key_slot
 
-from jobs import Queue
-from jobs.connection import connect
-from jobs.payload import build_spec
-from jobs.scripts import TRANSITIONS
-from jobs.topology import ForqCluster, is_cluster, parse_url
+from forq import Queue
+from forq.connection import connect
+from forq.payload import build_spec
+from forq.scripts import TRANSITIONS
+from forq.topology import ForqCluster, is_cluster, parse_url
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config
@@ -389,7 +389,7 @@ def test_supervisor_serves_queues_on_two_shards(cluster, rc, tmp_path):
             wait_for(lambda: rc.hget("forq:schedules", f"tick-{qa}"), timeout=10,
                      message="the schedule to fire")
             # the supervisor registry
-            from supervisor.registry import live_supervisors
+            from forq.supervisor.registry import live_supervisors
 
             wait_for(lambda: any(s["pid"] == sup.pid for s in live_supervisors(rc)),
                      timeout=10, message="the supervisor's heartbeat")

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pytest
 
-from supervisor.config import (
+from forq.supervisor.config import (
     Config,
     ConfigError,
     QueueConfig,
@@ -90,7 +90,7 @@ def test_example_config_loads():
     assert config.lease_ttl == 15.0
     assert config.reaper_interval == 1.0
     assert config.drain_timeout == 60.0
-    assert config.imports == ["jobs.examples"]
+    assert config.imports == ["forq.examples"]
     assert config.memory_sample_interval == pytest.approx(0.05)
     assert config.log_format == "text"
     assert {q.name: q.concurrency for q in config.queues} == {"default": 4, "reports": 1}
@@ -567,8 +567,8 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
         ),
         (QUEUE + "[tasks]\nx = 1\n", '[tasks."x"]: expected a table, got 1'),
         (
-            '[supervisor]\nimports = "jobs.examples"\n' + QUEUE,
-            '[supervisor].imports: expected a list of module names, got "jobs.examples"',
+            '[supervisor]\nimports = "forq.examples"\n' + QUEUE,
+            '[supervisor].imports: expected a list of module names, got "forq.examples"',
         ),
         (
             "[supervisor]\nimports = [1]\n" + QUEUE,

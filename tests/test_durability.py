@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import NotReplicated, Queue
-from jobs.connection import connect
-from jobs.topology import set_durability
-from supervisor.config import ConfigError, load_config
+from forq import NotReplicated, Queue
+from forq.connection import connect
+from forq.supervisor.config import ConfigError, load_config
+from forq.topology import set_durability
 from tests.cluster_server import ReplicatedRedis
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config

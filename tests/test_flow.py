@@ -31,11 +31,11 @@ import psutil
 import pytest
 import redis as redis_lib
 
-from jobs import JobFailed, Queue, examples, registry
-from jobs.errors import JobNotFound
-from jobs.job import Job
-from supervisor.config import ScheduleConfig
-from supervisor.scheduler import SCHEDULES, Scheduler
+from forq import JobFailed, Queue, examples, registry
+from forq.errors import JobNotFound
+from forq.job import Job
+from forq.supervisor.config import ScheduleConfig
+from forq.supervisor.scheduler import SCHEDULES, Scheduler
 from tests import helpers
 from tests import tasks as _tasks  # noqa: F401 — registers tests.fanout for the ghost runs
 from tests.helpers import wait_for
@@ -318,7 +318,7 @@ def test_cron_bad_expression_or_timezone_is_a_config_error_naming_the_schedule(
     config = write_config(tmp_path / "forq.toml", redis_url, {"reports": 1}, extra=extra)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     for args in (["config", "check", str(config)], ["run", "--config", str(config)]):
-        proc = subprocess.run([sys.executable, "-m", "supervisor.cli", *args], cwd=str(REPO),
+        proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", *args], cwd=str(REPO),
                               capture_output=True, text=True, timeout=30, env=env)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert f'[schedule "nightly-report"].{expected}' in proc.stderr, proc.stderr

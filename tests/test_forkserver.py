@@ -11,8 +11,8 @@ import signal
 import psutil
 import pytest
 
-from jobs import Queue
-from supervisor.children import REPLY_TIMEOUT
+from forq import Queue
+from forq.supervisor.children import REPLY_TIMEOUT
 from tests.helpers import wait_for
 from tests.supervisors import (
     SupervisorProcess,
@@ -121,7 +121,7 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
         jid = queue.enqueue("tests.lineage", 2.0).id
         wait_children(sup.pid, 1)
         write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
-                     imports=("jobs.examples", "tests.tasks", "json"))
+                     imports=("forq.examples", "tests.tasks", "json"))
         sup.signal(signal.SIGHUP)
         new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
                        message="a new fork server")[0]
@@ -156,7 +156,7 @@ def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
 def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path, redis_url,
                                                                        queue):
     sup = start(tmp_path, redis_url, queue,
-                imports=("jobs.examples", "tests.tasks", "tests.fs_poison"))
+                imports=("forq.examples", "tests.tasks", "tests.fs_poison"))
     try:
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
         assert not fork_servers_of(sup.pid)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from jobs import Queue
-from jobs.connection import connect
+from forq import Queue
+from forq.connection import connect
 from tests.helpers import wait_for
 
 LONG = 60_000

@@ -9,7 +9,7 @@ import pwd
 
 import pytest
 
-from jobs import Queue
+from forq import Queue
 from tests.supervisors import SupervisorProcess, write_config
 
 

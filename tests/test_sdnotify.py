@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sdnotify import (
+from forq.supervisor.sdnotify import (
     SYSTEMD_ENV_VARS,
     Notifier,
     scrub_child_env,

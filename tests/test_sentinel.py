@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from jobs import ForqError, Queue
-from jobs.connection import connect
-from jobs.topology import parse_url
+from forq import ForqError, Queue
+from forq.connection import connect
+from forq.topology import parse_url
 from tests.cluster_server import ReplicatedRedis
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, children_of, write_config

@@ -22,9 +22,9 @@ from typing import Any
 import psutil
 import pytest
 
-from jobs import Queue
-from jobs.job import Job
-from supervisor.supervisor import KILL_GRACE
+from forq import Queue
+from forq.job import Job
+from forq.supervisor.supervisor import KILL_GRACE
 from tests import helpers
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, children_of, wait_children, write_config
@@ -63,7 +63,7 @@ def entries(job: Job, event: str) -> list[dict[str, Any]]:
 def forq(redis_url: str, *args: str) -> Any:
     """Run the `forq` CLI as a user would and parse its JSON output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "--redis", redis_url, *args],
+        [sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, *args],
         capture_output=True, text=True, timeout=30, cwd=str(REPO),
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from jobs import Queue
+from forq import Queue
 from tests.helpers import wait_for
 from tests.redis_server import free_port
 from tests.supervisors import SupervisorProcess, write_config

@@ -28,8 +28,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jobs import Queue
-from jobs.connection import connect
+from forq import Queue
+from forq.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, children_of, write_config
@@ -89,7 +89,7 @@ def events(job) -> list[str]:
 def forq(redis_url: str, *args: str) -> subprocess.CompletedProcess:
     """The `forq` command line, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "--redis", redis_url, *args],
+        [sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, *args],
         capture_output=True, text=True, cwd=str(REPO), timeout=30,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
@@ -581,7 +581,7 @@ def test_config_error_exit_2_one_line(tmp_path, command, case):
     path = tmp_path / "forq.toml"
     if text is not None:
         path.write_text(text)
-    out = subprocess.run([sys.executable, "-m", "supervisor.cli", *command, str(path)],
+    out = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", *command, str(path)],
                          capture_output=True, text=True, cwd=str(REPO), timeout=30,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.returncode == 2, (out.stdout, out.stderr)

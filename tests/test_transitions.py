@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from jobs import JobNotFound, PayloadError, Queue, find_job
-from jobs.job import Job
+from forq import JobNotFound, PayloadError, Queue, find_job
+from forq.job import Job
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 

@@ -1,11 +1,11 @@
-"""Tests for jobs.units: every accepted spelling, every refusal and its message."""
+"""Tests for forq.units: every accepted spelling, every refusal and its message."""
 
 import datetime as dt
 import math
 
 import pytest
 
-from jobs.units import (
+from forq.units import (
     UnitError,
     describe_value,
     format_duration,

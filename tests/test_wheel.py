@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.scripts import TRANSITIONS
+from forq.scripts import TRANSITIONS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,9 +29,9 @@ OFFLINE = ("NewConnectionError", "Temporary failure in name resolution",
 
 CHILD = textwrap.dedent("""
     import json, sys
-    import jobs
-    import jobs.scripts
-    from jobs import Queue
+    import forq
+    import forq.scripts
+    from forq import Queue
 
     url, name = sys.argv[1], sys.argv[2]
     q = Queue(name, url=url)
@@ -40,8 +40,10 @@ CHILD = textwrap.dedent("""
     lease = claimed.leases[0]
     reply = q.ack(lease.id, lease.token, json.dumps(42))
     print(json.dumps({
-        "lua_dir": str(jobs.scripts._lua_dir()),
-        "jobs_file": jobs.__file__,
+        "lua_dir": str(forq.scripts._lua_dir()),
+        "forq_file": forq.__file__,
+        "top_level": sorted(d.name for d in __import__("pathlib").Path(forq.__file__).parent.parent.iterdir()
+                            if d.name in ("jobs", "supervisor", "forq_lua", "lua", "testing", "forq")),
         "enqueued": handle.id,
         "claimed": [l.id for l in claimed.leases],
         "args": lease.job.args,
@@ -116,8 +118,11 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
 
     names = set(zipfile.ZipFile(wheel).namelist())
     for script in (*TRANSITIONS, "_lib"):
-        assert f"forq_lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
-    assert "jobs/queue.py" in names and "jobs/scripts.py" in names
+        assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
+    assert "forq/queue.py" in names and "forq/supervisor/supervisor.py" in names
+    # one import name: nothing installed as a top-level `jobs`, `supervisor` or `forq_lua`
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"forq"}, f"the wheel installs top-level packages {sorted(top)}"
 
     venv = tmp_path / "venv"
     proc = _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path, env=_clean_env())
@@ -139,8 +144,9 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
     lua_dir = Path(report["lua_dir"]).resolve()
     assert lua_dir.is_relative_to(venv_dir), f"Lua scripts loaded from {lua_dir}, not the venv"
     assert not lua_dir.is_relative_to(REPO)
-    jobs_file = Path(report["jobs_file"]).resolve()
-    assert jobs_file.is_relative_to(venv_dir), f"jobs imported from {jobs_file}"
+    forq_file = Path(report["forq_file"]).resolve()
+    assert forq_file.is_relative_to(venv_dir), f"forq imported from {forq_file}"
+    assert report["top_level"] == ["forq"], report["top_level"]
     assert str(REPO) not in report["sys_path"]
 
     assert report["claimed"] == [report["enqueued"]]

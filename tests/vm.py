@@ -56,7 +56,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 def cgroup_v2_problem() -> str:
     """Why this machine cannot give a supervisor a cgroup v2 of its own, with the memory
     controller, as systemd's Delegate=yes would ("" if it can: no VM needed)."""
-    from supervisor import cgroups
+    from forq.supervisor import cgroups
 
     try:
         cgroups.locate()
@@ -92,7 +92,7 @@ def remove_cgroup_tree(path: str, attempts: int = 50) -> None:
     """Kill every process under `path`, then remove its cgroups, deepest first."""
     import time
 
-    from supervisor import cgroups
+    from forq.supervisor import cgroups
 
     for _ in range(attempts):
         for sub, _dirs, _files in os.walk(path, topdown=False):

@@ -16,8 +16,8 @@ from pathlib import Path
 from bench import common
 from bench import supervisor as forq_sup
 from bench.common import RedisServer
-from jobs.connection import connect
-from jobs.scripts import TRANSITIONS, source
+from forq.connection import connect
+from forq.scripts import TRANSITIONS, source
 
 LAUNCHER = Path(__file__).with_name("patched_run.py")
 
@@ -29,7 +29,7 @@ def latency_split(url: str, samples: int, patches: str) -> None:
     import statistics
     import time
 
-    from jobs import Queue
+    from forq import Queue
 
     os.environ["FORQ_PATCHES"] = ",".join(filter(None, [patches, "marks"]))
     r = connect(url)

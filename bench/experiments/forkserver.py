@@ -1,5 +1,5 @@
-"""A lean fork server (prototype): a fresh interpreter holding only `jobs.registry`,
-`supervisor.child` and the handler modules — no redis — that forks job children on the
+"""A lean fork server (prototype): a fresh interpreter holding only `forq.registry`,
+`forq.supervisor.child` and the handler modules — no redis — that forks job children on the
 supervisor's request.
 
     python -m bench.experiments.forkserver FD IMPORTS
@@ -7,7 +7,7 @@ supervisor's request.
 FD is its end of a SOCK_SEQPACKET socketpair. Requests: a pickled (ChildSpec, title)
 with the result pipe's write end attached (SCM_RIGHTS); answers: ("pid", pid) with the
 child's pidfd attached, and later ("exit", pid, status, ru_maxrss) when it reaps it.
-`jobs/__init__.py` (which imports redis through jobs.queue) is bypassed with a bare
+`jobs/__init__.py` (which imports redis through forq.queue) is bypassed with a bare
 package module; the real fix is to make that import lazy.
 """
 
@@ -33,7 +33,7 @@ def _lean_jobs() -> None:
     pkg = types.ModuleType("jobs")
     pkg.__path__ = [str(REPO / "jobs")]
     sys.modules["jobs"] = pkg
-    from jobs import registry
+    from forq import registry
 
     pkg.task = registry.task
     pkg.current = registry.current
@@ -55,7 +55,7 @@ def serve(sock: socket.socket, imports: list[str]) -> None:
         importlib.import_module(name)
     import setproctitle
 
-    from supervisor.child import run_child
+    from forq.supervisor.child import run_child
 
     # initialise in the server what every child would otherwise redo after fork
     setproctitle.setproctitle("forq: fork server")

@@ -37,15 +37,15 @@ PATCHES = set(filter(None, os.environ.get("FORQ_PATCHES", "").split(",")))
 
 import redis.client  # noqa: E402
 
-import jobs.queue as jobs_queue  # noqa: E402
-import supervisor.child as child_mod  # noqa: E402
-import supervisor.children as children_mod  # noqa: E402
-import supervisor.supervisor as sup_mod  # noqa: E402
-from supervisor.cli import main  # noqa: E402
+import forq.queue as jobs_queue  # noqa: E402
+import forq.supervisor.child as child_mod  # noqa: E402
+import forq.supervisor.children as children_mod  # noqa: E402
+import forq.supervisor.supervisor as sup_mod  # noqa: E402
+from forq.supervisor.cli import main  # noqa: E402
 
 
 def no_script_exists() -> None:
-    from jobs.scripts import TRANSITIONS, source
+    from forq.scripts import TRANSITIONS, source
 
     redis.client.Pipeline.load_scripts = lambda self: None
     preload = sup_mod.Supervisor.preload

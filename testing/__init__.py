@@ -1,0 +1,1 @@
+"""forq.testing: start Redis servers and supervisors for tests, chaos runs and benchmarks."""
