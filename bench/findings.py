@@ -11,7 +11,7 @@ FINDINGS = """
 
 Profiled with py-spy (the tables above), cProfile inside the supervisor, `/proc/PID/stat`
 counters (CPU, minor faults) and A/B drains of `forq run` with proposed fixes applied as
-monkeypatches (`bench/experiments/`, `python -m bench.experiments.ab --help`). The figures
+monkeypatches (`bench/experiments/`, removed once their fixes landed; `git show 8b1b213:bench/experiments/ab.py`). The figures
 in this section come from those profiling runs (2026-11-29, load 1–3 unless said), not from
 the tables above.
 

@@ -380,5 +380,5 @@ with pip), each worker as its own CLI would start it (`rq worker -w ...`,
 `celery -A celery_app worker -P prefork -c 2`, `dramatiq --processes 2 --threads 1`);
 their apps are in `bench/peers/`. The forq handlers are in `bench/tasks.py`. The
 experiments behind the findings (proposed fixes as monkeypatches, the fork-server
-prototype, the latency split) are in `bench/experiments/`.
+prototype, the latency split) were in `bench/experiments/` until their fixes landed (git history, commit 8b1b213).
 """

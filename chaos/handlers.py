@@ -58,7 +58,7 @@ def _supervisor_pid() -> int:
     try:
         with open(f"/proc/{parent}/cmdline", "rb") as f:
             cmdline = f.read()
-        if cmdline.startswith(b"forq: fork server") or b"forq.supervisor.forkserver" in cmdline:
+        if cmdline.startswith(b"forq: fork server") or b"forq.supervisor.fork.server" in cmdline:
             with open(f"/proc/{parent}/stat", "rb") as f:
                 stat = f.read()
             return int(stat[stat.rindex(b")") + 2:].split()[1])
@@ -174,7 +174,7 @@ return 1
 def _install_no_fencing() -> None:
     """Monkeypatch the supervisor importing us so it skips every fencing step."""
     from forq.queue import Queue
-    from forq.supervisor import children as ch
+    from forq.supervisor import running as ch
     from forq.supervisor import supervisor as sv
 
     sv.Supervisor._fence_unproven = lambda self: None

@@ -272,7 +272,7 @@ def job_children_of(pid: int) -> list[tuple[int, str, float]]:
     forked for its jobs, whichever of the two forked them."""
     out = []
     for kid in children_of(pid):
-        if kid[1].startswith("forq: fork server") or "forq.supervisor.forkserver" in kid[1]:
+        if kid[1].startswith("forq: fork server") or "forq.supervisor.fork.server" in kid[1]:
             out.extend(children_of(kid[0]))
         else:
             out.append(kid)

@@ -262,7 +262,7 @@ class Config:
     # [redis].min_replicas / wait_timeout: WAIT for replicas after every report batch
     redis_min_replicas: int = 0
     redis_wait_timeout: float = 1.0
-    # fork job children from a lean fork server (supervisor/forkserver.py), not from here
+    # fork job children from a lean fork server (supervisor/fork/server.py), not from here
     fork_server: bool = True
     # per-job cgroup v2 memory limits (supervisor/cgroups.py): auto | required | off
     job_cgroups: str = "auto"

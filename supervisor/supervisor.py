@@ -27,14 +27,16 @@ from forq import Queue, registry, topology
 from forq.connection import connect
 from forq.keys import QueueKeys
 from forq.supervisor import cgroups, memory
-from forq.supervisor import children as ch
 from forq.supervisor.cgroups import JobCgroups
-from forq.supervisor.child import ChildSpec
 from forq.supervisor.config import Config, ConfigError, load_config
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.client import ForkServer, ForkServerError, spawn
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
 from forq.supervisor.metrics import Metrics, MetricsServer
+from forq.supervisor.outcomes import Outcome, classify
 from forq.supervisor.registry import SupervisorRegistry
+from forq.supervisor.running import CANCELLED, LEASE_LOST, MEMORY, RELEASED, TIMEOUT, RunningChild
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
 
@@ -52,8 +54,8 @@ DRAIN_REPORT_GRACE = 15.0  # after drain, how long to keep retrying reports to R
 class Pending:
     """A finished child's report waiting for Redis."""
 
-    child: ch.RunningChild
-    outcome: ch.Outcome
+    child: RunningChild
+    outcome: Outcome
     token: str
 
 
@@ -73,7 +75,7 @@ class Supervisor:
         self.queues: dict[str, Queue] = {}
         self.policies: dict[str, str] = {}
         self.leases = LeaseKeeper(config.lease_ttl)
-        self.children: dict[str, ch.RunningChild] = {}  # by job id
+        self.children: dict[str, RunningChild] = {}  # by job id
         self.running: dict[str, int] = defaultdict(int)
         self.outbox: list[Pending] = []
         self.metrics = Metrics(self._read_depths, name=self.name)
@@ -93,8 +95,8 @@ class Supervisor:
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
         # job children are forked by a lean fork server ([supervisor].fork_server);
         # old ones retire (after a reload that changed `imports`) once their children end
-        self.fork_server: ch.ForkServer | None = None
-        self.retiring: list[ch.ForkServer] = []
+        self.fork_server: ForkServer | None = None
+        self.retiring: list[ForkServer] = []
         self.fork_server_losses: list[float] = []  # monotonic times, for crash loops
         self.fork_server_given_up = False
         # per-job cgroup v2 memory limits, where this supervisor may create cgroups
@@ -262,7 +264,7 @@ class Supervisor:
 
     def _stop_all(self, why: str) -> None:
         for child in list(self.children.values()):
-            child.stop(ch.RELEASED, why, grace=KILL_GRACE)
+            child.stop(RELEASED, why, grace=KILL_GRACE)
             self._kill_after_grace(child)
 
     def _shutdown(self) -> None:
@@ -418,11 +420,11 @@ class Supervisor:
         task = registry.lookup(job.task)
         if task is None:
             log.warning("job %s: unknown task %r: dead", job.id, job.task)
-            outcome = ch.Outcome("fail", "dead", mode="fatal",
+            outcome = Outcome("fail", "dead", mode="fatal",
                                  reason=f"unknown task {job.task!r}",
                                  error={"type": "UnknownTask", "reason": f"unknown task {job.task!r}",
                                         "message": f"no handler registered for {job.task!r}"})
-            fake = ch.RunningChild(lease, self._spec(queue, job, f), 0, -1, -1, time.monotonic(), 0)
+            fake = RunningChild(lease, self._spec(queue, job, f), 0, -1, -1, time.monotonic(), 0)
             self.outbox.append(Pending(fake, outcome, lease.token))
             return
         spec = self._spec(queue, job, f)
@@ -472,8 +474,8 @@ class Supervisor:
                 or self.fork_server_given_up):
             return
         try:
-            server = ch.ForkServer(self.config.imports)
-        except ch.ForkServerError as exc:
+            server = ForkServer(self.config.imports)
+        except ForkServerError as exc:
             log.error("fork server did not start (%s); forking job children from the "
                       "supervisor instead", exc)
             return
@@ -482,12 +484,12 @@ class Supervisor:
         log.info("fork server started in pid %d", server.pid)
 
     def _spawn(self, lease: Any, spec: ChildSpec, *, title: str,
-               timeout: float) -> ch.RunningChild:
+               timeout: float) -> RunningChild:
         server = self.fork_server
         if server is not None:
             try:
                 child = server.spawn(lease, spec, title=title, timeout=timeout)
-            except ch.ForkServerError as exc:
+            except ForkServerError as exc:
                 self._fork_server_lost(server, exc)
             else:
                 if server.pending_exits:  # other children's exits read while waiting
@@ -496,19 +498,19 @@ class Supervisor:
             if self.fork_server is not None:  # restarted: one more try
                 try:
                     return self.fork_server.spawn(lease, spec, title=title, timeout=timeout)
-                except ch.ForkServerError as exc:
+                except ForkServerError as exc:
                     self._fork_server_lost(self.fork_server, exc)
-        return ch.spawn(lease, spec, title=title, timeout=timeout)
+        return spawn(lease, spec, title=title, timeout=timeout)
 
-    def _on_fork_server(self, server: ch.ForkServer) -> None:
+    def _on_fork_server(self, server: ForkServer) -> None:
         try:
             server.drain()
-        except ch.ForkServerError as exc:
+        except ForkServerError as exc:
             self._fork_server_lost(server, exc)
             return
         self._dispatch_exits(server)
 
-    def _dispatch_exits(self, server: ch.ForkServer) -> None:
+    def _dispatch_exits(self, server: ForkServer) -> None:
         while server.pending_exits:
             pid, status, peak = server.pending_exits.pop(0)
             child = next((c for c in self.children.values()
@@ -521,7 +523,7 @@ class Supervisor:
             server.close()
             log.info("old fork server %d stopped", server.pid)
 
-    def _children_of_server(self, server: ch.ForkServer) -> list[ch.RunningChild]:
+    def _children_of_server(self, server: ForkServer) -> list[RunningChild]:
         return [c for c in self.children.values() if c.server == server.pid]
 
     def _retire_fork_server(self) -> None:
@@ -535,7 +537,7 @@ class Supervisor:
             self.loop.remove_reader(server.sock)
             server.close()
 
-    def _fork_server_lost(self, server: ch.ForkServer, exc: Exception) -> None:
+    def _fork_server_lost(self, server: ForkServer, exc: Exception) -> None:
         """The fork server died (or stopped answering). Its children die with it
         (PR_SET_PDEATHSIG): each ends as a crash — or with its report, if it had written
         one — and a new fork server takes over, unless it keeps dying."""
@@ -587,12 +589,12 @@ class Supervisor:
 
     # -- watching children ------------------------------------------------------------------
 
-    def _on_child_pipe(self, child: ch.RunningChild) -> None:
+    def _on_child_pipe(self, child: RunningChild) -> None:
         if not child.read_pipe():
             self.loop.remove_reader(child.pipe)
             child.pipe_open = False
 
-    def _on_child_exit(self, child: ch.RunningChild) -> None:
+    def _on_child_exit(self, child: RunningChild) -> None:
         """A child forked here exited (its pidfd is readable)."""
         # the job's whole process group goes with it: no grandchild outlives its job
         child.signal_group(signal.SIGKILL)
@@ -600,7 +602,7 @@ class Supervisor:
         self.loop.remove_reader(child.pidfd)
         self._child_ended(child, status, usage.ru_maxrss * 1024)
 
-    def _child_ended(self, child: ch.RunningChild, status: int, peak_rss: int,
+    def _child_ended(self, child: RunningChild, status: int, peak_rss: int,
                      cause: str = "") -> None:
         """A child was reaped (here, or by the fork server, which killed its group first).
         `cause`: what is known beyond its status, said in the reason of a crash."""
@@ -624,7 +626,7 @@ class Supervisor:
         token = self.leases.token(child.job_id) or child.lease.token
         # the lease stays in the keeper (and is extended) until the report lands: a
         # result waiting out a Redis blip must not expire and be run again elsewhere
-        outcome = ch.classify(child, status)
+        outcome = classify(child, status)
         if outcome.kind == "fail" and outcome.error.get("type") == "MemoryError":
             outcome.metric = "memory"
         if outcome.kind == "expire" and cause:
@@ -639,7 +641,7 @@ class Supervisor:
         self.want_claim = True
         self._set_title()
 
-    def _kill_after_grace(self, child: ch.RunningChild) -> None:
+    def _kill_after_grace(self, child: RunningChild) -> None:
         def kill() -> None:
             if self.children.get(child.job_id) is child:
                 child.signal_group(signal.SIGKILL)
@@ -661,7 +663,7 @@ class Supervisor:
                 timeout = child.deadline - child.started
                 log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id,
                          child.task, timeout)
-                child.stop(ch.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
+                child.stop(TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
                 self._kill_after_grace(child)
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
                 usage = JobCgroups.usage(child.spec.cgroup)
@@ -673,7 +675,7 @@ class Supervisor:
             if limit and rss > limit and child.kill_reason is None:
                 log.info("job %s %s: memory %d MiB over its limit %d MiB, killing",
                          child.job_id, child.task, rss >> 20, limit >> 20)
-                child.stop(ch.MEMORY, f"{limit / (1 << 20):.0f} MiB", grace=0)
+                child.stop(MEMORY, f"{limit / (1 << 20):.0f} MiB", grace=0)
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -701,22 +703,22 @@ class Supervisor:
             child = self.children.get(job_id)
             if child is not None:
                 log.warning("job %s %s: lease lost, killing its child (fencing)", job_id, child.task)
-                child.stop(ch.LEASE_LOST, grace=0)
+                child.stop(LEASE_LOST, grace=0)
         for job_id in cancelled:
             child = self.children.get(job_id)
             if child is not None:
                 log.info("job %s %s: cancelled, stopping its child", job_id, child.task)
-                child.stop(ch.CANCELLED, grace=0)
+                child.stop(CANCELLED, grace=0)
 
     def _fence_unproven(self) -> None:
         """Kill any child whose lease this supervisor can no longer prove it holds,
         before another supervisor's reaper can hand the job to someone else."""
         for job_id in self.leases.unproven():
             child = self.children.get(job_id)
-            if child is not None and child.kill_reason != ch.LEASE_LOST:
+            if child is not None and child.kill_reason != LEASE_LOST:
                 log.warning("job %s %s: lease not confirmed in time, killing its child",
                             job_id, child.task)
-                child.stop(ch.LEASE_LOST, grace=0)
+                child.stop(LEASE_LOST, grace=0)
             self.leases.remove(job_id)
 
     def _reap(self) -> None:

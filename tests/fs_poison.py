@@ -3,5 +3,5 @@ test that a fork server which cannot start leaves the supervisor forking childre
 
 import sys
 
-if sys.argv and sys.argv[0].endswith("forkserver.py"):
+if sys.argv and sys.argv[0].endswith("fork/server.py"):
     raise RuntimeError("this module refuses the fork server")

@@ -137,7 +137,7 @@ def _is_fork_server(proc) -> bool:
         cmdline = " ".join(proc.cmdline())
     except psutil.Error:
         return False
-    return "forq.supervisor.forkserver" in cmdline or cmdline.startswith("forq: fork server")
+    return "forq.supervisor.fork.server" in cmdline or cmdline.startswith("forq: fork server")
 
 
 def fork_servers_of(pid: int) -> list[int]:

@@ -23,8 +23,9 @@ import pytest
 
 from forq import Queue
 from forq.supervisor import cgroups
-from forq.supervisor.child import ChildSpec, run_child
-from forq.supervisor.children import RunningChild, classify
+from forq.supervisor.fork.child import ChildSpec, run_child
+from forq.supervisor.outcomes import classify
+from forq.supervisor.running import RunningChild
 from tests import vm
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, wait_children, write_config

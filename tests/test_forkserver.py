@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from forq import Queue
-from forq.supervisor.children import REPLY_TIMEOUT
+from forq.supervisor.fork.client import REPLY_TIMEOUT
 from tests.helpers import wait_for
 from tests.supervisors import (
     SupervisorProcess,

@@ -1,23 +1,15 @@
 """The fork server: a lean process that forks job children for the supervisor.
 
-    python -m forq.supervisor.forkserver FD IMPORTS
+    python -m forq.supervisor.fork.server FD IMPORTS
 
 Started by the supervisor at start-up, exec'd fresh so it does not share the
 supervisor's 37 MiB heap (redis, metrics, the event loop): it imports only what a child
-needs — `forq.registry`, `forq.supervisor.child`, setproctitle and the configured handler
+needs — `forq.registry`, `forq.supervisor.fork.child`, setproctitle and the configured handler
 modules (IMPORTS, comma-separated) — then freezes its heap. A fork from it is cheaper
 for both sides, and the supervisor, which no longer forks, takes no copy-on-write
 faults from its children.
 
-FD is its end of a SOCK_SEQPACKET socketpair. Every message is JSON:
-
-* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the result pipe's
-  write end attached (SCM_RIGHTS); a spec too big for one datagram travels in a memfd
-  attached second, and the message says {"title": ..., "memfd": true}.
-* server → supervisor: {"ready": pid} once, after start-up; {"pid": pid} with the
-  child's pidfd attached (opened before the server could reap it); {"error": text} if
-  the fork failed; {"exit": pid, "status": wait status, "maxrss": KiB} when it has
-  SIGKILLed the child's process group and reaped it.
+FD is its end of a SOCK_SEQPACKET socketpair; `protocol` describes the messages.
 
 It dies with the supervisor (PR_SET_PDEATHSIG), and a child dies with it; EOF on its
 socket (the supervisor closed it or died) ends it too.
@@ -25,7 +17,6 @@ socket (the supervisor closed it or died) ends it too.
 
 from __future__ import annotations
 
-import array
 import gc
 import importlib
 import json
@@ -35,36 +26,8 @@ import signal
 import socket
 import sys
 
-from forq.supervisor.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
-
-RECV_MAX = 1 << 16  # a request above this comes in a memfd
-
-
-def fds_of(ancillary: list) -> list[int]:
-    fds = array.array("i")
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    return list(fds)
-
-
-def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
-    if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    else:
-        sock.send(data)
-
-
-def _read_memfd(fd: int) -> bytes:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
+from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
 
 class Server:
@@ -137,7 +100,7 @@ class Server:
         try:
             message = json.loads(data)
             if message.get("memfd"):
-                message["spec"] = json.loads(_read_memfd(fds[1]))
+                message["spec"] = json.loads(read_memfd(fds[1]))
             spec = ChildSpec(**message["spec"])
             title = message["title"]
             if result_fd < 0 or flags & socket.MSG_TRUNC:
@@ -178,16 +141,10 @@ def main(argv: list[str]) -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != supervisor_pid:
         os._exit(0)
-    # the supervisor's import path, so handler modules resolve as they did there; and its
-    # environment as it was, which the children inherit
+    # the supervisor's import path, so handler modules resolve as they did there
     path = os.environ.pop("FORQ_FORKSERVER_PATH", None)
     if path:
         sys.path[:] = json.loads(path)
-    old = os.environ.pop("FORQ_FORKSERVER_PYTHONPATH", None)
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
     imports = [name for name in (argv[1] if len(argv) > 1 else "").split(",") if name]
     for name in imports:
         importlib.import_module(name)

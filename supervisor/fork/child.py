@@ -1,7 +1,7 @@
 """What runs in the forked child: isolate, limit, run one handler, report, `_exit`.
 
 Everything here executes after `fork()` in a copy of the fork server
-(supervisor/forkserver.py), or of the supervisor itself when it runs without one. It
+(supervisor/fork/server.py), or of the supervisor itself when it runs without one. It
 must never return into the parent's loop, never touch the parent's sockets, and never
 write metrics: it reports once, through its result pipe, then `_exit`s.
 """

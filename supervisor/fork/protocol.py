@@ -1,0 +1,49 @@
+"""The fork server's wire protocol, shared by both ends (`client` and `server`).
+
+One SOCK_SEQPACKET socketpair; every message is one JSON datagram, file descriptors
+travel beside it (SCM_RIGHTS):
+
+* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the result pipe's
+  write end attached; a spec too big for one datagram travels in a memfd attached
+  second, and the message says {"title": ..., "memfd": true}.
+* server → supervisor: {"ready": pid} once, after start-up; {"pid": pid} with the
+  child's pidfd attached (opened before the server could reap it); {"error": text} if
+  the fork failed; {"exit": pid, "status": wait status, "maxrss": KiB} when it has
+  SIGKILLed the child's process group and reaped it.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+
+RECV_MAX = 1 << 16  # a request above this comes in a memfd
+
+
+def fds_of(ancillary: list) -> list[int]:
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    if fds:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.send(data)
+
+
+def read_memfd(fd: int) -> bytes:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

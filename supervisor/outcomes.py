@@ -1,0 +1,98 @@
+"""What a child's end means: the parent's kill reason, the child's report or its exit
+status become one `Outcome` to tell Redis (ack, fail, expire, release or drop)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from forq.supervisor.cgroups import JOIN_FAILED
+from forq.supervisor.running import CANCELLED, LEASE_LOST, MEMORY, RELEASED, TIMEOUT, RunningChild
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)} without a result"
+
+
+@dataclass
+class Outcome:
+    """What the parent will tell Redis about a finished child."""
+
+    kind: str  # ack | fail | expire | release | drop
+    metric: str  # the forq_jobs_finished_total outcome label (fail refines it later)
+    result_json: str = "null"
+    followups: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] = field(default_factory=dict)
+    mode: str = "retry"
+    reason: str = ""
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def classify(child: RunningChild, status: int) -> Outcome:
+    """Exit classification: a report → ack or fail; our own kill → its reason;
+    anything else (a signal, an exit without a report, the OOM killer) → a crash."""
+    peak = f"peak RSS {_mib(child.peak_rss)}"
+    reason = child.kill_reason
+    if reason == LEASE_LOST:
+        return Outcome("drop", "lease_lost", reason="lease lost; result dropped")
+    if reason == RELEASED:
+        return Outcome("release", "released", reason=child.kill_detail or "drain")
+    if reason == CANCELLED:
+        return Outcome("fail", "cancelled", mode="cancel",
+                       error={"type": "Cancelled", "message": "cancelled",
+                              "reason": "cancelled"})
+    if reason == TIMEOUT:
+        why = f"timeout after {child.kill_detail}"
+        return Outcome("fail", "timeout", reason=why,
+                       error={"type": "Timeout", "message": why, "reason": why})
+    if reason == MEMORY:
+        why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
+        return Outcome("fail", "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
+    if child.overflow:
+        why = f"result too large: over {child.spec.max_result_bytes} bytes (max_result_bytes)"
+        return Outcome("fail", "failed", mode="fatal", reason=why,
+                       error={"type": "ResultTooLarge", "message": why, "reason": why})
+    report = child.report()
+    if report is not None and os.WIFEXITED(status):
+        if report.get("ok"):
+            return Outcome("ack", "succeeded",
+                           result_json=json.dumps(report.get("result"), separators=(",", ":")),
+                           followups=report.get("followups") or [])
+        error = report.get("error") or {}
+        if (error.get("type") == "MemoryError" and child.spec.memory_limit
+                and child.spec.address_space_factor > 0):
+            # the address-space rlimit (the backstop of the memory limit) refused an
+            # allocation before the RSS sampling saw it: the same limit, said the same way
+            why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+                   f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
+            error = {**error, "reason": why}
+        return Outcome("fail", "failed", error=error, reason=error.get("reason", "error"),
+                       mode="fatal" if report.get("fatal") else "retry")
+    if child.oom == "limit":
+        # the kernel enforced the job's limit in its cgroup: the job's fault, as above
+        why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+               f"{child.spec.memory_limit / (1 << 20):.0f} MiB; OOM-killed in its cgroup)")
+        return Outcome("fail", "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
+    if child.oom == "outside":  # the machine, or an enclosing cgroup, ran out: not the job
+        return Outcome("expire", "crashed",
+                       reason=f"OOM-killed outside its own limit: the machine or an enclosing "
+                              f"cgroup ran out of memory ({describe_status(status)}, {peak})")
+    if (child.spec.cgroup and os.WIFEXITED(status)
+            and os.WEXITSTATUS(status) == JOIN_FAILED):
+        return Outcome("release", "released", reason="could not join its job cgroup")
+    return Outcome("expire", "crashed", reason=f"{describe_status(status)} ({peak})")

@@ -1,0 +1,136 @@
+"""The parent's view of one running child: its lease, its limits, its result pipe,
+and how to stop its whole process group.
+
+A child is forked by the fork server or by the supervisor itself (`fork.client`). Its
+result pipe is registered in the supervisor's selector, and so is the event of its end:
+the fork server's exit report, or the child's pidfd (readable when it exits) if forked
+here — no thread and no SIGCHLD race. What its end means is `outcomes.classify`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from forq.queue import Lease
+from forq.supervisor.cgroups import kill_all
+from forq.supervisor.fork.child import RESULT_OVERHEAD, ChildSpec
+
+log = logging.getLogger("forq.supervisor")
+
+# why the parent killed a child; decides the outcome instead of the exit status
+TIMEOUT = "timeout"
+MEMORY = "memory"
+LEASE_LOST = "lease_lost"
+CANCELLED = "cancelled"
+RELEASED = "released"
+
+
+@dataclass
+class RunningChild:
+    lease: Lease
+    spec: ChildSpec
+    pid: int
+    pidfd: int
+    pipe: int
+    started: float  # monotonic
+    deadline: float  # monotonic: the job's time limit
+    buf: bytearray = field(default_factory=bytearray)
+    peak_rss: int = 0
+    kill_reason: str | None = None
+    kill_detail: str = ""
+    sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
+    overflow: bool = False
+    pipe_open: bool = True
+    server: int = 0  # the pid of the fork server that forked it (0: forked here)
+    oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
+
+    @property
+    def forked_by_server(self) -> bool:
+        return self.server != 0
+
+    def alive(self) -> bool:
+        """Not yet exited (its pidfd is not readable): its pid, and the group id it
+        leads, are still its own, even if another process reaps it."""
+        return self.pidfd >= 0 and not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to exit; True if it has."""
+        poller = select.poll()  # not select(): a pidfd may be numbered above 1024
+        poller.register(self.pidfd, select.POLLIN)
+        try:
+            return bool(poller.poll(max(0, int(timeout * 1000))))
+        except OSError:
+            return True
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.id
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    def read_pipe(self) -> bool:
+        """Read what the child has written; False at EOF. Caps what is kept, so a
+        runaway result becomes a failure instead of filling the parent's memory."""
+        cap = self.spec.max_result_bytes + RESULT_OVERHEAD
+        while True:
+            try:
+                chunk = os.read(self.pipe, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            if len(self.buf) + len(chunk) > cap:
+                self.overflow = True
+            else:
+                self.buf += chunk
+
+    def signal_group(self, sig: int) -> None:
+        if sig == signal.SIGKILL and self.spec.cgroup:
+            kill_all(self.spec.cgroup)  # those that left the group too; the cgroup is ours
+        if self.forked_by_server and not self.alive():
+            return  # the fork server reaps it, and killed its group then: the pid may be reused
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, reason: str, detail: str = "", grace: float = 2.0) -> None:
+        """Stop the child's whole process group: SIGTERM now, SIGKILL after `grace`.
+        The first reason wins: a timed-out job whose lease is then lost stays a timeout."""
+        if self.kill_reason is None:
+            self.kill_reason = reason
+            self.kill_detail = detail
+        if grace <= 0:
+            self.signal_group(signal.SIGKILL)
+            self.sigkill_at = time.monotonic()
+            return
+        if self.sigkill_at is None:
+            self.signal_group(signal.SIGTERM)
+            self.sigkill_at = time.monotonic() + grace
+
+    def report(self) -> dict[str, Any] | None:
+        if self.overflow or not self.buf:
+            return None
+        try:
+            value = json.loads(self.buf)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
