@@ -154,3 +154,59 @@ def build_spec(
     if options.get("idempotent"):
         spec["idempotent"] = 1
     return spec
+
+
+# What a built spec may hold, and of what type: the enqueue script reads these fields.
+# A follow-up spec comes back from a job's child, which is untrusted, so the parent
+# checks it against this table (`check_followup`) before it reaches Redis.
+_INT = (int,)
+_NUM = (int, float)
+SPEC_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,), "task": (str,), "args": (str,), "kwargs": (str,), "queue": (str,),
+    "parent": (str,), "priority": _INT, "delay_ms": _INT, "run_at_ms": _INT, "key": (str,),
+    "unique_ms": _INT, "max_attempts": _INT, "max_crashes": _INT, "timeout_ms": _INT,
+    "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
+    "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
+    "backoff_jitter": _NUM, "idempotent": _INT,
+}
+MAX_NAME = 200  # task names, queue names and idempotency keys
+_QUEUE_NAME_BAD = frozenset("{}: \t\r\n")
+
+
+def check_followup(spec: Any, parent_id: str, n: int) -> str:
+    """Why `spec`, the `n`-th follow-up sent by job `parent_id`'s child, is not a spec
+    that `JobContext.enqueue` could have built ("" if it is)."""
+    if not isinstance(spec, dict):
+        return f"must be an object, got {type(spec).__name__}"
+    unknown = set(spec) - set(SPEC_FIELDS)
+    if unknown:
+        return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"[:300]
+    for name in ("id", "task", "args", "kwargs", "queue", "parent"):
+        if name not in spec:
+            return f"{name} is missing"
+    for name, value in spec.items():
+        types = SPEC_FIELDS[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"{name} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}"
+        if isinstance(value, (int, float)) and not (0 <= value < 2 ** 53 or name == "priority"):
+            return f"{name} out of range: {value!r}"[:300]
+    if spec["id"] != f"{parent_id}-{n}" or spec["parent"] != parent_id:
+        # ids derive from the parent's, so a re-run adds none and no job can be overwritten
+        return f"id must be {parent_id}-{n} with parent {parent_id}"
+    for name in ("task", "queue", "key"):
+        if name in spec and not 0 < len(spec[name]) <= MAX_NAME:
+            return f"{name} must be 1 to {MAX_NAME} characters"
+    if _QUEUE_NAME_BAD & set(spec["queue"]):
+        return f"queue name {spec['queue']!r} must be without braces, colons or spaces"[:300]
+    if abs(spec.get("priority", 0)) > PRIORITY_LIMIT:
+        return f"priority must be in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}]"
+    for name in ("max_attempts", "max_crashes"):
+        if name in spec and spec[name] < 1:
+            return f"{name} must be >= 1"
+    try:
+        args, kwargs = json.loads(spec["args"]), json.loads(spec["kwargs"])
+    except (ValueError, RecursionError):
+        return "args and kwargs must be JSON"
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return "args must be a JSON list and kwargs a JSON object"
+    return ""

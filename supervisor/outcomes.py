@@ -3,7 +3,6 @@ status become one `Outcome` to tell Redis (ack, fail, expire, release or drop)."
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -62,17 +61,19 @@ def classify(child: RunningChild, status: int) -> Outcome:
         why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
         return Outcome("fail", "memory", reason=why,
                        error={"type": "MemoryLimit", "message": why, "reason": why})
-    if child.overflow:
+    if child.reader.overflow:
         why = f"result too large: over {child.spec.max_result_bytes} bytes (max_result_bytes)"
         return Outcome("fail", "failed", mode="fatal", reason=why,
                        error={"type": "ResultTooLarge", "message": why, "reason": why})
+    if child.reader.violation:  # a hostile or broken child: a crash, retried up to max_crashes
+        return Outcome("expire", "crashed",
+                       reason=f"sent a malformed message: {child.reader.violation}")
     report = child.report()
     if report is not None and os.WIFEXITED(status):
-        if report.get("ok"):
-            return Outcome("ack", "succeeded",
-                           result_json=json.dumps(report.get("result"), separators=(",", ":")),
-                           followups=report.get("followups") or [])
-        error = report.get("error") or {}
+        if report.ok:
+            return Outcome("ack", "succeeded", result_json=report.result_json,
+                           followups=report.followups)
+        error: dict[str, Any] = dict(report.error)
         if (error.get("type") == "MemoryError" and child.spec.memory_limit
                 and child.spec.address_space_factor > 0):
             # the address-space rlimit (the backstop of the memory limit) refused an
@@ -80,8 +81,8 @@ def classify(child: RunningChild, status: int) -> Outcome:
             why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
                    f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
             error = {**error, "reason": why}
-        return Outcome("fail", "failed", error=error, reason=error.get("reason", "error"),
-                       mode="fatal" if report.get("fatal") else "retry")
+        return Outcome("fail", "failed", error=error, reason=error["reason"],
+                       mode="fatal" if report.fatal else "retry")
     if child.oom == "limit":
         # the kernel enforced the job's limit in its cgroup: the job's fault, as above
         why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "

@@ -9,18 +9,17 @@ here — no thread and no SIGCHLD race. What its end means is `outcomes.classify
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from forq.queue import Lease
 from forq.supervisor.cgroups import kill_all
-from forq.supervisor.fork.child import RESULT_OVERHEAD, ChildSpec
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.messages import RESULT_OVERHEAD, MessageReader, Report
 
 log = logging.getLogger("forq.supervisor")
 
@@ -30,6 +29,7 @@ MEMORY = "memory"
 LEASE_LOST = "lease_lost"
 CANCELLED = "cancelled"
 RELEASED = "released"
+PROTOCOL = "protocol"  # it wrote something that is not a valid message
 
 
 @dataclass
@@ -41,15 +41,17 @@ class RunningChild:
     pipe: int
     started: float  # monotonic
     deadline: float  # monotonic: the job's time limit
-    buf: bytearray = field(default_factory=bytearray)
+    reader: MessageReader = field(init=False)
     peak_rss: int = 0
     kill_reason: str | None = None
     kill_detail: str = ""
     sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
-    overflow: bool = False
     pipe_open: bool = True
     server: int = 0  # the pid of the fork server that forked it (0: forked here)
     oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
+
+    def __post_init__(self) -> None:
+        self.reader = MessageReader(self.lease.id, self.spec.max_result_bytes + RESULT_OVERHEAD)
 
     @property
     def forked_by_server(self) -> bool:
@@ -82,9 +84,8 @@ class RunningChild:
         return self.spec.task
 
     def read_pipe(self) -> bool:
-        """Read what the child has written; False at EOF. Caps what is kept, so a
-        runaway result becomes a failure instead of filling the parent's memory."""
-        cap = self.spec.max_result_bytes + RESULT_OVERHEAD
+        """Read what the child has written; False at EOF, or once nothing more will be
+        read from it (a result too large, a protocol violation: see `reader`)."""
         while True:
             try:
                 chunk = os.read(self.pipe, 65536)
@@ -93,11 +94,11 @@ class RunningChild:
             except OSError:
                 return False
             if not chunk:
+                self.reader.finish()
                 return False
-            if len(self.buf) + len(chunk) > cap:
-                self.overflow = True
-            else:
-                self.buf += chunk
+            self.reader.feed(chunk)
+            if self.reader.done:
+                return False
 
     def signal_group(self, sig: int) -> None:
         if sig == signal.SIGKILL and self.spec.cgroup:
@@ -126,11 +127,5 @@ class RunningChild:
             self.signal_group(signal.SIGTERM)
             self.sigkill_at = time.monotonic() + grace
 
-    def report(self) -> dict[str, Any] | None:
-        if self.overflow or not self.buf:
-            return None
-        try:
-            value = json.loads(self.buf)
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+    def report(self) -> Report | None:
+        return self.reader.report

@@ -36,7 +36,15 @@ from forq.supervisor.loop import EventLoop
 from forq.supervisor.metrics import Metrics, MetricsServer
 from forq.supervisor.outcomes import Outcome, classify
 from forq.supervisor.registry import SupervisorRegistry
-from forq.supervisor.running import CANCELLED, LEASE_LOST, MEMORY, RELEASED, TIMEOUT, RunningChild
+from forq.supervisor.running import (
+    CANCELLED,
+    LEASE_LOST,
+    MEMORY,
+    PROTOCOL,
+    RELEASED,
+    TIMEOUT,
+    RunningChild,
+)
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
 
@@ -593,6 +601,11 @@ class Supervisor:
         if not child.read_pipe():
             self.loop.remove_reader(child.pipe)
             child.pipe_open = False
+            if child.reader.done and child.kill_reason is None:
+                # nothing it says from now on can be used: stop it now, not at its time limit
+                log.warning("job %s %s: %s; killing its child", child.job_id, child.task,
+                            child.reader.violation or "result too large")
+                child.stop(PROTOCOL, grace=0)
 
     def _on_child_exit(self, child: RunningChild) -> None:
         """A child forked here exited (its pidfd is readable)."""

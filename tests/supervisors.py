@@ -19,7 +19,7 @@ def write_config(path: Path, redis_url: str, queues: dict[str, int], *, lease_tt
                  reaper_interval: str = "200ms", drain_timeout: str = "5s",
                  defaults: str = "", extra: str = "", name: str = "",
                  queue_extra: str = "", supervisor_extra: str = "",
-                 imports: tuple[str, ...] = ("forq.examples", "tests.tasks")) -> Path:
+                 imports: tuple[str, ...] = ("forq.examples", "tests.tasks", "tests.hostile")) -> Path:
     """A small config for tests. `defaults`, `supervisor_extra` and `extra` are raw TOML
     appended in place."""
     queue_tables = "\n".join(

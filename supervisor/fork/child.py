@@ -19,10 +19,9 @@ from typing import Any
 
 from forq import registry
 from forq.supervisor.cgroups import JOIN_FAILED
+from forq.supervisor.fork.messages import ERROR_CAPS, encode
 
 PR_SET_PDEATHSIG = 1
-TRACEBACK_CAP = 8192
-RESULT_OVERHEAD = 64 * 1024  # envelope and follow-ups beside the result itself
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD,
                   signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -141,18 +140,25 @@ def _sandbox(spec: ChildSpec) -> None:
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
+    """The report of a handler's exception, capped as the parent will check it: a
+    10 MB message is still an error of the handler, not a result too large."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 — a hostile __str__ must not lose the report
+        message = "<unprintable exception>"
+    name = type(exc).__name__
     return {
-        "type": type(exc).__name__,
-        "message": message,
-        "traceback": tb[-TRACEBACK_CAP:],
-        "reason": f"{type(exc).__name__}: {message}"[:500],
+        "type": name[:ERROR_CAPS["type"]],
+        "message": message[:ERROR_CAPS["message"]],
+        "traceback": tb[-ERROR_CAPS["traceback"]:],
+        "reason": f"{name}: {message}"[:ERROR_CAPS["reason"]],
     }
 
 
 def encode_report(spec: ChildSpec, run: Any) -> bytes:
-    """Run the handler and encode the one report the parent reads."""
+    """Run the handler and encode the one result message the parent reads
+    (`forq.supervisor.fork.messages` is the schema)."""
     ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
@@ -162,21 +168,20 @@ def encode_report(spec: ChildSpec, run: Any) -> bytes:
         result = run(task.func, spec.args, spec.kwargs)
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
         fatal = isinstance(exc, registry.NonRetryable)
-        return json.dumps({"ok": False, "error": _error(exc), "fatal": fatal}).encode()
+        return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})
     try:
         result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         err = _error(exc)
-        err["reason"] = f"result is not JSON-serialisable: {exc}"
-        return json.dumps({"ok": False, "error": err, "fatal": True}).encode()
+        err["reason"] = f"result is not JSON-serialisable: {exc}"[:ERROR_CAPS["reason"]]
+        return encode({"t": "result", "ok": False, "error": err, "fatal": True})
     if len(result_json) > spec.max_result_bytes:
         err = {"type": "ResultTooLarge", "message": "", "traceback": "",
                "reason": f"result too large: {len(result_json)} bytes over the "
                          f"{spec.max_result_bytes}-byte max_result_bytes"}
-        return json.dumps({"ok": False, "error": err, "fatal": True}).encode()
-    followups = ctx.followups
-    return ('{"ok":true,"result":' + result_json + ',"followups":'
-            + json.dumps(followups) + "}").encode()
+        return encode({"t": "result", "ok": False, "error": err, "fatal": True})
+    return ('{"t":"result","ok":true,"result":' + result_json + ',"followups":'
+            + json.dumps(ctx.followups, separators=(",", ":")) + "}\n").encode()
 
 
 def _call(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:

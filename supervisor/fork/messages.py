@@ -1,0 +1,176 @@
+"""What a job's child may say to its parent, and how the parent reads it.
+
+A child runs handler code, and handler code is untrusted: buggy, or written to do harm.
+Everything a child writes to its result pipe is therefore read here under a size cap
+and checked against a schema before the supervisor acts on it. Whatever fails the
+check becomes a `Violation` — the job ends as a crash with that reason — and never an
+exception in the supervisor, whose other jobs must not notice.
+
+Framing: one JSON object per line (``json.dumps`` never emits a raw newline, so a line
+is a message). A stream rather than datagrams, because a result may be larger than
+one pipe or socket buffer. Every message names its kind in ``"t"``:
+
+``{"t": "result", "ok": true, "result": <any JSON>, "followups": [<job spec>, ...]}``
+    the handler returned; the follow-ups are job specs built by ``current().enqueue``
+    (`forq.payload.build_spec`), each checked again here by `check_followup`.
+``{"t": "result", "ok": false, "error": {"type", "message", "traceback", "reason"},
+"fatal": bool}``
+    the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
+    no retry.
+
+The result is the child's last message: anything after it is a violation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from forq.payload import check_followup
+
+RESULT_OVERHEAD = 64 * 1024  # the envelope and follow-ups beside the result itself
+MAX_FOLLOWUPS = 1000
+# an error's fields, capped where the child builds them and checked again here
+ERROR_CAPS = {"type": 200, "message": 64 * 1024, "traceback": 8192, "reason": 500}
+
+
+class Violation(Exception):
+    """The child broke the protocol; the message says how (it ends the job as a crash)."""
+
+
+@dataclass
+class Report:
+    """A checked result message."""
+
+    ok: bool
+    result_json: str = "null"  # compact JSON, re-encoded here: never the child's bytes
+    followups: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, str] = field(default_factory=dict)
+    fatal: bool = False
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """A message as the child writes it (one line)."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def _check_error(error: Any) -> dict[str, str]:
+    if not isinstance(error, dict):
+        raise Violation(f"error must be an object, got {type(error).__name__}")
+    checked = {}
+    for name, cap in ERROR_CAPS.items():
+        value = error.get(name, "")
+        if not isinstance(value, str):
+            raise Violation(f"error.{name} must be a string, got {type(value).__name__}")
+        checked[name] = value[-cap:] if name == "traceback" else value[:cap]
+    unknown = set(error) - set(ERROR_CAPS)
+    if unknown:
+        raise Violation(f"error has unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")
+    if not checked["reason"]:
+        checked["reason"] = f"{checked['type'] or 'Error'}: {checked['message']}"[:500]
+    return checked
+
+
+def parse_result(message: dict[str, Any], job_id: str) -> Report:
+    """Check a ``"t": "result"`` message of job `job_id`."""
+    ok = message.get("ok")
+    if not isinstance(ok, bool):
+        raise Violation(f"result.ok must be true or false, got {ok!r}"[:200])
+    if ok:
+        unknown = set(message) - {"t", "ok", "result", "followups"}
+        if unknown:
+            raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+        followups = message.get("followups", [])
+        if not isinstance(followups, list):
+            raise Violation(f"followups must be a list, got {type(followups).__name__}")
+        if len(followups) > MAX_FOLLOWUPS:
+            raise Violation(f"{len(followups)} follow-ups, over the limit of {MAX_FOLLOWUPS}")
+        for i, spec in enumerate(followups):
+            problem = check_followup(spec, job_id, i + 1)
+            if problem:
+                raise Violation(f"followups[{i}]: {problem}")
+        result = json.dumps(message.get("result"), separators=(",", ":"), allow_nan=False)
+        return Report(True, result_json=result, followups=followups)
+    unknown = set(message) - {"t", "ok", "error", "fatal"}
+    if unknown:
+        raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+    fatal = message.get("fatal", False)
+    if not isinstance(fatal, bool):
+        raise Violation(f"result.fatal must be true or false, got {fatal!r}"[:200])
+    return Report(False, error=_check_error(message.get("error")), fatal=fatal)
+
+
+class MessageReader:
+    """The parent's reader of one child's pipe: feed it bytes as they arrive.
+
+    A line over `line_cap` bytes is not kept (the parent's memory is not the child's to
+    fill): it sets `overflow`, which the parent reports as a result too large. The first
+    violation sets `violation` and stops reading; the parent then kills the child."""
+
+    def __init__(self, job_id: str, line_cap: int) -> None:
+        self.job_id = job_id
+        self.line_cap = line_cap
+        self.buf = bytearray()
+        self.report: Report | None = None
+        self.violation: str = ""
+        self.overflow = False
+
+    @property
+    def done(self) -> bool:
+        """Nothing more from this child will be read (a result, or a fault)."""
+        return bool(self.violation) or self.overflow
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            if len(self.buf) + end - start > self.line_cap:
+                self.overflow = True
+                return
+            self.buf += data[start:end]
+            start = end + 1
+            line, self.buf = bytes(self.buf), bytearray()
+            self._line(line)
+            if self.done:
+                return
+        if len(self.buf) + len(data) - start > self.line_cap:
+            self.overflow = True
+            return
+        self.buf += data[start:]
+
+    def finish(self) -> None:
+        """End of the pipe: a message cut short is a violation."""
+        if not self.done and self.buf:
+            self._fault(f"message cut short ({len(self.buf)} bytes without an end of line)")
+
+    def _fault(self, why: str) -> None:
+        self.violation = why
+        self.buf = bytearray()
+
+    def _line(self, line: bytes) -> None:
+        if self.report is not None:
+            self._fault("wrote after its result")
+            return
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            self._fault(f"not JSON: {str(exc)[:200]}")
+            return
+        if not isinstance(message, dict):
+            self._fault(f"a message must be a JSON object, got {type(message).__name__}")
+            return
+        kind = message.get("t")
+        try:
+            if kind == "result":
+                self.report = parse_result(message, self.job_id)
+            else:
+                raise Violation(f"unknown message kind {kind!r}"[:200])
+        except Violation as exc:
+            self._fault(str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # e.g. a result JSON cannot re-encode
+            self._fault(f"{type(exc).__name__}: {str(exc)[:200]}")

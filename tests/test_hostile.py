@@ -1,0 +1,193 @@
+"""Hostile handlers: a job's child is untrusted, and nothing it does may harm the
+supervisor or another job (the threat model in the README, "Hostile handlers").
+
+Each test runs a real supervisor and handlers written to do harm (tests/hostile.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pytest
+
+from forq.supervisor.fork.messages import MessageReader, encode
+from tests.helpers import wait_for, wait_job
+from tests.supervisors import SupervisorProcess, write_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture
+def sup(tmp_path, redis_url, queue):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 4})
+    proc = SupervisorProcess(config).start()
+    yield proc
+    proc.stop()
+
+
+def assert_serving(sup, queue) -> None:
+    """The supervisor is alive and still runs an ordinary job to success."""
+    assert sup.proc.poll() is None, sup.log()
+    job = queue.enqueue("tests.echo", "still here")
+    assert job.wait(timeout=20) == {"args": ["still here"], "kwargs": {}}
+    assert "Traceback" not in sup.log(), sup.log()
+    assert "unexpected error" not in sup.log(), sup.log()
+
+
+MALFORMED = [
+    # well-formed JSON of an unexpected shape: each once killed the supervisor
+    b'{"ok": false, "error": "boom"}\n',
+    b'{"t": "result", "ok": false, "error": "boom"}\n',
+    b'{"t": "result", "ok": true, "followups": [1]}\n',
+    b'{"t": "result", "ok": true, "followups": [{"task": "x"}]}\n',
+    b'{"t": "result", "ok": true, "followups": {"a": 1}}\n',
+    b'{"t": "result", "ok": "yes"}\n',
+    b'{"t": "result", "ok": false, "error": {"type": 1}}\n',
+    b'{"t": "result", "ok": true, "result": NaN}\n',
+    b'{"t": "result", "ok": true, "result": 1}\n{"t": "result", "ok": true}\n',
+    b'{"t": "progress", "value": 1}\n',
+    b'[1, 2, 3]\n',
+    b'"just a string"\n',
+    b'\xff\xfe\x00garbage\n',
+    b'{"t": "result", "ok": true, "result": ' + b"[" * 100000 + b"\n",
+    b'{"t": "result", "ok": true',  # cut short: no end of line, then EOF
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED, ids=range(len(MALFORMED)))
+def test_a_malformed_message_is_a_crash_of_that_job_never_of_the_supervisor(sup, queue, data):
+    job = queue.enqueue("hostile.pipe", b64(data), max_crashes=1)
+    done = wait_job(queue, job.id, ("dead",), context=sup.log)
+    assert "sent a malformed message" in done.history[-1].get("reason", "") or any(
+        "sent a malformed message" in e.get("reason", "") for e in done.history), done.history
+    assert_serving(sup, queue)
+
+
+def test_a_follow_up_that_names_another_jobs_id_is_refused(sup, queue):
+    """Follow-up ids derive from the parent's: a child cannot overwrite another job."""
+    victim = queue.enqueue("tests.echo", "victim", delay="1h")
+    spec = {"id": victim.id, "task": "tests.echo", "args": "[]", "kwargs": "{}",
+            "queue": queue.name, "parent": "whatever", "priority": 0}
+    message = {"t": "result", "ok": True, "result": None, "followups": [spec]}
+    job = queue.enqueue("hostile.pipe", b64(encode(message)), max_crashes=1)
+    done = wait_job(queue, job.id, ("dead",), context=sup.log)
+    assert any("followups[0]: id must be" in e.get("reason", "") for e in done.history)
+    assert queue.get(victim.id).args == ["victim"]
+    assert_serving(sup, queue)
+
+
+def test_a_well_formed_message_written_by_hand_is_a_result(sup, queue):
+    message = {"t": "result", "ok": True, "result": {"by": "hand"}, "followups": []}
+    job = queue.enqueue("hostile.pipe", b64(encode(message)))
+    assert job.wait(timeout=20) == {"by": "hand"}
+
+
+def test_an_endless_line_is_a_result_too_large_and_the_child_is_stopped(sup, queue):
+    job = queue.enqueue("hostile.flood_pipe", 64 << 20, max_result_bytes="64KiB")
+    done = wait_job(queue, job.id, ("dead",), context=sup.log)
+    assert "result too large" in done.history[-1].get("reason", ""), done.history
+    assert_serving(sup, queue)
+
+
+def test_an_exception_with_a_10_mb_message_is_a_retried_error(sup, queue):
+    """Not "result too large": the child caps an error's fields before sending them."""
+    job = queue.enqueue("hostile.huge_error", 10 << 20, max_attempts=2)
+    done = wait_job(queue, job.id, ("dead",), context=sup.log)
+    assert done.attempts == 2, done.history
+    assert done.error["type"] == "ValueError"
+    assert len(done.error["message"]) == 64 * 1024
+    assert_serving(sup, queue)
+
+
+def _random_json(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(8 if depth < 4 else 5)
+    if kind == 0:
+        return rng.randint(-2**70, 2**70)
+    if kind == 1:
+        return rng.choice([True, False, None, 1.5, -0.0])
+    if kind == 2:
+        return "".join(rng.choice("ab{}\"\\\n\u00e9t") for _ in range(rng.randrange(12)))
+    if kind == 3:
+        return rng.choice(["t", "ok", "result", "followups", "error", "fatal", "id"])
+    if kind == 4:
+        return {"t": "result", "ok": rng.choice([True, False, 1, "x"])}
+    if kind == 5:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = ["t", "ok", "result", "followups", "error", "fatal", "type", "message",
+            "reason", "traceback", "id", "task", "args", "kwargs", "queue", "parent"]
+    return {rng.choice(keys): _random_json(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+def _hostile_payloads(rng: random.Random, n: int) -> list[bytes]:
+    valid = encode({"t": "result", "ok": True, "result": [1, "two"], "followups": []})
+    out = []
+    for _ in range(n):
+        kind = rng.randrange(4)
+        if kind == 0:
+            out.append(rng.randbytes(rng.randrange(1, 300)))
+        elif kind == 1:
+            out.append(json.dumps(_random_json(rng)).encode() + b"\n")
+        elif kind == 2:  # a valid message, mutated
+            data = bytearray(valid)
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            out.append(bytes(data))
+        else:  # a valid message cut short, or followed by more
+            out.append(valid[:rng.randrange(len(valid))] if rng.random() < 0.5
+                       else valid + rng.randbytes(rng.randrange(1, 40)))
+    return out
+
+
+def test_the_message_reader_survives_a_fuzzer():
+    """In process, fast: 20,000 hostile streams, fed in random chunks. Each ends as a
+    checked report, a violation or an overflow — never an exception."""
+    rng = random.Random(20261201)
+    outcomes = {"report": 0, "violation": 0, "overflow": 0, "nothing": 0}
+    for data in _hostile_payloads(rng, 20000):
+        reader = MessageReader("j1", line_cap=200)
+        view = memoryview(data)
+        while view:
+            cut = rng.randrange(1, len(view) + 1)
+            reader.feed(bytes(view[:cut]))
+            view = view[cut:]
+        reader.finish()
+        if reader.violation:
+            outcomes["violation"] += 1
+        elif reader.overflow:
+            outcomes["overflow"] += 1
+        elif reader.report is not None:
+            outcomes["report"] += 1
+            json.loads(reader.report.result_json)  # re-encoded here: valid JSON
+        else:
+            outcomes["nothing"] += 1
+    assert outcomes["violation"] > 10000 and outcomes["report"] > 100, outcomes
+
+
+@pytest.mark.timeout(240)
+def test_a_supervisor_survives_a_thousand_jobs_writing_garbage(tmp_path, redis_url, queue):
+    """Real children, real pipes: 1,000 jobs write random bytes and random JSON shapes;
+    the supervisor keeps serving and every job is accounted for."""
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 4})
+    sup = SupervisorProcess(config).start()
+    try:
+        payloads = _hostile_payloads(random.Random(4242), 1000)
+        jobs = queue.enqueue_many([{"task": "hostile.pipe", "args": [b64(p)], "max_crashes": 1, "max_attempts": 1}
+                                   for p in payloads])
+        ids = [j.id for j in jobs]
+
+        def settled():
+            stats = queue.stats()
+            return stats["pending"] == 0 and stats["active"] == 0 and stats["scheduled"] == 0
+
+        wait_for(settled, timeout=200, interval=0.2, message="all hostile jobs to end")
+        states = [queue.get(i).state for i in ids]
+        assert set(states) <= {"succeeded", "dead"}, set(states)
+        assert states.count("dead") > 500
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
