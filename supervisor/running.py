@@ -51,7 +51,7 @@ class RunningChild:
     oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
 
     def __post_init__(self) -> None:
-        self.reader = MessageReader(self.lease.id, self.spec.max_result_bytes + RESULT_OVERHEAD)
+        self.reader = MessageReader(self.spec.job_id, self.spec.max_result_bytes + RESULT_OVERHEAD)
 
     @property
     def forked_by_server(self) -> bool:
