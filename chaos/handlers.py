@@ -17,9 +17,7 @@ checker's self-test:
 
 * ``double-run``: an idempotent job's execution is recorded twice, as if a stale
   child had completed it again.
-* ``no-fencing``: the supervisor that imports this module stops fencing: a child
-  whose lease is lost is not killed, and its ack takes the lease back whatever the
-  token (the race fencing exists to prevent).
+* ``no-fencing`` is built into the supervisor itself, not here: `chaos.broken`.
 """
 
 from __future__ import annotations
@@ -160,78 +158,3 @@ def memhog(megabytes: int = 1024, step: int = 16):
             time.sleep(0.005)
 
     return _execute("memhog", grow)
-
-
-# -- the deliberately broken supervisor (FORQ_CHAOS_BREAK=no-fencing) -------------------
-
-_STEAL = """
-redis.call('HSET', KEYS[1], 'state', 'active', 'token', ARGV[1])
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
-return 1
-"""
-
-
-def _install_no_fencing() -> None:
-    """Monkeypatch the supervisor importing us so it skips every fencing step."""
-    from forq.queue import Queue
-    from forq.supervisor import running as ch
-    from forq.supervisor import supervisor as sv
-
-    sv.Supervisor._fence_unproven = lambda self: None
-    original_stop = ch.RunningChild.stop
-
-    def stop(self, reason, detail="", grace=2.0):
-        if reason == ch.LEASE_LOST:
-            return None  # keep running a child whose lease is gone
-        return original_stop(self, reason, detail, grace)
-
-    ch.RunningChild.stop = stop
-    original_ack = Queue.ack
-
-    def ack(self, job_id, token, result_json, followups=(), client=None):
-        # take the lease back with a stale token before acking: no fencing at all
-        (client or self.redis).eval(_STEAL, 2, self.keys.job(job_id), self.keys.active,
-                                    token, job_id)
-        return original_ack(self, job_id, token, result_json, followups, client)
-
-    Queue.ack = ack
-
-
-if "no-fencing" in _breaks() and os.environ.get(SUPERVISOR_ENV):
-    _install_no_fencing()
-
-
-# -- diagnostics (FORQ_CHAOS_DEBUG=stall): dump the supervisor's stack when its loop stalls
-
-def _install_stall_dump() -> None:
-    import faulthandler
-
-    from forq.supervisor import loop as lp
-
-    original = lp.EventLoop.run_once
-    out = open(os.environ.get("FORQ_CHAOS_STALL_LOG", "/tmp/forq-stall.log"), "a")
-
-    def run_once(self, cap=1.0):
-        faulthandler.dump_traceback_later(cap + 1.0, repeat=True, file=out)
-        try:
-            return original(self, cap)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-
-    lp.EventLoop.run_once = run_once
-
-    from forq.supervisor import supervisor as sv
-
-    failed = sv.Supervisor._redis_failed
-
-    def redis_failed(self, op, exc):
-        out.write(f"{time.time():.3f} {os.getpid()} redis {op} failed: {exc!r} "
-                  f"(backoff {self.redis_backoff})\n")
-        out.flush()
-        return failed(self, op, exc)
-
-    sv.Supervisor._redis_failed = redis_failed
-
-
-if os.environ.get("FORQ_CHAOS_DEBUG") == "stall" and os.environ.get(SUPERVISOR_ENV):
-    _install_stall_dump()

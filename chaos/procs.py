@@ -145,6 +145,13 @@ class SupervisorProc:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def launcher(self) -> list[str]:
+        """`forq run`, or the deliberately broken build (`chaos.broken`) when asked."""
+        if ("no-fencing" in self.env.get("FORQ_CHAOS_BREAK", "").split(",")
+                or self.env.get("FORQ_CHAOS_DEBUG") == "stall"):
+            return ["chaos.broken"]
+        return ["forq.supervisor.cli"]
+
     def start(self) -> Incarnation:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
@@ -160,7 +167,7 @@ class SupervisorProc:
                     f.write("0")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(self.config)],
+                [sys.executable, "-m", *self.launcher(), "run", "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
                 start_new_session=True, preexec_fn=enter,
             )

@@ -45,6 +45,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cronsim
 
+from forq.defaults import JOB_POLICY
 from forq.topology import as_cluster_url, is_topology_url, url_problem
 from forq.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
 
@@ -67,19 +68,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
 # Built-in per-job policy, in the units the rest of forq stores (ms, bytes).
-BUILTIN_POLICY: dict[str, int | float] = {
-    "timeout_ms": 5 * 60 * 1000,
-    "memory_limit": 512 * 1024**2,
-    "max_attempts": 5,
-    "max_crashes": 3,
-    "result_ttl_ms": 24 * 3600 * 1000,
-    "idempotency_ttl_ms": 24 * 3600 * 1000,
-    "max_result_bytes": 1024**2,
-    "backoff_base_ms": 1000,
-    "backoff_factor": 2.0,
-    "backoff_max_ms": 10 * 60 * 1000,
-    "backoff_jitter": 0.2,
-}
+BUILTIN_POLICY = JOB_POLICY  # forq.defaults: the one source of every job default
 
 _TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule")
 _REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout")

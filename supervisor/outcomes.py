@@ -6,10 +6,40 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, Literal
 
 from forq.supervisor.cgroups import JOIN_FAILED
-from forq.supervisor.running import CANCELLED, LEASE_LOST, MEMORY, RELEASED, TIMEOUT, RunningChild
+from forq.supervisor.running import KillReason, RunningChild
+
+
+class Kind(str, Enum):
+    """Which transition reports a child's end to Redis (one Lua script each)."""
+
+    ACK = "ack"  # it returned: succeeded
+    FAIL = "fail"  # it raised, or broke a limit: an attempt counted (retry or dead)
+    EXPIRE = "expire"  # it crashed: a crash counted, reclaimed at once
+    RELEASE = "release"  # given back unfinished: nothing counted
+    DROP = "drop"  # the lease was lost: nothing to say, the new holder decides
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FailMode(str, Enum):
+    """What `fail` does with the attempt (fail.lua's ARGV[4])."""
+
+    RETRY = "retry"  # retry after backoff while attempts remain
+    FATAL = "fatal"  # dead now (NonRetryable, unknown task, result too large)
+    CANCEL = "cancel"  # cancelled on request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: the ``outcome`` label of forq_jobs_finished_total (`metrics.OUTCOMES`)
+Metric = Literal["succeeded", "retried", "dead", "failed", "timeout", "memory", "crashed",
+                 "lease_lost", "released", "cancelled"]
 
 
 def describe_status(status: int) -> str:
@@ -27,12 +57,12 @@ def describe_status(status: int) -> str:
 class Outcome:
     """What the parent will tell Redis about a finished child."""
 
-    kind: str  # ack | fail | expire | release | drop
-    metric: str  # the forq_jobs_finished_total outcome label (fail refines it later)
+    kind: Kind
+    metric: Metric  # refined once fail's reply says retried or dead
     result_json: str = "null"
     followups: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] = field(default_factory=dict)
-    mode: str = "retry"
+    mode: FailMode = FailMode.RETRY
     reason: str = ""
 
 
@@ -45,33 +75,33 @@ def classify(child: RunningChild, status: int) -> Outcome:
     anything else (a signal, an exit without a report, the OOM killer) → a crash."""
     peak = f"peak RSS {_mib(child.peak_rss)}"
     reason = child.kill_reason
-    if reason == LEASE_LOST:
-        return Outcome("drop", "lease_lost", reason="lease lost; result dropped")
-    if reason == RELEASED:
-        return Outcome("release", "released", reason=child.kill_detail or "drain")
-    if reason == CANCELLED:
-        return Outcome("fail", "cancelled", mode="cancel",
+    if reason == KillReason.LEASE_LOST:
+        return Outcome(Kind.DROP, "lease_lost", reason="lease lost; result dropped")
+    if reason == KillReason.RELEASED:
+        return Outcome(Kind.RELEASE, "released", reason=child.kill_detail or "drain")
+    if reason == KillReason.CANCELLED:
+        return Outcome(Kind.FAIL, "cancelled", mode=FailMode.CANCEL,
                        error={"type": "Cancelled", "message": "cancelled",
                               "reason": "cancelled"})
-    if reason == TIMEOUT:
+    if reason == KillReason.TIMEOUT:
         why = f"timeout after {child.kill_detail}"
-        return Outcome("fail", "timeout", reason=why,
+        return Outcome(Kind.FAIL, "timeout", reason=why,
                        error={"type": "Timeout", "message": why, "reason": why})
-    if reason == MEMORY:
+    if reason == KillReason.MEMORY:
         why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
-        return Outcome("fail", "memory", reason=why,
+        return Outcome(Kind.FAIL, "memory", reason=why,
                        error={"type": "MemoryLimit", "message": why, "reason": why})
     if child.reader.overflow:
         why = f"result too large: over {child.spec.max_result_bytes} bytes (max_result_bytes)"
-        return Outcome("fail", "failed", mode="fatal", reason=why,
+        return Outcome(Kind.FAIL, "failed", mode=FailMode.FATAL, reason=why,
                        error={"type": "ResultTooLarge", "message": why, "reason": why})
     if child.reader.violation:  # a hostile or broken child: a crash, retried up to max_crashes
-        return Outcome("expire", "crashed",
+        return Outcome(Kind.EXPIRE, "crashed",
                        reason=f"sent a malformed message: {child.reader.violation}")
     report = child.report()
     if report is not None and os.WIFEXITED(status):
         if report.ok:
-            return Outcome("ack", "succeeded", result_json=report.result_json,
+            return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
                            followups=report.followups)
         error: dict[str, Any] = dict(report.error)
         if (error.get("type") == "MemoryError" and child.spec.memory_limit
@@ -81,19 +111,19 @@ def classify(child: RunningChild, status: int) -> Outcome:
             why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
                    f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
             error = {**error, "reason": why}
-        return Outcome("fail", "failed", error=error, reason=error["reason"],
-                       mode="fatal" if report.fatal else "retry")
+        return Outcome(Kind.FAIL, "failed", error=error, reason=error["reason"],
+                       mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
     if child.oom == "limit":
         # the kernel enforced the job's limit in its cgroup: the job's fault, as above
         why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
                f"{child.spec.memory_limit / (1 << 20):.0f} MiB; OOM-killed in its cgroup)")
-        return Outcome("fail", "memory", reason=why,
+        return Outcome(Kind.FAIL, "memory", reason=why,
                        error={"type": "MemoryLimit", "message": why, "reason": why})
     if child.oom == "outside":  # the machine, or an enclosing cgroup, ran out: not the job
-        return Outcome("expire", "crashed",
+        return Outcome(Kind.EXPIRE, "crashed",
                        reason=f"OOM-killed outside its own limit: the machine or an enclosing "
                               f"cgroup ran out of memory ({describe_status(status)}, {peak})")
     if (child.spec.cgroup and os.WIFEXITED(status)
             and os.WEXITSTATUS(status) == JOIN_FAILED):
-        return Outcome("release", "released", reason="could not join its job cgroup")
-    return Outcome("expire", "crashed", reason=f"{describe_status(status)} ({peak})")
+        return Outcome(Kind.RELEASE, "released", reason="could not join its job cgroup")
+    return Outcome(Kind.EXPIRE, "crashed", reason=f"{describe_status(status)} ({peak})")

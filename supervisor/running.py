@@ -15,6 +15,7 @@ import select
 import signal
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 from forq.queue import Lease
 from forq.supervisor.cgroups import kill_all
@@ -23,13 +24,18 @@ from forq.supervisor.fork.messages import RESULT_OVERHEAD, MessageReader, Report
 
 log = logging.getLogger("forq.supervisor")
 
-# why the parent killed a child; decides the outcome instead of the exit status
-TIMEOUT = "timeout"
-MEMORY = "memory"
-LEASE_LOST = "lease_lost"
-CANCELLED = "cancelled"
-RELEASED = "released"
-PROTOCOL = "protocol"  # it wrote something that is not a valid message
+class KillReason(str, Enum):
+    """Why the parent stopped a child: it decides the outcome, not the exit status."""
+
+    TIMEOUT = "timeout"  # past its time limit
+    MEMORY = "memory"  # past its memory limit (RSS sampling)
+    LEASE_LOST = "lease_lost"  # fencing: the lease is no longer provably ours
+    CANCELLED = "cancelled"  # `forq cancel`
+    RELEASED = "released"  # drain: the lease goes back, nothing counted
+    PROTOCOL = "protocol"  # it wrote something that is not a valid message
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -43,7 +49,7 @@ class RunningChild:
     deadline: float  # monotonic: the job's time limit
     reader: MessageReader = field(init=False)
     peak_rss: int = 0
-    kill_reason: str | None = None
+    kill_reason: KillReason | None = None
     kill_detail: str = ""
     sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
     pipe_open: bool = True
@@ -113,7 +119,7 @@ class RunningChild:
             except ProcessLookupError:
                 pass
 
-    def stop(self, reason: str, detail: str = "", grace: float = 2.0) -> None:
+    def stop(self, reason: KillReason, detail: str = "", grace: float = 2.0) -> None:
         """Stop the child's whole process group: SIGTERM now, SIGKILL after `grace`.
         The first reason wins: a timed-out job whose lease is then lost stays a timeout."""
         if self.kill_reason is None:

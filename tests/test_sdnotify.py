@@ -107,7 +107,7 @@ def test_noop_without_notify_socket(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_send_errors_never_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     missing = Notifier(str(tmp_path / "nobody-listens.sock"))
-    with caplog.at_level("DEBUG", logger="supervisor.sdnotify"):
+    with caplog.at_level("DEBUG", logger="forq.supervisor.sdnotify"):
         assert missing.ready() is False
         assert missing.watchdog() is False
     assert "sd_notify" in caplog.text

@@ -1,0 +1,71 @@
+"""Launcher: what a leased job's child needs, decided before the fork.
+
+Everything a child needs is computed here, in the supervisor, and handed over as one
+`ChildSpec`: the child runs untrusted code and must not have to look anything up. The
+job's cgroup (per-job cgroup v2 memory limits) is created here too, before the fork,
+so the child can join it before any handler code runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
+from forq.queue import Lease
+from forq.supervisor.cgroups import JobCgroups
+from forq.supervisor.config import Config
+from forq.supervisor.fork.child import ChildSpec
+
+log = logging.getLogger("forq.supervisor")
+
+
+class Launcher:
+    def __init__(self, config: Config, cgroups: JobCgroups | None = None) -> None:
+        self.config = config
+        self.cgroups = cgroups
+        self.cgroups_failed = False  # a cgroup could not be made or joined: no more of them
+
+    def spec(self, queue: str, lease: Lease) -> ChildSpec:
+        job, f = lease.job, lease.job.fields
+        qc = next((q for q in self.config.queues if q.name == queue), None)
+        sandbox = self.config.sandbox
+        return ChildSpec(
+            job_id=job.id, queue=queue, task=job.task, args=job.args, kwargs=job.kwargs,
+            attempts=job.attempts, crashes=job.crashes,
+            memory_limit=int(f.get("memory_limit") or 0),
+            max_result_bytes=int(f.get("max_result_bytes") or MAX_RESULT_BYTES),
+            nice=qc.nice if qc else 10,
+            address_space_factor=self.config.address_space_factor,
+            run_as=sandbox.run_as,
+            env_allow=list(sandbox.env_allow) if sandbox.env_allow is not None else None,
+            max_open_files=sandbox.max_open_files,
+        )
+
+    @staticmethod
+    def timeout(lease: Lease) -> float:
+        """The job's time limit, in seconds."""
+        return int(lease.job.fields.get("timeout_ms") or TIMEOUT_MS) / 1000
+
+    def cgroup(self, job_id: str, memory_limit: int) -> str:
+        """A fresh cgroup for the job's child ("" when per-job cgroups are off)."""
+        if self.cgroups is None or self.cgroups_failed:
+            return ""
+        try:
+            return self.cgroups.create(job_id, memory_limit)
+        except OSError as exc:
+            log.error("job %s: cannot create its cgroup in %s (%s); memory limits by RSS "
+                      "sampling from now on", job_id, self.cgroups.base, exc.strerror or exc)
+            self.cgroups_failed = True
+            return ""
+
+    def discard(self, spec: ChildSpec) -> None:
+        """The child was never forked: its cgroup goes."""
+        if spec.cgroup and self.cgroups is not None:
+            self.cgroups.remove(spec.cgroup)
+
+    def child_could_not_join(self, job_id: str, cgroup: str) -> None:
+        """The child exited JOIN_FAILED: fall back on RSS sampling, once, saying why."""
+        if not self.cgroups_failed:
+            log.error("job %s: its child could not join its cgroup %s; job handed back, "
+                      "memory limits by RSS sampling from now on", job_id, cgroup)
+            self.cgroups_failed = True

@@ -1,0 +1,51 @@
+"""LimitPolice: each child's time limit and memory limit, checked on one tick.
+
+One tick for all children every `memory_sample_interval`, rather than a timer per
+child (which would keep each finished child alive until its time limit). A child over
+its time limit gets SIGTERM, then SIGKILL after `KILL_GRACE`; one over its memory limit
+(RSS of its whole process tree) gets SIGKILL at once. In a per-job cgroup the kernel
+enforces the memory limit itself, and the tick only records the peak.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from forq.supervisor import memory
+from forq.supervisor.cgroups import JobCgroups
+from forq.supervisor.running import KillReason, RunningChild
+
+log = logging.getLogger("forq.supervisor")
+
+KILL_GRACE = 2.0  # SIGTERM → SIGKILL for time limits, drains and cancels
+
+
+class LimitPolice:
+    def __init__(self, kill_after_grace: Callable[[RunningChild], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kill_after_grace = kill_after_grace  # SIGKILL it KILL_GRACE from now
+        self.clock = clock
+
+    def tick(self, children: Iterable[RunningChild]) -> None:
+        now = self.clock()
+        for child in children:
+            if child.forked_by_server and not child.alive():
+                continue  # exited: its pid may be reaped, and reused, before its report
+            if now >= child.deadline and child.kill_reason is None:
+                timeout = child.deadline - child.started
+                log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id,
+                         child.task, timeout)
+                child.stop(KillReason.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
+                self.kill_after_grace(child)
+            if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
+                child.peak_rss = max(child.peak_rss, JobCgroups.usage(child.spec.cgroup))
+                continue
+            rss = memory.tree_rss(child.pid)
+            child.peak_rss = max(child.peak_rss, rss)
+            limit = child.spec.memory_limit
+            if limit and rss > limit and child.kill_reason is None:
+                log.info("job %s %s: memory %d MiB over its limit %d MiB, killing",
+                         child.job_id, child.task, rss >> 20, limit >> 20)
+                child.stop(KillReason.MEMORY, f"{limit / (1 << 20):.0f} MiB", grace=0)

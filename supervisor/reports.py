@@ -1,0 +1,138 @@
+"""Reporter: tell Redis how each finished child ended, and read what Redis answered.
+
+A report is one fenced transition (`ack`, `fail`, `expire`, `release`) queued on the
+supervisor's pipeline beside the claims of the same loop turn, so a finished job's slot
+is refilled in the same round trip. A report that cannot be sent (Redis down) stays in
+the outbox and is sent again: each is fenced by its token, so one that did land the
+first time is answered "lost" the second time and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from forq import Queue, registry, topology
+from forq.defaults import IDEMPOTENCY_TTL_MS
+from forq.keys import QueueKeys
+from forq.supervisor.leases import LeaseKeeper
+from forq.supervisor.metrics import Metrics
+from forq.supervisor.outcomes import Kind, Metric, Outcome
+from forq.supervisor.running import RunningChild
+
+log = logging.getLogger("forq.supervisor")
+
+
+@dataclass
+class Pending:
+    """A finished child's report waiting for Redis."""
+
+    child: RunningChild
+    outcome: Outcome
+    token: str
+
+
+class Reporter:
+    def __init__(self, queue_for: Callable[[str], Queue], leases: LeaseKeeper,
+                 metrics: Metrics, min_replicas: int = 0, wait_ms: int = 0) -> None:
+        self.queue_for = queue_for
+        self.leases = leases
+        self.metrics = metrics
+        self.min_replicas = min_replicas  # [redis].min_replicas: WAIT after the reports
+        self.wait_ms = wait_ms
+
+    def send(self, pipe: Any, item: Pending) -> None:
+        """Queue `item`'s transition (and what goes with it) on `pipe`."""
+        child, outcome, token = item.child, item.outcome, item.token
+        q = self.queue_for(child.queue)
+        job_id = child.job_id
+        if outcome.kind is Kind.ACK:
+            same = [f for f in outcome.followups if f["queue"] == child.queue]
+            # other queues' follow-ups first (deterministic ids, so a re-run adds none):
+            # Redis runs the pipeline in order, so once a completion record exists they do
+            for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
+                specs = [f for f in outcome.followups if f["queue"] == other]
+                self.queue_for(other).send_specs(specs, pipe)
+            fields = child.lease.job.fields
+            task = registry.lookup(child.task)
+            if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
+                ttl = int(fields.get("idempotency_ttl_ms") or IDEMPOTENCY_TTL_MS)
+                # with the same-queue follow-ups: if this ack is lost, the reclaim that
+                # finds the completion enqueues them instead
+                q.record_done(job_id, outcome.result_json, ttl, same, client=pipe)
+            q.ack(job_id, token, outcome.result_json, same, client=pipe)
+        elif outcome.kind is Kind.FAIL:
+            q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe)
+        elif outcome.kind is Kind.EXPIRE:
+            q.expire(job_id, token, outcome.reason, client=pipe)
+        elif outcome.kind is Kind.RELEASE:
+            q.release(job_id, token, outcome.reason, client=pipe)
+
+    def send_waits(self, pipe: Any, batch: list[Pending]) -> int:
+        """WAIT after the reports, on the connection(s) that sent them (one per shard in
+        a cluster). Returns how many WAIT replies come last."""
+        if not self.min_replicas or not batch:
+            return 0
+        names = {item.child.queue for item in batch}
+        for item in batch:
+            names.update(f["queue"] for f in item.outcome.followups)
+        return topology.queue_wait(pipe, self.min_replicas, self.wait_ms,
+                                   [QueueKeys(name).active for name in sorted(names)])
+
+    def check_waits(self, batch: list[Pending], replies: list[Any], waits: int) -> list[Any]:
+        """Log the reports that did not reach min_replicas in time; strip the WAITs."""
+        if not waits:
+            return replies
+        short = topology.short_of(replies[-waits:], self.min_replicas)
+        if short is not None:
+            self.metrics.redis_error("replicate")
+            log.warning("reports of job(s) %s not replicated: %d of %d replica(s) acknowledged "
+                        "within %d ms; a failover now could undo them",
+                        ", ".join(item.child.job_id for item in batch), short,
+                        self.min_replicas, self.wait_ms)
+        return replies[:-waits]
+
+    def answered(self, item: Pending, replies: list[Any]) -> Metric | None:
+        """Redis answered `item`'s commands: log it, count it. Returns the outcome
+        counted in forq_jobs_finished_total (None: the report itself failed)."""
+        child, outcome = item.child, item.outcome
+        if self.leases.token(child.job_id) == item.token:
+            self.leases.remove(child.job_id)  # not a newer lease of the same job
+        metric: Metric | None = outcome.metric
+        last = replies[-1] if replies else None
+        if isinstance(last, Exception):
+            log.error("job %s %s: report failed: %s", child.job_id, child.task, last)
+            metric = None
+        elif outcome.kind is Kind.FAIL:
+            result = Queue.parse_fail(last)
+            if result.outcome == "lost":
+                metric = "lease_lost"
+            elif result.outcome == "dead":
+                metric = "dead" if outcome.metric in ("failed", "dead") else outcome.metric
+            elif result.outcome == "retry" and outcome.metric == "failed":
+                metric = "retried"
+            log.info("job %s %s: %s → %s (attempt %d)", child.job_id, child.task,
+                     outcome.reason or outcome.error.get("reason"), result.outcome,
+                     result.attempts, extra={"job": child.job_id, "event": result.outcome})
+        elif last == "lost":
+            metric = "lease_lost"
+            log.warning("job %s %s: %s answered lost (lease no longer ours); dropped",
+                        child.job_id, child.task, outcome.kind)
+        elif outcome.kind is Kind.DROP:
+            log.warning("job %s %s: lease lost; result dropped", child.job_id, child.task)
+        else:
+            verb = {Kind.ACK: "succeeded", Kind.EXPIRE: "crashed",
+                    Kind.RELEASE: "released"}[outcome.kind]
+            log.info("job %s %s %s%s in %.3fs", child.job_id, child.task, verb,
+                     f" ({outcome.reason})" if outcome.reason else "",
+                     time.monotonic() - child.started,
+                     extra={"job": child.job_id, "event": verb})
+        if metric and child.pid:
+            self.metrics.job_finished(child.queue, child.task, metric,
+                                      time.monotonic() - child.started, child.peak_rss or None)
+        elif metric:
+            self.metrics.job_finished(child.queue, child.task, metric, 0.0, None)
+        return metric

@@ -1,0 +1,172 @@
+"""Spawner: fork each job's child, and report each child's end, whoever forked it.
+
+Children are forked by the lean fork server (`fork/`), or by the supervisor itself when
+`[supervisor].fork_server` is off, when the fork server cannot start, or after it was
+lost more than `MAX_LOSSES` times in a minute (a crash loop must not stop the jobs).
+Either way the end of a child reaches `on_exit(child, status, peak_rss, cause)` from
+the event loop: the fork server's exit report, or the child's pidfd becoming readable.
+
+A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
+crash — or with its result, if it had written one — and a new fork server takes over.
+After a reload that changed `imports`, the old fork server forks no more and stops
+when its last child ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+from forq.queue import Lease
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.client import ForkServer, ForkServerError, spawn
+from forq.supervisor.loop import EventLoop
+from forq.supervisor.running import RunningChild
+
+log = logging.getLogger("forq.supervisor")
+
+MAX_LOSSES = 5  # fork servers lost within a minute before the supervisor forks itself
+ORPHAN_GRACE = 2.0  # how long a lost fork server's children get to finish dying
+
+OnExit = Callable[[RunningChild, int, int, str], None]
+
+
+class Spawner:
+    def __init__(self, loop: EventLoop, children: Callable[[], Iterable[RunningChild]],
+                 on_exit: OnExit) -> None:
+        self.loop = loop
+        self.children = children  # every running child, whoever forked it
+        self.on_exit = on_exit
+        self.server: ForkServer | None = None
+        self.retiring: list[ForkServer] = []
+        self.losses: list[float] = []  # monotonic times
+        self.given_up = False
+        self.imports: list[str] = []
+        self.enabled = False
+        self.accepting = True  # False once draining: a lost server is not replaced
+
+    def configure(self, enabled: bool, imports: list[str]) -> None:
+        """At start and on reload: a change of `imports` needs a new fork server."""
+        changed = enabled != self.enabled or (enabled and imports != self.imports)
+        self.enabled, self.imports = enabled, list(imports)
+        if changed and self.server is not None:
+            self._retire()
+        if changed or self.server is None:
+            self.start()
+
+    def start(self) -> None:
+        """Start the fork server; if it cannot start, children are forked here."""
+        if not self.enabled or self.server is not None or self.given_up:
+            return
+        try:
+            server = ForkServer(self.imports)
+        except ForkServerError as exc:
+            log.error("fork server did not start (%s); forking job children from the "
+                      "supervisor instead", exc)
+            return
+        self.server = server
+        self.loop.add_reader(server.sock, lambda _s, _m, f=server: self._on_readable(f))
+        log.info("fork server started in pid %d", server.pid)
+
+    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
+              timeout: float) -> RunningChild:
+        for _attempt in range(2):  # a lost fork server is replaced once, then forked here
+            server = self.server
+            if server is None:
+                break
+            try:
+                child = server.spawn(lease, spec, title=title, timeout=timeout)
+            except ForkServerError as exc:
+                self._lost(server, exc)
+                continue
+            if server.pending_exits:  # other children's exits read while waiting
+                self.loop.timers.schedule(0, lambda s=server: self._dispatch_exits(s))
+            return child
+        child = spawn(lease, spec, title=title, timeout=timeout)
+        self.loop.add_reader(child.pidfd, lambda _f, _m, c=child: self._reap_here(c))
+        return child
+
+    def close(self) -> None:
+        for server in [*self.retiring, self.server]:
+            if server is not None:
+                self.loop.remove_reader(server.sock)
+                server.close()
+        self.server, self.retiring = None, []
+
+    # -- ends of children ------------------------------------------------------------
+
+    def _reap_here(self, child: RunningChild) -> None:
+        """A child forked here exited (its pidfd is readable)."""
+        # the job's whole process group goes with it: no grandchild outlives its job
+        child.signal_group(signal.SIGKILL)
+        _, status, usage = os.wait4(child.pid, 0)
+        self.loop.remove_reader(child.pidfd)
+        self.on_exit(child, status, usage.ru_maxrss * 1024, "")
+
+    def _on_readable(self, server: ForkServer) -> None:
+        try:
+            server.drain()
+        except ForkServerError as exc:
+            self._lost(server, exc)
+            return
+        self._dispatch_exits(server)
+
+    def _of(self, server: ForkServer) -> list[RunningChild]:
+        return [c for c in self.children() if c.server == server.pid]
+
+    def _dispatch_exits(self, server: ForkServer) -> None:
+        while server.pending_exits:
+            pid, status, peak = server.pending_exits.pop(0)
+            child = next((c for c in self._of(server) if c.pid == pid), None)
+            if child is not None:
+                self.on_exit(child, status, peak, "")
+        if server in self.retiring and not self._of(server):
+            self.retiring.remove(server)
+            self.loop.remove_reader(server.sock)
+            server.close()
+            log.info("old fork server %d stopped", server.pid)
+
+    def _retire(self) -> None:
+        """Fork no more from the current fork server; stop it when its children end."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        if self._of(server):
+            self.retiring.append(server)
+        else:
+            self.loop.remove_reader(server.sock)
+            server.close()
+
+    def _lost(self, server: ForkServer, exc: Exception) -> None:
+        self.loop.remove_reader(server.sock)
+        self._dispatch_exits(server)  # the exits it reported before it went
+        orphans = self._of(server)
+        server.close()
+        if self.server is server:
+            self.server = None
+        if server in self.retiring:
+            self.retiring.remove(server)
+        log.error("fork server %d lost (%s); %d running job(s) die with it", server.pid, exc,
+                  len(orphans))
+        deadline = time.monotonic() + ORPHAN_GRACE
+        for child in orphans:
+            if not child.wait_exit(max(0.0, deadline - time.monotonic())):
+                child.signal_group(signal.SIGKILL)
+                child.wait_exit(1.0)
+            if child.pipe_open:
+                child.read_pipe()
+            # its status died with the fork server: a complete report means it finished
+            status = 0 if child.report() is not None else signal.SIGKILL
+            self.on_exit(child, status, 0, f"its fork server was lost ({exc})")
+        now = time.monotonic()
+        self.losses = [t for t in self.losses if now - t < 60] + [now]
+        if len(self.losses) > MAX_LOSSES:
+            log.error("fork server lost %d times in a minute: forking job children from the "
+                      "supervisor from now on", len(self.losses))
+            self.given_up = True
+            return
+        if self.accepting:
+            self.start()
