@@ -39,7 +39,8 @@ from forq.supervisor.fencing import Fencer
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
-from forq.supervisor.metrics import Metrics, MetricsServer
+from forq.supervisor.metrics import Metrics
+from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
 from forq.supervisor.registry import SupervisorRegistry
