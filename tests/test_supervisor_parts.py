@@ -1,0 +1,205 @@
+"""The supervisor's decision logic, in process and fast: its parts are built here with
+a real Redis and real processes, but no supervisor process around them. The
+black-box tests (test_supervisor_*.py) run the same logic in real supervisors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from forq.supervisor.config import load_config
+from forq.supervisor.fencing import Fencer
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.leases import LeaseKeeper
+from forq.supervisor.loop import EventLoop
+from forq.supervisor.metrics import Metrics
+from forq.supervisor.outcomes import FailMode, Kind, Outcome
+from forq.supervisor.redis_health import BACKOFF_MAX, BACKOFF_MIN, RedisHealth
+from forq.supervisor.reports import Pending, Reporter
+from forq.supervisor.running import KillReason, RunningChild
+from forq.supervisor.supervisor import Supervisor
+from forq.supervisor.timers import Timers
+from forq.supervisor.wakeups import Wakeups
+from tests.supervisors import write_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lease_of(queue, task="tests.echo", **options):
+    queue.enqueue(task, **options)
+    [lease] = queue.claim("test-owner", 1, 30000).leases
+    return lease
+
+
+def child_of(lease, pid=0, queue="q") -> RunningChild:
+    """The parent's record of a child; pid 0: never forked (as for an unknown task)."""
+    spec = ChildSpec(job_id=lease.id, queue=queue, task=lease.job.task, args=[], kwargs={},
+                     attempts=0, crashes=0, memory_limit=0, max_result_bytes=1 << 20)
+    return RunningChild(lease, spec, pid, -1, -1, time.monotonic(), time.monotonic() + 60)
+
+
+# -- RedisHealth -------------------------------------------------------------------------
+
+def test_redis_health_backs_off_doubling_to_a_cap_and_resets_when_redis_answers():
+    clock, errors = Clock(), []
+    health = RedisHealth(errors.append, clock=clock)
+    assert health.ready()
+    delays = []
+    for _ in range(10):
+        health.failed("claim", OSError("down"))
+        delays.append(health.down_until - clock.now)
+        assert not health.ready()
+    assert delays[0] == pytest.approx(BACKOFF_MIN)
+    assert delays[1] == pytest.approx(2 * BACKOFF_MIN)
+    assert max(delays) == pytest.approx(BACKOFF_MAX)
+    assert errors == ["claim"] * 10
+    clock.now += BACKOFF_MAX
+    assert health.ready()
+    assert health.worked() is True  # it had been failing
+    assert health.worked() is False
+    health.failed("extend", OSError())
+    assert health.down_until - clock.now == pytest.approx(BACKOFF_MIN)
+
+
+# -- LeaseKeeper and Fencer ---------------------------------------------------------------
+
+def test_a_lease_is_proven_for_its_ttl_from_the_sending_of_its_last_confirmed_extension(
+        queue, r):
+    keeper = LeaseKeeper(lease_ttl=10.0)
+    lease = lease_of(queue)
+    sent = time.monotonic()
+    keeper.add(queue.name, lease.id, lease.token, sent)
+    assert keeper.unproven(now=sent + 8.9) == []
+    assert keeper.unproven(now=sent + 9.0) == [lease.id]  # the safety margin: ttl/10
+    lost, cancelled = keeper.extend(r, {queue.name: queue})
+    assert (lost, cancelled) == ([], [])
+    assert keeper.unproven(now=sent + 9.0) == []  # proven again from the extension
+    queue.cancel(lease.id)
+    assert keeper.extend(r, {queue.name: queue}) == ([], [lease.id])
+
+
+def test_the_fencer_kills_a_child_whose_lease_is_lost_or_unproven():
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
+    try:
+        keeper = LeaseKeeper(lease_ttl=1.0)
+        children = {}
+        for n, proc in enumerate(procs):
+            lease = type("L", (), {"id": f"j{n}", "token": "t", "job": type(
+                "J", (), {"task": "x", "id": f"j{n}"})()})()
+            children[lease.id] = child_of(lease, pid=proc.pid)
+        keeper.add("q", "j1", "t", time.monotonic() - 5)  # proof long gone
+        fencer = Fencer(keeper, children)
+        fencer.lost(["j0", "unknown-job"])
+        fencer.unproven()
+        for proc in procs:
+            assert proc.wait(timeout=5) == -signal.SIGKILL
+        assert children["j0"].kill_reason is KillReason.LEASE_LOST
+        assert children["j1"].kill_reason is KillReason.LEASE_LOST
+        assert len(keeper) == 0  # an unproven lease is forgotten
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+# -- Reporter ----------------------------------------------------------------------------
+
+def test_the_reporter_acks_with_the_current_token_and_drops_a_stale_one(queue, r):
+    keeper = LeaseKeeper(lease_ttl=30.0)
+    reporter = Reporter(lambda name: queue, keeper, Metrics(name="t"))
+    lease = lease_of(queue)
+    keeper.add(queue.name, lease.id, lease.token, time.monotonic())
+    item = Pending(child_of(lease, queue=queue.name), Outcome(Kind.ACK, "succeeded",
+                                                              result_json='{"a":1}'), lease.token)
+    for expected in ("succeeded", "lease_lost"):  # the same report twice: the second is stale
+        pipe = r.pipeline(transaction=False)
+        reporter.send(pipe, item)
+        assert reporter.answered(item, pipe.execute(raise_on_error=False)) == expected
+    assert queue.get(lease.id).result == {"a": 1}
+    assert len(keeper) == 0
+
+
+def test_the_reporter_says_whether_a_failure_was_retried_or_dead(queue, r):
+    reporter = Reporter(lambda name: queue, LeaseKeeper(30.0), Metrics(name="t"))
+    for mode, max_attempts, expected in ((FailMode.RETRY, 3, "retried"),
+                                         (FailMode.RETRY, 1, "dead"),
+                                         (FailMode.FATAL, 3, "dead")):
+        lease = lease_of(queue, max_attempts=max_attempts)
+        outcome = Outcome(Kind.FAIL, "failed", mode=mode, reason="boom",
+                          error={"type": "ValueError", "message": "boom", "reason": "boom"})
+        item = Pending(child_of(lease, queue=queue.name), outcome, lease.token)
+        pipe = r.pipeline(transaction=False)
+        reporter.send(pipe, item)
+        assert reporter.answered(item, pipe.execute(raise_on_error=False)) == expected
+
+
+# -- Timers, EventLoop, Wakeups ---------------------------------------------------------
+
+def test_timers_run_in_due_order_and_a_cancelled_one_never_runs():
+    timers, ran = Timers(), []
+    timers.schedule(0.002, lambda: ran.append("b"))
+    timers.schedule(0.0, lambda: ran.append("a"))
+    dead = timers.schedule(0.001, lambda: ran.append("never"))
+    timers.cancel(dead)
+    deadline = time.monotonic() + 2
+    while len(ran) < 2 and time.monotonic() < deadline:
+        time.sleep(timers.timeout(0.01))
+        timers.run_due()
+    assert ran == ["a", "b"]
+    assert timers.timeout(5.0) == 5.0
+
+
+def test_the_event_loop_delivers_a_real_signal_between_events():
+    loop, got = EventLoop(), []
+    try:
+        loop.watch_signals([signal.SIGUSR1], got.append)
+        signal.raise_signal(signal.SIGUSR1)
+        loop.run_once(cap=1.0)
+        assert got == [signal.SIGUSR1]
+    finally:
+        loop.close()
+
+
+def test_a_wake_message_claims_now_or_arms_one_timer_per_queue(r):
+    loop, woken = EventLoop(), []
+    try:
+        wakeups = Wakeups(loop, r, RedisHealth(), lambda: woken.append(1))
+        wakeups.on_message("forq:{q1}:wake", "0")
+        assert woken == [1]
+        later = (time.time() + 1.0) * 1000
+        wakeups.on_message("forq:{q1}:wake", str(later))
+        wakeups.on_message("forq:{q1}:wake", str(later + 5000))  # later: the first wins
+        wakeups.on_message("forq:{q1}:wake", "garbage")  # from an untrusted writer: claim
+        assert woken == [1, 1] and list(wakeups.timers) == ["q1"]
+        timer, due = wakeups.timers["q1"]
+        assert due - time.monotonic() < 1.1
+    finally:
+        loop.close()
+
+
+# -- a Supervisor, in process ------------------------------------------------------------
+
+def test_one_sync_claims_and_reports_an_unknown_task_dead_without_forking(tmp_path,
+                                                                          redis_url, queue):
+    config = load_config(write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}))
+    sup = Supervisor(config)
+    try:
+        job = queue.enqueue("no.such.task")
+        sup._sync()  # claims it; the unknown task becomes a report at once
+        assert len(sup.children) == 0 and len(sup.outbox) == 1
+        sup._sync()  # reports it
+        done = queue.get(job.id)
+        assert done.state == "dead"
+        assert "unknown task" in done.history[-1]["reason"]
+    finally:
+        sup.loop.close()
