@@ -69,7 +69,7 @@ class SupervisorProcess:
         self.env = dict(base, PYTHONPATH=str(REPO), **(env or {}))
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait_ready: bool = True, timeout: float = 20.0) -> SupervisorProcess:
+    def start(self, wait_ready: bool = True, timeout: float = 60.0) -> SupervisorProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(self.config)],

@@ -215,9 +215,12 @@ def test_stats_table_and_json(forq, queue):
 
 def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url)
+    # Ctrl-C's default, whatever this test run inherited: a shell's background job starts
+    # with SIGINT ignored, and Python then never raises KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "stats", "--watch", *args],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.timeout(20)
