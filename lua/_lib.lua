@@ -31,6 +31,26 @@ local function add_history(prefix, id, event, at, extra)
 end
 
 -- Integer field of a job hash, or `default` when unset.
+-- Fencing, the check every lease holder's transition starts with: the job's fields
+-- `state`, `token` and then `...`, or nil when it is not active under `token` (a stale
+-- holder: the caller answers "lost" and changes nothing).
+local function held(jkey, token, ...)
+  local f = redis.call('HMGET', jkey, 'state', 'token', ...)
+  if f[1] ~= 'active' or f[2] ~= token then return nil end
+  return f
+end
+
+-- The ids a dead-letter tool acts on: ARGV[3], ARGV[4], … or, with mode "all", the
+-- oldest ARGV[3] of the dead set.
+local function dead_ids(dead_key, mode)
+  if mode == 'all' then
+    return redis.call('ZRANGE', dead_key, 0, tonumber(ARGV[3]) - 1)
+  end
+  local ids = {}
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+  return ids
+end
+
 local function num_field(jkey, field, default)
   local v = redis.call('HGET', jkey, field)
   if v then return tonumber(v) end

@@ -19,10 +19,7 @@
 
 local prefix, queue, id, token, result = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'token')
-if f[1] ~= 'active' or f[2] ~= token then
-  return 'lost'
-end
+if not held(jkey, token) then return 'lost' end
 local at = now_ms()
 succeed(prefix, id, jkey, result, at, nil)
 local specs = {}

@@ -16,10 +16,7 @@
 local active_key = KEYS[1]
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'token')
-if f[1] ~= 'active' or f[2] ~= token then
-  return 'lost'
-end
+if not held(jkey, token) then return 'lost' end
 local at = now_ms()
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
 redis.call('ZADD', active_key, 0, id)

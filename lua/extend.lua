@@ -23,10 +23,10 @@ local lost, cancelled = {}, {}
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local jkey = job_key(prefix, id)
-  local f = redis.call('HMGET', jkey, 'state', 'token', 'cancel_requested')
-  local score = redis.call('ZSCORE', active_key, id)
+  local f = held(jkey, token, 'cancel_requested')
+  local score = f and redis.call('ZSCORE', active_key, id)
   -- a lease its own parent expired (score 0: the child crashed) is never revived
-  if f[1] ~= 'active' or f[2] ~= token or score == false or tonumber(score) == 0 then
+  if not f or score == false or tonumber(score) == 0 then
     lost[#lost + 1] = id
   else
     local deadline = at + ttl

@@ -24,10 +24,8 @@ local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local r = tonumber(ARGV[6]) or 0.5
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'token', 'cancel_requested')
-if f[1] ~= 'active' or f[2] ~= token then
-  return {'lost', 0, 0}
-end
+local f = held(jkey, token, 'cancel_requested')
+if not f then return {'lost', 0, 0} end
 if f[3] and mode == 'retry' then mode = 'cancel' end -- a requested cancel is not retried
 local at = now_ms()
 local attempts = redis.call('HINCRBY', jkey, 'attempts', 1)

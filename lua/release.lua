@@ -16,10 +16,8 @@
 
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'token', 'owner', 'cancel_requested')
-if f[1] ~= 'active' or f[2] ~= token then
-  return 'lost'
-end
+local f = held(jkey, token, 'owner', 'cancel_requested')
+if not f then return 'lost' end
 local at = now_ms()
 if f[4] then
   cancel_active(prefix, id, jkey, at, 'cancel requested; released: ' .. reason)

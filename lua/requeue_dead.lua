@@ -12,13 +12,7 @@
 
 local dead_key, pending_key = KEYS[1], KEYS[2]
 local prefix, mode = ARGV[1], ARGV[2]
-local ids
-if mode == 'all' then
-  ids = redis.call('ZRANGE', dead_key, 0, tonumber(ARGV[3]) - 1)
-else
-  ids = {}
-  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-end
+local ids = dead_ids(dead_key, mode)
 local at = now_ms()
 local n, missing = 0, {}
 for _, id in ipairs(ids) do
