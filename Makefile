@@ -16,7 +16,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m tests.redis_server -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(PY) -m forq.testing.redis -- $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

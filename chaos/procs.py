@@ -9,7 +9,6 @@ does) in its own session, so a Ctrl-C on the harness never reaches it.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,89 +18,27 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
+from forq.testing import supervisor as harness
+from forq.testing.redis import RedisServer
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTNAME = socket.gethostname()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ping(url: str, timeout: float = 0.3) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError):
-        return False
-
-
-class RedisProc:
+class RedisProc(RedisServer):
     """redis-server with AOF (appendfsync always), restartable on the same port and dir."""
 
     def __init__(self, workdir: Path, port: int | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("no redis-server on PATH (apt-get install redis-server)")
-        self.binary = binary
-        self.dir = workdir / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
+        super().__init__(port, appendonly=True, appendfsync="always",
+                         workdir=workdir / "redis", logfile=str(workdir / "redis" / "redis.log"))
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def start(self, timeout: float = 30.0) -> float:
-        """Start (or restart from the AOF); returns when it answers PING."""
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--save", "", "--daemonize", "no",
-                "--appendonly", "yes", "--appendfsync", "always",
-                "--logfile", str(self.dir / "redis.log"), "--loglevel", "notice"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        self.starts += 1
-        deadline = time.monotonic() + timeout
-        while not ping(self.url, 0.2):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; "
-                                   f"see {self.dir / 'redis.log'}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
-            time.sleep(0.01)
+    def start(self, timeout: float = 30.0) -> float:  # type: ignore[override]
+        """Start (or restart from the AOF); returns the wall-clock time it answered."""
+        super().start(timeout)
         return time.time()
 
-    def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
     def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        self.stop("kill")
 
 
 @dataclass
@@ -290,32 +227,13 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
                  queue: str, max_attempts: int, max_crashes: int,
                  job_cgroups: str = "auto") -> Path:
-    path.write_text(f"""# written by chaos for supervisor {name}
-[redis]
-url = "{redis_url}"
+    def ms(seconds: float) -> str:
+        return f"{int(seconds * 1000)}ms"
 
-[supervisor]
-name = "{name}"
-lease_ttl = "{int(lease_ttl * 1000)}ms"
-reaper_interval = "{int(reaper_interval * 1000)}ms"
-drain_timeout = "{int(drain_timeout * 1000)}ms"
-imports = ["chaos.handlers"]
-memory_sample_interval = "25ms"
-log_format = "text"
-job_cgroups = "{job_cgroups}"
-
-[defaults]
-timeout = "30s"
-memory_limit = "256MiB"
-max_attempts = {max_attempts}
-max_crashes = {max_crashes}
-backoff = {{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }}
-
-[[queue]]
-name = "{queue}"
-concurrency = {concurrency}
-
-[metrics]
-listen = ""
-""")
-    return path
+    return harness.write_config(
+        path, redis_url, {queue: concurrency}, imports=["chaos.handlers"], name=name,
+        lease_ttl=ms(lease_ttl), reaper_interval=ms(reaper_interval),
+        drain_timeout=ms(drain_timeout), memory_sample_interval="25ms",
+        max_attempts=max_attempts, max_crashes=max_crashes,
+        backoff='{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }',
+        supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"')

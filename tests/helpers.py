@@ -1,45 +1,5 @@
-"""Helpers for tests: wait on a condition with a deadline, never a bare sleep."""
+"""Wait on a condition with a deadline, never a bare sleep (`forq.testing.waiting`)."""
 
-from __future__ import annotations
+from forq.testing.waiting import wait_for, wait_job
 
-import time
-from collections.abc import Callable
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0,
-             interval: float = 0.01, message: str = "condition") -> object:
-    """Poll `predicate` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
-
-
-def wait_job(queue, job_id: str, states: tuple[str, ...], timeout: float = 20.0,
-             context: Callable[[], str] = lambda: ""):
-    """Wait until the job is in one of `states`; on timeout, say where it was (state,
-    history) plus `context()`, e.g. the supervisors' logs."""
-    from forq import JobNotFound
-
-    last: list = []
-
-    def check():
-        try:
-            job = queue.get(job_id)
-        except JobNotFound:
-            return None
-        last[:] = [job]
-        return job if job.state in states else None
-
-    try:
-        return wait_for(check, timeout=timeout, interval=0.02,
-                        message=f"job {job_id} to reach {states}")
-    except AssertionError:
-        job = last[0] if last else None
-        detail = f"state {job.state!r}, history {job.history}" if job else "no record"
-        raise AssertionError(f"job {job_id} never reached {states}: {detail}\n"
-                             f"{context()}") from None
+__all__ = ["wait_for", "wait_job"]

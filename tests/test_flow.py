@@ -78,7 +78,6 @@ def running(*sups: SupervisorProcess, timeout: float = 30.0) -> Iterator[tuple]:
         for sup in sups:
             if sup.proc is not None:
                 sup.stop(timeout=20)
-                sup._log.close()
 
 
 def supervisors(tmp_path: Path, redis_url: str, queues: dict[str, int], count: int = 1,

@@ -67,7 +67,6 @@ def test_fork_server_is_lean_forks_the_jobs_and_dies_with_the_supervisor(tmp_pat
         wait_for(lambda: gone(child), timeout=5, message="the job's child to die too")
     finally:
         sup.kill()
-        sup._log.close()
     assert "Traceback" not in sup.log(), sup.log()[-4000:]
 
 
@@ -106,7 +105,6 @@ def test_fork_server_crash_is_survived(tmp_path, redis_url, queue):
             assert job.wait(timeout=15)["ppid"] == new
     finally:
         sup.stop()
-        sup._log.close()
     log = sup.log()
     assert "Traceback" not in log, log[-4000:]
     assert f"fork server {server} lost" in log
@@ -135,7 +133,6 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
         wait_for(lambda: gone(old), timeout=5, message="the old fork server to stop")
     finally:
         sup.stop()
-        sup._log.close()
     assert "Traceback" not in sup.log()
 
 
@@ -147,7 +144,6 @@ def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
         assert not fork_servers_of(sup.pid)
     finally:
         sup.stop()
-        sup._log.close()
     assert "Traceback" not in sup.log()
     assert "fork server" not in sup.log()
 
@@ -162,7 +158,6 @@ def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path,
         assert not fork_servers_of(sup.pid)
     finally:
         sup.stop()
-        sup._log.close()
     assert "fork server did not start" in sup.log(), sup.log()
 
 
@@ -183,7 +178,6 @@ def test_a_fork_server_that_stops_answering_is_replaced(tmp_path, redis_url, que
         assert queue.get(job.id).crashes == 0  # never forked: nothing crashed
     finally:
         sup.stop()
-        sup._log.close()
     assert "Traceback" not in sup.log()
 
 
@@ -207,5 +201,4 @@ def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
     finally:
         sup.stop()
-        sup._log.close()
     assert "Traceback" not in sup.log()
