@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import redis
 
@@ -26,7 +27,8 @@ def connect(url: str | None = None, *, password: str | None = None, **kwargs) ->
     secrets belong in the environment or a file, not in a world-readable config.
     """
     url = redis_url(url)
-    options = {"decode_responses": True, "socket_connect_timeout": 5, "health_check_interval": 30}
+    options: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
+                               "health_check_interval": 30}
     options.update(kwargs)
     if options.pop("cluster", False):
         url = topology.as_cluster_url(url)

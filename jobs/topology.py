@@ -166,7 +166,7 @@ class ForqClusterPipeline(_ScriptKeys, ClusterPipeline):
     _forq_client: ForqCluster
 
     @property
-    def command_stack(self) -> list[Any]:  # type: ignore[override]
+    def command_stack(self) -> list[Any]:
         return self._execution_strategy.command_queue
 
     @command_stack.setter
@@ -176,8 +176,8 @@ class ForqClusterPipeline(_ScriptKeys, ClusterPipeline):
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
 
-    def time(self) -> Any:  # blocked in redis-py's cluster pipelines; harmless here
-        return self.execute_command("TIME")
+    def time(self, **kwargs: Any) -> Any:  # blocked in redis-py's cluster pipelines; harmless here
+        return self.execute_command("TIME", **kwargs)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack = [(tuple(c.args), dict(c.options)) for c in self._execution_strategy.command_queue]
@@ -194,9 +194,10 @@ class ForqCluster(_ScriptKeys, RedisCluster):
         super().__init__(*args, **kwargs)
         self._forq_scripts: dict[str, str] = {}
 
-    def register_script(self, script: str) -> Any:
+    def register_script(self, script: bytes | str | memoryview) -> Any:
         registered = super().register_script(script)
-        self._forq_scripts[registered.sha] = script
+        self._forq_scripts[registered.sha] = (script if isinstance(script, str)
+                                              else bytes(script).decode())
         return registered
 
     def load_scripts(self, shas: Iterable[str] | None = None) -> None:
@@ -301,7 +302,7 @@ def queue_wait(pipe: Any, replicas: int, timeout_ms: int, keys: Sequence[str]) -
     if not isinstance(pipe, ClusterPipeline):
         pipe.execute_command("WAIT", replicas, timeout_ms)
         return 1
-    nodes = {}
+    nodes: dict[str, Any] = {}
     for key in keys:
         node = pipe.get_node_from_key(key)
         nodes.setdefault(node.name, node)

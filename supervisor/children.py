@@ -80,7 +80,7 @@ class Children:
         self.by_job[job.id] = child
         self.running[queue] += 1
         self.leases.add(queue, job.id, lease.token, sent_at)
-        self.loop.add_reader(child.pipe, lambda _f, _m, c=child: self._on_pipe(c))
+        self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
         waited = None
         if f.get("started_at"):
             waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),

@@ -341,7 +341,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     now_dt = _dt.datetime.fromtimestamp(now, _dt.timezone.utc)
     rows = []
     for schedule, value in zip(schedules, raw, strict=True):
-        last, job_id = _last_fired(value)
+        last, job_id = _last_fired(str(value) if value is not None else None)
         try:
             nxt: float | None = schedule.next_after(now_dt).timestamp()
         except (StopIteration, ValueError):

@@ -358,7 +358,7 @@ def _str(value: object, where: str, what: str = "a string") -> str:
 def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise _expected(where, "one of " + ", ".join(f'"{c}"' for c in choices), value)
-    return value  # type: ignore[return-value]
+    return str(value)
 
 
 def _name(value: object, where: str, pattern: re.Pattern[str] = _NAME_RE) -> str:

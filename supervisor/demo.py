@@ -19,7 +19,7 @@ from forq import Queue
 from forq.connection import connect
 from forq.job import TERMINAL
 from forq.supervisor import render
-from tests.redis_server import RedisServer, free_port, reachable
+from forq.testing.redis import RedisServer, free_port, reachable
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "etc" / "forq.toml"

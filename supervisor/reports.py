@@ -102,7 +102,7 @@ class Reporter:
         if self.leases.token(child.job_id) == item.token:
             self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric: Metric | None = outcome.metric
-        last = replies[-1] if replies else None
+        last: Any = replies[-1] if replies else None
         if isinstance(last, Exception):
             log.error("job %s %s: report failed: %s", child.job_id, child.task, last)
             metric = None

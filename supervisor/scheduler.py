@@ -58,7 +58,7 @@ class Scheduler:
                 self.next_tick.pop(s.name, None)
 
     def _last_fired(self) -> dict[str, float]:
-        raw = self.client.hgetall(SCHEDULES)
+        raw: dict[str, str] = self.client.hgetall(SCHEDULES)  # type: ignore[assignment]
         out = {}
         for name, value in raw.items():
             try:

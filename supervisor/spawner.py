@@ -14,6 +14,7 @@ when its last child ends.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -68,7 +69,7 @@ class Spawner:
                       "supervisor instead", exc)
             return
         self.server = server
-        self.loop.add_reader(server.sock, lambda _s, _m, f=server: self._on_readable(f))
+        self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
         log.info("fork server started in pid %d", server.pid)
 
     def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
@@ -83,10 +84,10 @@ class Spawner:
                 self._lost(server, exc)
                 continue
             if server.pending_exits:  # other children's exits read while waiting
-                self.loop.timers.schedule(0, lambda s=server: self._dispatch_exits(s))
+                self.loop.timers.schedule(0, functools.partial(self._dispatch_exits, server))
             return child
         child = spawn(lease, spec, title=title, timeout=timeout)
-        self.loop.add_reader(child.pidfd, lambda _f, _m, c=child: self._reap_here(c))
+        self.loop.add_reader(child.pidfd, lambda _f, _m: self._reap_here(child))
         return child
 
     def close(self) -> None:

@@ -219,7 +219,7 @@ class Supervisor:
         log.info("metrics on http://%s:%d/metrics", *self.metrics_server.address)
         return True
 
-    def _every(self, interval: float, fn: Callable[[], None]) -> None:
+    def _every(self, interval: float, fn: Callable[[], object]) -> None:
         def tick() -> None:
             try:
                 fn()

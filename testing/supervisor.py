@@ -100,10 +100,11 @@ class SupervisorProcess:
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        assert self.proc is not None
-        wait_for(lambda: "ready" in self.log() or self.proc.poll() is not None,
+        proc = self.proc
+        assert proc is not None
+        wait_for(lambda: "ready" in self.log() or proc.poll() is not None,
                  timeout=timeout, message="supervisor ready")
-        assert self.proc.poll() is None, f"supervisor exited:\n{self.log()}"
+        assert proc.poll() is None, f"supervisor exited:\n{self.log()}"
 
     def _enter_cgroup(self) -> None:
         with open(f"{self.cgroup}/cgroup.procs", "w") as f:
@@ -206,5 +207,9 @@ def children_of(pid: int) -> list[int]:
 
 
 def wait_children(pid: int, count: int = 1, timeout: float = 10.0) -> list[int]:
-    return wait_for(lambda: (c := children_of(pid)) and len(c) >= count and c,
-                    timeout=timeout, message=f"{count} child(ren) of {pid}")
+    """Wait until supervisor `pid` runs at least `count` job children; returns them."""
+    def enough() -> list[int]:
+        found = children_of(pid)
+        return found if len(found) >= count else []
+
+    return wait_for(enough, timeout=timeout, message=f"{count} child(ren) of {pid}")

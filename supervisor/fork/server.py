@@ -25,6 +25,7 @@ import select
 import signal
 import socket
 import sys
+from typing import Any
 
 from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
@@ -49,7 +50,8 @@ class Server:
         self.tell({"ready": self.me})
         while True:
             try:
-                ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+                watched: list[Any] = [self.sock, self.wake_r]
+                ready, _, _ = select.select(watched, [], [])
             except InterruptedError:
                 continue
             if self.wake_r in ready:
