@@ -25,7 +25,6 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
@@ -34,6 +33,7 @@ from forq.connection import connect
 from forq.defaults import MAX_CRASHES
 from forq.supervisor import cgroups, status
 from forq.supervisor.children import Children
+from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, load_config
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.launch import Launcher
@@ -42,6 +42,7 @@ from forq.supervisor.loop import EventLoop
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.outcomes import Kind
+from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
 from forq.supervisor.registry import SupervisorRegistry
 from forq.supervisor.reports import Pending, Reporter
@@ -68,8 +69,6 @@ class Supervisor:
             config.redis_url, password=config.redis_password, socket_timeout=timeout,
             socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False)
         self.queues: dict[str, Queue] = {}
-        self.policies: dict[str, str] = {}
-        self.max_crashes: dict[str, int] = {}  # each queue's default, for the reaper
         self.outbox: list[Pending] = []
         self.draining = False
         self.drain_started = 0.0
@@ -91,6 +90,9 @@ class Supervisor:
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
+        self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
+                               self.wakeups, self.health)
+        self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
         self._apply_config(config)
 
@@ -109,8 +111,9 @@ class Supervisor:
         for qc in config.queues:
             self._queue_for(qc.name)
             policy = config.job_policy(qc.name)
-            self.policies[qc.name] = json.dumps(policy)
-            self.max_crashes[qc.name] = int(policy["defaults"].get("max_crashes", MAX_CRASHES))
+            self.claimer.policies[qc.name] = json.dumps(policy)
+            self.reaper.max_crashes[qc.name] = int(policy["defaults"].get("max_crashes",
+                                                                           MAX_CRASHES))
             self.metrics.declare_queue(qc.name, qc.concurrency)
 
     def _served(self) -> list[str]:
@@ -323,7 +326,7 @@ class Supervisor:
         pipe = self.redis.pipeline(transaction=False)
         # claims first: a global max_in_flight still counts our finished jobs, so the
         # ack's wake-up lets every supervisor race fairly for the freed slot
-        asks = self._send_claims(pipe) if claiming else []
+        asks = self.claimer.send(pipe, self.config) if claiming else []
         spans = []
         for item in batch:
             start = len(pipe.command_stack)
@@ -331,9 +334,7 @@ class Supervisor:
             spans.append((start, len(pipe.command_stack)))
         # a crash reported now is reclaimed in the same trip, not a reaper tick later
         reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
-        for name in reap:
-            self.queues[name].reclaim(self.id, self.max_crashes.get(name, MAX_CRASHES),
-                                      client=pipe)
+        self.reaper.send(pipe, reap)
         waits = self.reporter.send_waits(pipe, batch)
         if not len(pipe.command_stack):
             return
@@ -350,32 +351,9 @@ class Supervisor:
         for item, (start, end) in zip(batch, spans, strict=True):
             self.reporter.answered(item, replies[start:end])
         for offset, name in enumerate(asks):
-            self._claimed(name, replies[offset], sent_at)
+            self.claimer.answered(name, replies[offset], sent_at)
         for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):
-            self._reclaimed(name, reply)
-
-    def _send_claims(self, pipe: Any) -> list[str]:
-        """A claim on `pipe` for each served queue with free slots; returns their names."""
-        asks = []
-        for qc in self.config.queues:
-            free = self.children.free(qc.name, qc.concurrency)
-            if free > 0:
-                self.queues[qc.name].claim(self.id, free, self.leases.ttl_ms,
-                                           self.policies[qc.name], client=pipe)
-                asks.append(qc.name)
-        return asks
-
-    def _claimed(self, name: str, reply: Any, sent_at: float) -> None:
-        if isinstance(reply, Exception):
-            self.health.failed("claim", reply)
-            return
-        result = self.queues[name].parse_claim(reply)
-        for lease in result.leases:
-            self.children.start(name, lease, sent_at)
-        if result.next_due_ms >= 0:
-            self.wakeups.claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
-        if result.rate_wait_ms > 0:
-            self.wakeups.claim_at(name, result.rate_wait_ms / 1000)
+            self.reaper.answered(name, reply)
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -407,26 +385,14 @@ class Supervisor:
             return
         names = self._served()
         pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            self.queues[name].reclaim(self.id, self.max_crashes[name], client=pipe)
+        self.reaper.send(pipe, names)
         try:
             replies = pipe.execute()
         except (redis.RedisError, OSError) as exc:
             self.health.failed("reclaim", exc)
             return
         for name, reply in zip(names, replies, strict=True):
-            self._reclaimed(name, reply, say=True)
-
-    def _reclaimed(self, name: str, reply: Any, say: bool = False) -> None:
-        if isinstance(reply, Exception):
-            return
-        to_pending, to_dead, completed, ids = Queue.parse_reclaim(reply)
-        if ids:
-            self.metrics.reclaimed(name, len(ids))
-            self.want_claim = True
-            if say:
-                log.info("reclaimed %d expired lease(s) in %s: %d to pending, %d dead, "
-                         "%d already complete", len(ids), name, to_pending, to_dead, completed)
+            self.reaper.answered(name, reply, say=True)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -1,0 +1,55 @@
+"""Claimer: lease jobs for this supervisor's free slots, and start them.
+
+One claim per served queue with free slots, queued on the loop turn's pipeline (beside
+the reports, so a finished job's slot is refilled in the same round trip). The claim
+script answers with the leases and, when nothing more is due now, when to ask again:
+a delayed job's due time, or the rate limit's next token (`Wakeups.claim_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from forq import Queue
+from forq.supervisor.children import Children
+from forq.supervisor.config import Config
+from forq.supervisor.leases import LeaseKeeper
+from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.wakeups import Wakeups
+
+
+class Claimer:
+    def __init__(self, owner: str, queue_for: Callable[[str], Queue], children: Children,
+                 leases: LeaseKeeper, wakeups: Wakeups, health: RedisHealth) -> None:
+        self.owner = owner
+        self.queue_for = queue_for
+        self.children = children
+        self.leases = leases
+        self.wakeups = wakeups
+        self.health = health
+        self.policies: dict[str, str] = {}  # each queue's job policy, JSON for the script
+
+    def send(self, pipe: Any, config: Config) -> list[str]:
+        """A claim on `pipe` for each served queue with free slots; returns their names."""
+        asks = []
+        for qc in config.queues:
+            free = self.children.free(qc.name, qc.concurrency)
+            if free > 0:
+                self.queue_for(qc.name).claim(self.owner, free, self.leases.ttl_ms,
+                                              self.policies[qc.name], client=pipe)
+                asks.append(qc.name)
+        return asks
+
+    def answered(self, name: str, reply: Any, sent_at: float) -> None:
+        """Start the leased jobs; arm a wake-up for what is not due yet."""
+        if isinstance(reply, Exception):
+            self.health.failed("claim", reply)
+            return
+        result = self.queue_for(name).parse_claim(reply)
+        for lease in result.leases:
+            self.children.start(name, lease, sent_at)
+        if result.next_due_ms >= 0:
+            self.wakeups.claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
+        if result.rate_wait_ms > 0:
+            self.wakeups.claim_at(name, result.rate_wait_ms / 1000)

@@ -1,0 +1,46 @@
+"""Reaper: hand expired leases back (every supervisor runs it; safe concurrently).
+
+The reclaim script moves each expired lease of a queue back to pending with a crash
+counted, or to dead past `max_crashes`, at a cost of O(expired). It runs every
+`reaper_interval` for every served queue, and in the very round trip that reports a
+crashed child (`expire`), so a crash is back in pending within milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from forq import Queue
+from forq.defaults import MAX_CRASHES
+from forq.supervisor.metrics import Metrics
+
+log = logging.getLogger("forq.supervisor")
+
+
+class Reaper:
+    def __init__(self, owner: str, queue_for: Callable[[str], Queue], metrics: Metrics,
+                 on_reclaimed: Callable[[], None]) -> None:
+        self.owner = owner
+        self.queue_for = queue_for
+        self.metrics = metrics
+        self.on_reclaimed = on_reclaimed  # jobs went back to pending: claim
+        self.max_crashes: dict[str, int] = {}  # each queue's default, for jobs without one
+
+    def send(self, pipe: Any, names: list[str]) -> None:
+        for name in names:
+            self.queue_for(name).reclaim(self.owner, self.max_crashes.get(name, MAX_CRASHES),
+                                         client=pipe)
+
+    def answered(self, name: str, reply: Any, say: bool = False) -> None:
+        if isinstance(reply, Exception):
+            return
+        to_pending, to_dead, completed, ids = Queue.parse_reclaim(reply)
+        if not ids:
+            return
+        self.metrics.reclaimed(name, len(ids))
+        self.on_reclaimed()
+        if say:
+            log.info("reclaimed %d expired lease(s) in %s: %d to pending, %d dead, "
+                     "%d already complete", len(ids), name, to_pending, to_dead, completed)
