@@ -14,7 +14,7 @@ import redis
 
 from forq.keys import SUPERVISORS
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"  # pyproject.toml's version (tests/test_defaults.py checks)
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
 

@@ -165,6 +165,15 @@ class Supervisor:
         gc.collect()
         gc.freeze()
 
+    def _preload_or_say_why(self) -> bool:
+        try:
+            self.preload()
+        except ImportError as exc:
+            log.error("cannot import a handler module of [supervisor].imports in %s: %s%s",
+                      self.config.path, exc, renamed_hint(str(getattr(exc, "name", "") or "")))
+            return False
+        return True
+
     def run(self) -> int:
         try:  # before the fork server starts: it must live in the supervisor's own cgroup
             self.launcher.cgroups, memory_mode = cgroups.probe(self.config.job_cgroups)
@@ -173,7 +182,9 @@ class Supervisor:
                       "\"required\" in %s)", exc, self.config.path)
             self.loop.close()
             return 1
-        self.preload()
+        if not self._preload_or_say_why():
+            self.loop.close()
+            return 2
         self.spawner.configure(self.config.fork_server, self.config.imports)
         log.info("supervisor %s (%s) starting: queues %s; memory limits by %s",
                  self.name, self.id,
@@ -420,6 +431,16 @@ class Supervisor:
             })
         except (redis.RedisError, OSError) as exc:
             self.health.failed("heartbeat", exc)
+
+
+def renamed_hint(module: str) -> str:
+    """What an import of one of forq's old top-level names (before 0.2) is called now."""
+    top = module.split(".", 1)[0]
+    if top in ("jobs", "supervisor", "forq_lua"):
+        new = {"jobs": "forq", "supervisor": "forq.supervisor", "forq_lua": "forq.lua"}[top]
+        return (f" (forq installs one package, `forq`, since 0.2: `{top}` is now `{new}`, "
+                f"e.g. jobs.examples is forq.examples; see the README, \"Upgrading\")")
+    return ""
 
 
 def run_supervisor(config_path: str, log_format: str | None = None) -> int:

@@ -28,3 +28,17 @@ def test_every_lua_fallback_is_the_default_of_forq_defaults():
 
 def test_the_config_starts_from_forq_defaults():
     assert BUILTIN_POLICY is JOB_POLICY
+
+
+def test_the_version_supervisors_register_is_the_package_version():
+    import sys
+
+    from forq.supervisor.registry import VERSION
+    from tests.supervisors import REPO
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert VERSION == project["version"]
