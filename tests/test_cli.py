@@ -538,13 +538,17 @@ def test_run_with_a_missing_config_is_one_line(forq, tmp_path):
     one_line_error(forq("run", "-c", str(tmp_path / "absent.toml")), 2, "absent.toml")
 
 
-def test_a_handler_module_by_its_old_name_says_what_it_is_called_now(forq, tmp_path, redis_url):
+def test_a_handler_module_by_its_old_name_says_what_it_is_called_now(tmp_path, redis_url):
     """0.2 installs one package, `forq`: `jobs.examples` is `forq.examples` now."""
     from tests.supervisors import write_config
 
     config = write_config(tmp_path / "forq.toml", redis_url, {"old-names": 1},
                           imports=("jobs.examples",))
-    proc = forq("run", "--config", str(config), redis=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FORQ_REDIS_URL")}
+    # outside the checkout, where jobs/ is no package (as for a user of the wheel)
+    proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "run", "--config",
+                           str(config)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=20)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "`jobs` is now `forq`" in proc.stderr and "forq.examples" in proc.stderr
