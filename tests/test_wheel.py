@@ -119,7 +119,12 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
     names = set(zipfile.ZipFile(wheel).namelist())
     for script in (*TRANSITIONS, "_lib"):
         assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
-    assert "forq/queue.py" in names and "forq/supervisor/supervisor.py" in names
+    # every module of every folder that installs (pyproject.toml's package-dir) is in it
+    for package, folder in {"forq": "jobs", "forq/supervisor": "supervisor",
+                            "forq/testing": "testing", "forq/lua": "lua"}.items():
+        for path in (REPO / folder).rglob("*.py"):
+            inside = f"{package}/{path.relative_to(REPO / folder)}"
+            assert inside in names, f"{inside} is missing from the wheel"
     # one import name: nothing installed as a top-level `jobs`, `supervisor` or `forq_lua`
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"forq"}, f"the wheel installs top-level packages {sorted(top)}"
