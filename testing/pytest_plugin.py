@@ -28,25 +28,28 @@ import pytest
 
 from forq import Queue
 from forq.connection import connect
-from forq.testing.redis import DEFAULT_TEST_URL, RedisServer, reachable
+from forq.testing.redis import DEFAULT_TEST_URL, RedisServer, delete_queue, reachable
 from forq.testing.supervisor import SupervisorProcess, write_config
 
 
 @pytest.fixture(scope="session")
 def forq_redis_url() -> Iterator[str]:
+    """FORQ_REDIS_URL if a Redis answers there, else a private one for the session (and
+    FORQ_REDIS_URL pointing at it meanwhile, for the code under test)."""
     url = os.environ.get("FORQ_REDIS_URL", DEFAULT_TEST_URL)
     if reachable(url):
         yield url
         return
+    before = os.environ.get("FORQ_REDIS_URL")
     with RedisServer() as server:
-        yield server.url
-
-
-def _delete_queue(client: Any, name: str) -> None:
-    keys = list(client.scan_iter(match=f"forq:{{{name}}}:*", count=1000))
-    for start in range(0, len(keys), 500):
-        client.delete(*keys[start:start + 500])
-    client.srem("forq:queues", name)
+        os.environ["FORQ_REDIS_URL"] = server.url
+        try:
+            yield server.url
+        finally:
+            if before is None:
+                os.environ.pop("FORQ_REDIS_URL", None)
+            else:
+                os.environ["FORQ_REDIS_URL"] = before
 
 
 @pytest.fixture
@@ -55,7 +58,7 @@ def forq_queue(forq_redis_url: str) -> Iterator[Queue]:
     client = connect(forq_redis_url)
     queue = Queue("t" + uuid.uuid4().hex[:12], redis=client)
     yield queue
-    _delete_queue(client, queue.name)
+    delete_queue(client, queue.name)
     client.close()
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import redis
 
@@ -39,6 +40,14 @@ def reachable(url: str, timeout: float = 1.0) -> bool:
             client.close()
     except (redis.RedisError, OSError):
         return False
+
+
+def delete_queue(client: Any, name: str) -> None:
+    """Every key of queue `name`, and its name in the registry of queues."""
+    keys = list(client.scan_iter(match=f"forq:{{{name}}}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start:start + 500])
+    client.srem("forq:queues", name)
 
 
 class RedisServer:

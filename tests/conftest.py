@@ -1,8 +1,8 @@
-"""Shared fixtures: a real Redis (never a fake) and queues with unique names."""
+"""Shared fixtures: a real Redis (never a fake) and queues with unique names, from
+forq.testing's pytest plugin (the one applications use) under the tests' own names."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
@@ -11,18 +11,14 @@ import redis as redis_lib
 
 from forq import Queue
 from forq.connection import connect
-from tests.redis_server import DEFAULT_TEST_URL, RedisServer, reachable
+from forq.testing.redis import delete_queue
+
+pytest_plugins = ["forq.testing.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    url = os.environ.get("FORQ_REDIS_URL", DEFAULT_TEST_URL)
-    if reachable(url):
-        yield url
-        return
-    with RedisServer() as server:
-        os.environ["FORQ_REDIS_URL"] = server.url
-        yield server.url
+def redis_url(forq_redis_url: str) -> str:
+    return forq_redis_url
 
 
 @pytest.fixture
@@ -37,9 +33,5 @@ def queue_name() -> str:
 
 @pytest.fixture
 def queue(r: redis_lib.Redis, queue_name: str) -> Iterator[Queue]:
-    q = Queue(queue_name, redis=r)
-    yield q
-    keys = list(r.scan_iter(match=f"forq:{{{queue_name}}}:*", count=1000))
-    for start in range(0, len(keys), 500):
-        r.delete(*keys[start:start + 500])
-    r.srem("forq:queues", queue_name)
+    yield Queue(queue_name, redis=r)
+    delete_queue(r, queue_name)
