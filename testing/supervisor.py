@@ -132,7 +132,7 @@ class SupervisorProcess:
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (a drain), SIGKILL if it has not exited within `timeout`."""
         if self.proc is None or self.proc.poll() is not None:
-            self._close()
+            self.close_log()
             return self.proc.returncode if self.proc else None
         try:
             os.kill(self.proc.pid, signal.SIGCONT)  # a stopped one cannot drain
@@ -145,15 +145,15 @@ class SupervisorProcess:
             self.proc.kill()
             return self.proc.wait(timeout=10)
         finally:
-            self._close()
+            self.close_log()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        self._close()
+        self.close_log()
 
-    def _close(self) -> None:
+    def close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None

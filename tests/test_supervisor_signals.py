@@ -173,7 +173,7 @@ def _dispose(sup: SupervisorProcess) -> None:
                     kill()
                 except (ProcessLookupError, PermissionError):
                     pass
-    sup._log.close()
+    sup.close_log()
     print(f"--- supervisor {proc.pid} (exit {proc.returncode}) log:\n{sup.log()}")
     sup.log_path.unlink(missing_ok=True)
 
