@@ -61,6 +61,16 @@ class Children:
     def start(self, queue: str, lease: Lease, sent_at: float) -> None:
         job, f = lease.job, lease.job.fields
         spec = self.launcher.spec(queue, lease)
+        if not self.leases.provable(sent_at):
+            # this process was stopped (or starved) between the claim and now: the lease
+            # may be another supervisor's already, so no child; give it back (fenced)
+            log.warning("job %s %s: its lease ran out before its child could start; "
+                        "released", job.id, job.task)
+            never = RunningChild(lease, spec, 0, -1, -1, time.monotonic(), 0)
+            self.on_report(Pending(never, Outcome(Kind.RELEASE, "released",
+                                                  reason="lease ran out before the start"),
+                                   lease.token))
+            return
         if registry.lookup(job.task) is None:
             log.warning("job %s: unknown task %r: dead", job.id, job.task)
             why = f"unknown task {job.task!r}"

@@ -67,6 +67,13 @@ class LeaseKeeper:
             cancelled_all += cancelled
         return lost_all, cancelled_all
 
+    def provable(self, sent_at: float, now: float | None = None) -> bool:
+        """Whether a lease whose claim was sent at `sent_at` is still proven (with the
+        safety margin): a supervisor stopped between a claim and the fork must not fork
+        a child for a lease another supervisor may have reclaimed meanwhile."""
+        now = time.monotonic() if now is None else now
+        return sent_at + self.ttl - self.margin > now
+
     def unproven(self, now: float | None = None) -> list[str]:
         """Leases whose proof runs out within the safety margin."""
         now = time.monotonic() if now is None else now

@@ -203,3 +203,23 @@ def test_one_sync_claims_and_reports_an_unknown_task_dead_without_forking(tmp_pa
         assert "unknown task" in done.history[-1]["reason"]
     finally:
         sup.loop.close()
+
+
+def test_a_lease_that_ran_out_before_the_fork_gets_no_child_and_goes_back(tmp_path,
+                                                                         redis_url, queue):
+    """A supervisor stopped (SIGSTOP, a VM pause) between its claim and the fork must not
+    start a child for a lease another supervisor may have reclaimed meanwhile."""
+    config = load_config(write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                                      lease_ttl="2s"))
+    sup = Supervisor(config)
+    try:
+        job = queue.enqueue("tests.echo", 1)
+        [lease] = queue.claim(sup.id, 1, 2000).leases
+        sup.children.start(queue.name, lease, sent_at=time.monotonic() - 5)  # 5 s ago
+        assert len(sup.children) == 0 and len(sup.outbox) == 1
+        sup._sync()  # the release, fenced by the token
+        back = queue.get(job.id)
+        assert back.state == "pending" and back.attempts == 0 and back.crashes == 0
+        assert back.history[-1]["event"] == "released"
+    finally:
+        sup.loop.close()
