@@ -1,63 +1,39 @@
 """The queue API: what producers call, and the lease transitions the supervisor calls.
 
-Every state change is one Lua script call (see ``lua/``); this module only builds
-arguments, batches them into pipelines, and turns replies into Python values.
+Every state change is one Lua script call (see ``lua/``), built and parsed by
+`forq.transitions`; this module sends them, alone or batched into pipelines.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from forq import keys as keyspace
 from forq import topology
+from forq import transitions as tr
 from forq.connection import connect
 from forq.errors import JobNotFound
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec
 from forq.scripts import Scripts
+from forq.transitions import (  # re-exported: the supervisor and tests import them from here
+    ENQUEUE_BATCH,
+    RECLAIM_BATCH,
+    ClaimResult,
+    ExtendResult,
+    FailOutcome,
+    Lease,
+    ReclaimResult,
+)
 
-ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
-RECLAIM_BATCH = 1000
+__all__ = ["ENQUEUE_BATCH", "RECLAIM_BATCH", "ClaimResult", "ExtendResult", "FailOutcome",
+           "Lease", "Queue", "ReclaimResult", "find_job", "known_queues"]
+
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
-
-
-@dataclass
-class Lease:
-    """A job leased to this supervisor: its record and the token that fences it."""
-
-    job: Job
-    token: str
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-
-@dataclass
-class ClaimResult:
-    leases: list[Lease]
-    next_due_ms: int  # earliest scheduled run-at (Redis ms), -1 if none
-    rate_wait_ms: int  # >0: the rate limit held jobs back this long
-    pending_left: int
-    held_by_max_in_flight: bool
-    now_ms: int  # Redis time of the claim
-
-
-@dataclass
-class FailOutcome:
-    outcome: str  # "retry" | "dead" | "cancelled" | "lost"
-    run_at_ms: int
-    attempts: int
-
-
-def _pairs(flat: Sequence[str]) -> dict[str, str]:
-    return dict(zip(flat[::2], flat[1::2], strict=False))
 
 
 class Queue:
@@ -130,23 +106,17 @@ class Queue:
                                                 self.wait_timeout)
         if self._registered and not replicas and len(specs) == 1:
             # one job, one round trip: a pipeline would first ask SCRIPT EXISTS
-            replies = [self.scripts.enqueue(
-                keys=[self.keys.pending, self.keys.scheduled],
-                args=[self.keys.prefix, self.name, json.dumps(specs[0])])]
+            replies = [self.scripts.run(tr.enqueue_calls(self.keys, specs)[0])]
             waits = 0
         else:
             pipe = self.redis.pipeline(transaction=False)
             self.send_specs(specs, pipe)
             waits = topology.queue_wait(pipe, replicas, wait_ms, [self.keys.pending]) if replicas else 0
             replies = pipe.execute()
-        jobs = []
-        for reply in replies:
-            if not isinstance(reply, list):
-                continue  # the SADD that registers the queue name
-            for i in range(0, len(reply), 3):
-                jid, status = reply[i], reply[i + 1]
-                jobs.append(Job(jid, self.name, {"id": jid, "queue": self.name,
-                                                 "enqueue_status": status}, [], self))
+        jobs = [Job(jid, self.name, {"id": jid, "queue": self.name, "enqueue_status": status},
+                    [], self)
+                for reply in replies if isinstance(reply, list)  # not SADD's or WAIT's
+                for jid, status in tr.parse_enqueue(reply)]
         if waits:  # the WAIT replies (ints) came last, skipped above
             topology.check_wait(replies[-waits:], replicas, wait_ms, [j.id for j in jobs])
         return jobs
@@ -160,13 +130,8 @@ class Queue:
             pipe.sadd(keyspace.QUEUES, self.name)
             self._registered = True
             queued += 1
-        for start in range(0, len(specs), ENQUEUE_BATCH):
-            chunk = specs[start:start + ENQUEUE_BATCH]
-            self.scripts.enqueue(
-                keys=[self.keys.pending, self.keys.scheduled],
-                args=[self.keys.prefix, self.name, *(json.dumps(s) for s in chunk)],
-                client=pipe,
-            )
+        for call in tr.enqueue_calls(self.keys, specs):
+            self.scripts.run(call, pipe)
             queued += 1
         return queued
 
@@ -240,23 +205,15 @@ class Queue:
     def cancel(self, job_id: str) -> str:
         """Cancel a job: "cancelled", "cancelling" (active; its supervisor stops it within
         one lease-extension period), "missing", or the terminal state it already had."""
-        return self.scripts.cancel(
-            keys=[self.keys.pending, self.keys.scheduled], args=[self.keys.prefix, job_id]
-        )
+        return tr.parse_cancel(self.scripts.run(tr.cancel_call(self.keys, job_id)))
 
     def requeue_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
         """Requeue the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
-        mode_args = ["all", limit] if ids is None else ["ids", *ids]
-        reply = self.scripts.requeue_dead(
-            keys=[self.keys.dead, self.keys.pending], args=[self.keys.prefix, *mode_args]
-        )
-        return int(reply[0]), list(reply[1:])
+        return tr.parse_dead_batch(self.scripts.run(tr.requeue_dead_call(self.keys, ids, limit)))
 
     def purge_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
         """Delete the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
-        mode_args = ["all", limit] if ids is None else ["ids", *ids]
-        reply = self.scripts.purge_dead(keys=[self.keys.dead], args=[self.keys.prefix, *mode_args])
-        return int(reply[0]), list(reply[1:])
+        return tr.parse_dead_batch(self.scripts.run(tr.purge_dead_call(self.keys, ids, limit)))
 
     def set_limits(
         self,
@@ -295,90 +252,56 @@ class Queue:
               client: Any = None) -> Any:
         """Lease up to `count` jobs to `owner` (see lua/claim.lua). With a pipeline as
         `client`, queues the call (parse the reply with `parse_claim`)."""
-        reply = self.scripts.claim(
-            keys=[self.keys.pending, self.keys.scheduled, self.keys.active,
-                  self.keys.limits, self.keys.bucket],
-            args=[self.keys.prefix, owner, count, lease_ttl_ms, policy],
-            client=client or self.redis,
-        )
+        reply = self.scripts.run(tr.claim_call(self.keys, owner, count, lease_ttl_ms, policy),
+                                 client)
         return client if client is not None else self.parse_claim(reply)
 
     def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:
-        leases = []
-        for flat in reply[5:]:
-            record = _pairs(flat)
-            leases.append(Lease(Job.from_record(self, record, []), record["token"]))
-        return ClaimResult(leases, int(reply[0]), int(reply[1]), int(reply[2]),
-                           bool(reply[3]), int(reply[4]))
+        return tr.parse_claim(reply, self)
 
     def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,
                client: Any = None) -> Any:
-        """Renew (job id, token) leases. Returns (lost ids, cancelled ids, redis ms);
-        with a pipeline as `client`, queues the call and returns the pipeline."""
-        args: list[Any] = [self.keys.prefix, lease_ttl_ms]
-        for job_id, token in leases:
-            args += [job_id, token]
-        reply = self.scripts.extend(keys=[self.keys.active], args=args,
-                                    client=client or self.redis)
-        return client if client is not None else self.parse_extend(reply)
+        """Renew (job id, token) leases. Returns an `ExtendResult` (lost ids, cancelled
+        ids, redis ms); with a pipeline as `client`, queues the call and returns it."""
+        reply = self.scripts.run(tr.extend_call(self.keys, leases, lease_ttl_ms), client)
+        return client if client is not None else tr.parse_extend(reply)
 
-    @staticmethod
-    def parse_extend(reply: Sequence[Any]) -> tuple[list[str], list[str], int]:
-        return list(reply[0]), list(reply[1]), int(reply[2])
+    parse_extend = staticmethod(tr.parse_extend)
 
     def ack(self, job_id: str, token: str, result_json: str,
             followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
         """Mark succeeded with its result ("ok"), or "lost" for a stale token."""
-        return self.scripts.ack(
-            keys=[self.keys.active, self.keys.pending, self.keys.scheduled],
-            args=[self.keys.prefix, self.name, job_id, token, result_json,
-                  *(json.dumps(f) for f in followups)],
-            client=client or self.redis,
-        )
+        reply = self.scripts.run(tr.ack_call(self.keys, job_id, token, result_json, followups),
+                                 client)
+        return client if client is not None else tr.parse_lease_reply(reply)
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
              client: Any = None) -> Any:
         """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua)."""
-        reply = self.scripts.fail(
-            keys=[self.keys.active, self.keys.scheduled, self.keys.dead],
-            args=[self.keys.prefix, job_id, token, json.dumps(error), mode, random.random()],
-            client=client or self.redis,
-        )
-        return client if client is not None else self.parse_fail(reply)
+        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode), client)
+        return client if client is not None else tr.parse_fail(reply)
 
-    @staticmethod
-    def parse_fail(reply: Sequence[Any]) -> FailOutcome:
-        return FailOutcome(str(reply[0]), int(reply[1]), int(reply[2]))
+    parse_fail = staticmethod(tr.parse_fail)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
         """Report a crashed child: the lease expires now ("ok"), or "lost"."""
-        return self.scripts.expire(
-            keys=[self.keys.active], args=[self.keys.prefix, job_id, token, reason],
-            client=client or self.redis,
-        )
+        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason), client)
+        return client if client is not None else tr.parse_lease_reply(reply)
 
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""
-        return self.scripts.release(
-            keys=[self.keys.active, self.keys.pending],
-            args=[self.keys.prefix, job_id, token, reason],
-            client=client or self.redis,
-        )
+        reply = self.scripts.run(tr.release_call(self.keys, job_id, token, reason), client)
+        return client if client is not None else tr.parse_lease_reply(reply)
 
     def reclaim(self, reclaimer: str, default_max_crashes: int = 3,
                 limit: int = RECLAIM_BATCH, client: Any = None) -> Any:
-        """Move expired leases back to pending or to dead.
-        Returns (to pending, to dead, completed, ids); with a pipeline, queues the call."""
-        reply = self.scripts.reclaim(
-            keys=[self.keys.active, self.keys.pending, self.keys.dead],
-            args=[self.keys.prefix, default_max_crashes, limit, reclaimer],
-            client=client or self.redis,
-        )
-        return client if client is not None else self.parse_reclaim(reply)
+        """Move expired leases back to pending or to dead. Returns a `ReclaimResult`
+        (to pending, to dead, completed, ids); with a pipeline, queues the call."""
+        reply = self.scripts.run(tr.reclaim_call(self.keys, reclaimer, default_max_crashes,
+                                                 limit), client)
+        return client if client is not None else tr.parse_reclaim(reply)
 
-    @staticmethod
-    def parse_reclaim(reply: Sequence[Any]) -> tuple[int, int, int, list[str]]:
-        return int(reply[0]), int(reply[1]), int(reply[2]), list(reply[3:])
+    parse_reclaim = staticmethod(tr.parse_reclaim)
 
     def record_done(self, job_id: str, result_json: str, ttl_ms: int,
                     followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:

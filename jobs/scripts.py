@@ -16,23 +16,14 @@ from typing import Any
 
 import redis
 from redis.client import Pipeline
+from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-_INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
+from forq.transitions import TRANSITIONS, ScriptCall, Transition
 
-TRANSITIONS = (
-    "enqueue",
-    "claim",
-    "extend",
-    "ack",
-    "fail",
-    "expire",
-    "reclaim",
-    "release",
-    "cancel",
-    "requeue_dead",
-    "purge_dead",
-)
+__all__ = ["TRANSITIONS", "ForqRedis", "ScriptPipeline", "Scripts", "source"]
+
+_INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
 
 
 def _lua_dir() -> Path:
@@ -54,11 +45,29 @@ def source(name: str) -> str:
 
 
 class Scripts:
-    """The transitions registered on one client, callable as attributes."""
+    """The transitions registered on one client: `run` sends a `ScriptCall` (built by
+    `forq.transitions`) by EVALSHA, reloading the script on NOSCRIPT; on a pipeline it
+    queues the call instead. Each script is also an attribute (its `sha`, for tests)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        for name in TRANSITIONS:
-            setattr(self, name, client.register_script(source(name)))
+        register = client.register_script
+        self.enqueue: Script = register(source("enqueue"))
+        self.claim: Script = register(source("claim"))
+        self.extend: Script = register(source("extend"))
+        self.ack: Script = register(source("ack"))
+        self.fail: Script = register(source("fail"))
+        self.expire: Script = register(source("expire"))
+        self.reclaim: Script = register(source("reclaim"))
+        self.release: Script = register(source("release"))
+        self.cancel: Script = register(source("cancel"))
+        self.requeue_dead: Script = register(source("requeue_dead"))
+        self.purge_dead: Script = register(source("purge_dead"))
+        self._by_name: dict[Transition, Script] = {name: getattr(self, name)
+                                                   for name in TRANSITIONS}
+
+    def run(self, call: ScriptCall, client: Any = None) -> Any:
+        """The raw reply; with a pipeline as `client`, the pipeline (the call queued)."""
+        return self._by_name[call.script](keys=call.keys, args=call.args, client=client)
 
 
 class ScriptPipeline(Pipeline):

@@ -1,0 +1,78 @@
+"""The sans-IO layer (`forq.transitions`) against the scripts' own headers, in-process.
+
+Each call builder must send as many KEYS as its script's header names, and at least
+the fixed ARGV it names (the variadic tail, ``ARGV[n..]``, may be empty). The parsers
+are checked on replies of the shapes the headers document.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from forq import transitions as tr
+from forq.keys import QueueKeys
+from forq.scripts import source
+
+KEYS = QueueKeys("calls")
+
+CALLS = {
+    "enqueue": tr.enqueue_calls(KEYS, [{"id": "a", "task": "t"}])[0],
+    "claim": tr.claim_call(KEYS, "sup", 3, 1000, ""),
+    "extend": tr.extend_call(KEYS, [("a", "1"), ("b", "2")], 1000),
+    "ack": tr.ack_call(KEYS, "a", "1", "null", [{"id": "a-1"}]),
+    "fail": tr.fail_call(KEYS, "a", "1", {"message": "x"}, "fatal", jitter=0.5),
+    "expire": tr.expire_call(KEYS, "a", "1", "SIGKILL"),
+    "reclaim": tr.reclaim_call(KEYS, "sup", 3, 10),
+    "release": tr.release_call(KEYS, "a", "1"),
+    "cancel": tr.cancel_call(KEYS, "a"),
+    "requeue_dead": tr.requeue_dead_call(KEYS, ["a", "b"], 100),
+    "purge_dead": tr.purge_dead_call(KEYS, None, 100),
+}
+
+
+def _header_counts(name: str) -> tuple[int, int, bool]:
+    """(KEYS named, fixed ARGV named, has a variadic ARGV tail) from the script header."""
+    header = source(name).split("]]", 1)[0]
+    keys = {int(n) for n in re.findall(r"^\s*KEYS\[(\d+)\]", header, re.MULTILINE)}
+    fixed = {int(n) for n in re.findall(r"^\s*ARGV\[(\d+)\]", header, re.MULTILINE)}
+    variadic = bool(re.search(r"ARGV\[\d+\.\.", header))
+    return max(keys), max(fixed), variadic
+
+
+def test_every_transition_has_a_call_builder():
+    assert set(CALLS) == set(tr.TRANSITIONS)
+    assert all(call.script == name for name, call in CALLS.items())
+
+
+@pytest.mark.parametrize("name", tr.TRANSITIONS)
+def test_call_matches_its_script_header(name):
+    keys, fixed, variadic = _header_counts(name)
+    call = CALLS[name]
+    assert len(call.keys) == keys, f"{name}: header names {keys} KEYS"
+    assert len(call.args) >= fixed if variadic else len(call.args) == fixed, \
+        f"{name}: header names {fixed} fixed ARGV (variadic: {variadic}), call has {call.args}"
+    assert all(key.startswith(KEYS.prefix) for key in call.keys)  # one cluster slot
+
+
+def test_enqueue_calls_are_batched():
+    specs = [{"id": str(i), "task": "t"} for i in range(tr.ENQUEUE_BATCH * 2 + 1)]
+    calls = tr.enqueue_calls(KEYS, specs)
+    assert [len(c.args) - 2 for c in calls] == [tr.ENQUEUE_BATCH, tr.ENQUEUE_BATCH, 1]
+
+
+def test_parsers_read_the_documented_replies():
+    assert tr.parse_enqueue(["a", "pending", 5, "b", "duplicate", 0]) == [
+        ("a", "pending"), ("b", "duplicate")]
+    claim = tr.parse_claim([-1, 0, 4, 1, 1700,
+                            ["id", "a", "queue", "calls", "token", "7", "attempts", "2"]])
+    assert (claim.next_due_ms, claim.pending_left, claim.held_by_max_in_flight) == (-1, 4, True)
+    assert [(lease.id, lease.token, lease.job.attempts) for lease in claim.leases] == [("a", "7", 2)]
+    assert tr.parse_extend([["a"], [], 99]) == tr.ExtendResult(["a"], [], 99)
+    assert tr.parse_reclaim([1, 0, 2, "a", "b", "c"]).ids == ["a", "b", "c"]
+    assert tr.parse_fail(["retry", 123, 2]) == tr.FailOutcome("retry", 123, 2)
+    assert tr.parse_dead_batch([2, "gone"]) == (2, ["gone"])
+    assert tr.parse_lease_reply("lost") == "lost"
+    with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
+        tr.parse_lease_reply(["not", "a", "lease", "reply"])
