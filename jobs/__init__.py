@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from forq.registry import NonRetryable, current, task
 
 if TYPE_CHECKING:
+    from forq.async_queue import AsyncJob, AsyncQueue
     from forq.errors import (
         ForqError,
         JobFailed,
@@ -32,10 +33,11 @@ _LAZY = {
     "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
     "Queue": "queue", "find_job": "queue", "known_queues": "queue",
+    "AsyncQueue": "async_queue", "AsyncJob": "async_queue",
 }
 
 __all__ = [
-    "ACTIVE", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
+    "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
     "ForqError", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
     "NonRetryable", "NotReplicated", "Queue", "current", "find_job", "known_queues", "task",
 ]

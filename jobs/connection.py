@@ -18,7 +18,7 @@ def redis_url(url: str | None = None) -> str:
     return url or os.environ.get("FORQ_REDIS_URL") or DEFAULT_URL
 
 
-def connect(url: str | None = None, *, password: str | None = None, **kwargs) -> redis.Redis:
+def connect(url: str | None = None, *, password: str | None = None, **kwargs: Any) -> redis.Redis:
     """A client for redis://, rediss:// (TLS) or unix:// URLs; for a Redis Cluster
     (redis+cluster://host:port,host:port, or ``cluster=True``) or the master behind
     Sentinels (redis+sentinel://host:port,host:port/mastername[/db]), see `topology`.
@@ -27,17 +27,27 @@ def connect(url: str | None = None, *, password: str | None = None, **kwargs) ->
     secrets belong in the environment or a file, not in a world-readable config.
     """
     url = redis_url(url)
-    options: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
-                               "health_check_interval": 30}
-    options.update(kwargs)
+    options = client_options(kwargs)
     if options.pop("cluster", False):
         url = topology.as_cluster_url(url)
     if topology.is_topology_url(url):  # redis+cluster://, redis+sentinel://
         return topology.connect(url, password=password, **options)
     client = ForqRedis.from_url(url, **options)
-    conn_kwargs = client.connection_pool.connection_kwargs
+    add_password(client.connection_pool.connection_kwargs, password)
+    return client
+
+
+def client_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """forq's defaults for a client (str replies, a bounded connect), then `kwargs`."""
+    options: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
+                               "health_check_interval": 30}
+    options.update(kwargs)
+    return options
+
+
+def add_password(conn_kwargs: dict[str, Any], password: str | None) -> None:
+    """Without a password in the URL: `password`, else ``FORQ_REDIS_PASSWORD``."""
     if not conn_kwargs.get("password"):
         secret = password or os.environ.get("FORQ_REDIS_PASSWORD")
         if secret:
             conn_kwargs["password"] = secret
-    return client

@@ -83,6 +83,13 @@ class Job:
             entries.append(entry)
         return cls(fields["id"], fields["queue"], fields, entries, queue)
 
+    @classmethod
+    def handle(cls, queue: Queue, job_id: str, status: str) -> Job:
+        """What `enqueue` returns: the id, and how the enqueue went (``enqueue_status``:
+        pending, scheduled, or duplicate — then `id` is the live job holding the key)."""
+        return cls(job_id, queue.name, {"id": job_id, "queue": queue.name,
+                                        "enqueue_status": status}, [], queue)
+
     @property
     def task(self) -> str:
         return self.fields.get("task", "")
@@ -165,12 +172,21 @@ class Job:
         interval = min(poll, 0.01)
         while True:
             job = self.refresh()
-            if job.state == SUCCEEDED:
-                return job.result
-            if job.state in (DEAD, CANCELLED):
-                raise JobFailed(job.id, job.state, job.reason)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise JobTimeout(f"job {self.id} still {job.state} after {timeout}s")
-            time.sleep(min(interval, left))
+            done, result = settled(job, timeout, deadline)
+            if done:
+                return result
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
             interval = min(interval * 2, 0.5)
+
+
+def settled(job: Job, timeout: float, deadline: float) -> tuple[bool, Any]:
+    """One look of a waiter (sync or async) at a fresh snapshot: (True, result) once
+    succeeded; `JobFailed` once dead or cancelled; `JobTimeout` past `deadline`
+    (``time.monotonic()``); else (False, None), to look again later."""
+    if job.state == SUCCEEDED:
+        return True, job.result
+    if job.state in (DEAD, CANCELLED):
+        raise JobFailed(job.id, job.state, job.reason)
+    if time.monotonic() >= deadline:
+        raise JobTimeout(f"job {job.id} still {job.state} after {timeout}s")
+    return False, None

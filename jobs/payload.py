@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from forq.errors import PayloadError
@@ -210,3 +210,30 @@ def check_followup(spec: Any, parent_id: str, n: int) -> str:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return "args must be a JSON list and kwargs a JSON object"
     return ""
+
+
+def call_spec(task: str, args: Sequence[Any], options: dict[str, Any],
+              max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[dict[str, Any], bool | None]:
+    """``enqueue(task, *args, **options)`` as (spec, durable): positional handler
+    arguments or ``args=``, not both; ``durable`` is not part of the job."""
+    if args:
+        if "args" in options:
+            raise TypeError("pass handler arguments positionally or as args=, not both")
+        options["args"] = args
+    durable = options.pop("durable", None)
+    return build_spec(task, options, max_payload_bytes=max_payload_bytes), durable
+
+
+def batch_specs(jobs: Iterable[Mapping[str, Any]],
+                max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[dict[str, Any]]:
+    """``enqueue_many``'s items (each a mapping with ``task`` and options) as specs, all
+    validated before any is sent; an error names the item (``jobs[3]: ...``)."""
+    specs = []
+    for i, item in enumerate(jobs):
+        options = dict(item)
+        task = options.pop("task", None)
+        try:
+            specs.append(build_spec(task, options, max_payload_bytes=max_payload_bytes))
+        except ValueError as exc:
+            raise type(exc)(f"jobs[{i}]: {exc}") from None
+    return specs

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from forq import keys as keyspace
-from forq import topology
+from forq import plans, topology
 from forq import transitions as tr
 from forq.connection import connect
 from forq.errors import JobNotFound
 from forq.job import Job
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec
+from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.pipelines import run_plan
 from forq.scripts import Scripts
 from forq.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
@@ -32,6 +33,8 @@ from forq.transitions import (  # re-exported: the supervisor and tests import t
 
 __all__ = ["ENQUEUE_BATCH", "RECLAIM_BATCH", "ClaimResult", "ExtendResult", "FailOutcome",
            "Lease", "Queue", "ReclaimResult", "find_job", "known_queues"]
+
+T = TypeVar("T")
 
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
@@ -78,48 +81,23 @@ class Queue:
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
-        if args:
-            if "args" in options:
-                raise TypeError("pass handler arguments positionally or as args=, not both")
-            options["args"] = args
-        durable = options.pop("durable", None)
-        return self._enqueue_specs([build_spec(task, options, max_payload_bytes=self.max_payload_bytes)],
-                                   durable)[0]
+        spec, durable = call_spec(task, args, options, self.max_payload_bytes)
+        return self._enqueue_specs([spec], durable)[0]
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]], *,
                      durable: bool | None = None) -> list[Job]:
         """Enqueue many jobs in few round trips: each item is a mapping with ``task``
         and the options of `enqueue`. Every job is validated before any is sent, so a
         bad one refuses the whole batch and nothing is half-enqueued."""
-        specs = []
-        for i, item in enumerate(jobs):
-            item = dict(item)
-            task = item.pop("task", None)
-            try:
-                specs.append(build_spec(task, item, max_payload_bytes=self.max_payload_bytes))
-            except ValueError as exc:
-                raise type(exc)(f"jobs[{i}]: {exc}") from None
-        return self._enqueue_specs(specs, durable)
+        return self._enqueue_specs(batch_specs(jobs, self.max_payload_bytes), durable)
 
     def _enqueue_specs(self, specs: list[dict[str, Any]], durable: bool | None = None) -> list[Job]:
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
-        if self._registered and not replicas and len(specs) == 1:
-            # one job, one round trip: a pipeline would first ask SCRIPT EXISTS
-            replies = [self.scripts.run(tr.enqueue_calls(self.keys, specs)[0])]
-            waits = 0
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            self.send_specs(specs, pipe)
-            waits = topology.queue_wait(pipe, replicas, wait_ms, [self.keys.pending]) if replicas else 0
-            replies = pipe.execute()
-        jobs = [Job(jid, self.name, {"id": jid, "queue": self.name, "enqueue_status": status},
-                    [], self)
-                for reply in replies if isinstance(reply, list)  # not SADD's or WAIT's
-                for jid, status in tr.parse_enqueue(reply)]
-        if waits:  # the WAIT replies (ints) came last, skipped above
-            topology.check_wait(replies[-waits:], replicas, wait_ms, [j.id for j in jobs])
-        return jobs
+        enqueued = self._run(plans.enqueue(self.keys, specs, register=not self._registered,
+                                           replicas=replicas, wait_ms=wait_ms))
+        self._registered = True
+        return [Job.handle(self, job_id, status) for job_id, status in enqueued]
 
     def send_specs(self, specs: Sequence[Mapping[str, Any]], pipe: Any) -> int:
         """Queue enqueue calls for validated specs on a pipeline (also used by the
@@ -135,70 +113,23 @@ class Queue:
             queued += 1
         return queued
 
+    def _run(self, plan: plans.Plan[T]) -> T:
+        return run_plan(self.redis, self.scripts, plan)
+
     # -- inspecting -------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
         """The job's current record and history; `JobNotFound` if it does not exist."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.job(job_id))
-        pipe.lrange(self.keys.history(job_id), 0, -1)
-        record, history = pipe.execute()
-        if not record:
-            raise JobNotFound(f"no job {job_id} in queue {self.name}")
-        return Job.from_record(self, record, history)
+        return Job.from_record(self, *self._run(plans.get(self.keys, job_id)))
 
     def stats(self) -> dict[str, Any]:
         """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zcard(self.keys.pending)
-        pipe.zcard(self.keys.scheduled)
-        pipe.zcard(self.keys.active)
-        pipe.zcard(self.keys.dead)
-        pipe.hgetall(self.keys.stats)
-        pipe.time()
-        pipe.zrange(self.keys.pending, 0, 0)
-        pending, scheduled, active, dead, totals, now, head = pipe.execute()
-        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        minute = now_ms // 60000
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.minute(minute))
-        pipe.hgetall(self.keys.minute(minute - 1))
-        if head:
-            pipe.hmget(self.keys.job(head[0]), "enqueued_at", "run_at")
-        replies = pipe.execute()
-        last_minute: dict[str, int] = {}
-        # the current minute so far plus the previous one, weighted: a sliding minute
-        frac = (now_ms % 60000) / 60000
-        for name in ("succeeded", "failed", "dead", "crashed", "retried"):
-            cur = int(replies[0].get(name, 0))
-            prev = int(replies[1].get(name, 0))
-            last_minute[name] = round(cur + prev * (1 - frac))
-        oldest = None
-        if head and replies[2][0]:
-            since = max(int(replies[2][0]), int(replies[2][1] or 0))
-            oldest = max(0.0, (now_ms - since) / 1000)
-        return {
-            "pending": pending,
-            "scheduled": scheduled,
-            "active": active,
-            "dead": dead,
-            "succeeded": int(totals.get("succeeded", 0)),
-            "failed": int(totals.get("failed", 0)),
-            "totals": {k: int(v) for k, v in totals.items()},
-            "last_minute": last_minute,
-            "oldest_pending_age": oldest,
-        }
+        return self._run(plans.stats(self.keys))
 
     def dead(self, limit: int = 100) -> list[Job]:
         """The oldest dead jobs, with their reasons (two round trips however many)."""
-        ids = self.redis.zrange(self.keys.dead, 0, limit - 1)
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.history(job_id), 0, -1)
-        replies = pipe.execute() if ids else []
         return [Job.from_record(self, record, history)
-                for record, history in zip(replies[::2], replies[1::2], strict=True) if record]
+                for record, history in self._run(plans.dead(self.keys, limit))]
 
     # -- operator actions ----------------------------------------------------------
 

@@ -87,9 +87,11 @@ class ScriptPipeline(Pipeline):
 
     def _loaded(self) -> set[str]:
         pool = self.connection_pool
-        if not hasattr(pool, "_forq_loaded_scripts"):
-            pool._forq_loaded_scripts = set()
-        return pool._forq_loaded_scripts
+        loaded: set[str] | None = getattr(pool, "_forq_loaded_scripts", None)
+        if loaded is None:
+            loaded = set()
+            setattr(pool, "_forq_loaded_scripts", loaded)  # noqa: B010 (not a pool attribute)
+        return loaded
 
     def load_scripts(self) -> None:
         loaded = self._loaded()
@@ -119,28 +121,43 @@ class ScriptPipeline(Pipeline):
         return finish_pipeline(self, stack, replies, reload, fresh, raise_on_error)
 
 
-def finish_pipeline(pipe: Any, stack: list[tuple[tuple, dict]], replies: list[Any],
-                    reload: Any, fresh: Any, raise_on_error: bool) -> list[Any]:
+def finish_pipeline(pipe: Any, stack: list[tuple[tuple[Any, ...], dict[str, Any]]],
+                    replies: list[Any], reload: Any, fresh: Any,
+                    raise_on_error: bool) -> list[Any]:
     """After a pipeline ran with raise_on_error=False: re-send the commands a server
     answered NOSCRIPT once `reload(shas)` loaded the scripts again (and every WAIT after
     the first of them, so a WAIT still follows each write it vouches for), on the
     pipeline `fresh()` gives; then raise the first error if asked to."""
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if missing:
-        reload({stack[i][0][1] for i in missing})
-        again = sorted(set(missing) | {i for i in range(missing[0], len(stack))
-                                       if str(stack[i][0][0]).upper() == "WAIT"})
+    again = noscript_resends(stack, replies)
+    if again:
+        reload({stack[i][0][1] for i in again if isinstance(replies[i], NoScriptError)})
         retry = fresh()
         for i in again:
             retry.execute_command(*stack[i][0], **stack[i][1])
         for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
             replies[i] = reply
     if raise_on_error:
-        for i, reply in enumerate(replies):
-            if isinstance(reply, Exception):
-                pipe.annotate_exception(reply, i + 1, stack[i][0])
-                raise reply
+        raise_first_error(pipe, stack, replies)
     return replies
+
+
+def noscript_resends(stack: list[tuple[tuple[Any, ...], dict[str, Any]]],
+                     replies: list[Any]) -> list[int]:
+    """Which commands of a pipeline to send again after reloading the scripts: those
+    answered NOSCRIPT (they never ran), and every WAIT after the first of them."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if not missing:
+        return []
+    return sorted(set(missing) | {i for i in range(missing[0], len(stack))
+                                  if str(stack[i][0][0]).upper() == "WAIT"})
+
+
+def raise_first_error(pipe: Any, stack: list[tuple[tuple[Any, ...], dict[str, Any]]],
+                      replies: list[Any]) -> None:
+    for i, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            pipe.annotate_exception(reply, i + 1, stack[i][0])
+            raise reply
 
 
 class ForqRedis(redis.Redis):

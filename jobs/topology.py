@@ -231,9 +231,10 @@ def connect_cluster(url: str, *, password: str | None = None, **options: Any) ->
     return ForqCluster(startup_nodes=nodes, **options)
 
 
-def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -> redis.Redis:
-    """The master behind the Sentinels: every new connection asks them where it is,
-    so after a failover the client reconnects to the promoted replica by itself."""
+def sentinel_settings(url: str, password: str | None,
+                      options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(parsed URL, the Sentinels' connection options, the master's) for a sentinel
+    URL: one reading for the sync and the asyncio client."""
     parts = parse_url(url)
     options = dict(options)
     options.setdefault("decode_responses", True)
@@ -250,9 +251,16 @@ def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -
     secret = parts["password"] or password or os.environ.get("FORQ_REDIS_PASSWORD")
     if secret:
         options["password"] = secret
+    options["db"] = parts["db"]
+    return parts, sentinel_kwargs, options
+
+
+def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -> redis.Redis:
+    """The master behind the Sentinels: every new connection asks them where it is,
+    so after a failover the client reconnects to the promoted replica by itself."""
+    parts, sentinel_kwargs, options = sentinel_settings(url, password, options)
     sentinel = Sentinel(parts["hosts"], sentinel_kwargs=sentinel_kwargs)
-    return sentinel.master_for(parts["master"], redis_class=ForqRedis, db=parts["db"],
-                               **options)
+    return sentinel.master_for(parts["master"], redis_class=ForqRedis, **options)
 
 
 def connect(url: str, *, password: str | None = None, cluster: bool = False,

@@ -1,0 +1,243 @@
+"""The asyncio producer: `AsyncQueue`, the same calls as `Queue`, awaited.
+
+It runs the same plans (`forq.plans`) and transitions (`forq.transitions`) as the sync
+client, on ``redis.asyncio``; only sending differs. A FastAPI or aiohttp app holds one
+`AsyncQueue` (or one client shared by several) for its lifetime:
+
+    queue = AsyncQueue("emails", url="redis://127.0.0.1:6379/0")
+    job = await queue.enqueue("emails.send", "ada@example.com")
+    await job.wait(timeout=60)
+    await queue.aclose()            # or: async with AsyncQueue(...) as queue
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import NoScriptError
+
+from forq import plans, topology
+from forq import transitions as tr
+from forq.connection import add_password, client_options, redis_url
+from forq.job import Job, settled
+from forq.keys import QueueKeys
+from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.pipelines import alone, queue_commands, regroup
+from forq.plans import Command
+from forq.scripts import noscript_resends, raise_first_error, source
+from forq.transitions import DeadBatchResult
+
+T = TypeVar("T")
+
+
+def connect_async(url: str | None = None, *, password: str | None = None,
+                  **kwargs: Any) -> aioredis.Redis:
+    """A ``redis.asyncio`` client for redis://, rediss://, unix:// or redis+sentinel://
+    URLs, with the same defaults and password rules as `forq.connection.connect`.
+    Its connection pool opens connections on first use, in the running event loop."""
+    url = redis_url(url)
+    options = client_options(kwargs)
+    if options.pop("cluster", False) or topology.scheme_of(url) in topology.CLUSTER_SCHEMES:
+        raise ValueError("AsyncQueue does not support Redis Cluster yet: use Queue "
+                         "(forq.Queue) for a redis+cluster:// URL")
+    if topology.scheme_of(url) in topology.SENTINEL_SCHEMES:
+        parts, sentinel_kwargs, options = topology.sentinel_settings(url, password, options)
+        options.pop("health_check_interval", None)
+        sentinel = Sentinel(parts["hosts"], sentinel_kwargs=sentinel_kwargs)
+        master: aioredis.Redis = sentinel.master_for(parts["master"], **options)
+        return master
+    client: aioredis.Redis = aioredis.Redis.from_url(url, **options)
+    add_password(client.connection_pool.connection_kwargs, password)
+    return client
+
+
+class AsyncScripts:
+    """forq's transitions for one asyncio client: EVALSHA, and on NOSCRIPT (a restart,
+    a failover, SCRIPT FLUSH) load the script and send it again — a NOSCRIPT call never
+    ran, so sending it again cannot apply anything twice."""
+
+    def __init__(self) -> None:
+        self.sources = {name: source(name) for name in tr.TRANSITIONS}
+        self.shas = {name: hashlib.sha1(text.encode()).hexdigest()
+                     for name, text in self.sources.items()}
+
+    def evalsha(self, call: tr.ScriptCall) -> tuple[Any, ...]:
+        return ("EVALSHA", self.shas[call.script], len(call.keys), *call.keys, *call.args)
+
+    async def run(self, client: aioredis.Redis, call: tr.ScriptCall) -> Any:
+        try:
+            return await client.execute_command(*self.evalsha(call))
+        except NoScriptError:
+            await client.script_load(self.sources[call.script])
+            return await client.execute_command(*self.evalsha(call))
+
+    async def send(self, client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
+        """One round trip for a batch (see `forq.pipelines`); raises the first error."""
+        call = alone(commands)
+        if call is not None:
+            return [await self.run(client, call)]
+        pipe = client.pipeline(transaction=False)
+        counts = queue_commands(pipe, commands,
+                                lambda c: pipe.execute_command(*self.evalsha(c)))
+        stack = [(tuple(args), dict(options)) for args, options in pipe.command_stack]
+        replies = await pipe.execute(raise_on_error=False)
+        again = noscript_resends(stack, replies)
+        if again:
+            by_sha = {sha: name for name, sha in self.shas.items()}
+            for sha in {stack[i][0][1] for i in again if isinstance(replies[i], NoScriptError)}:
+                await client.script_load(self.sources[by_sha[str(sha)]])
+            retry = client.pipeline(transaction=False)
+            for i in again:
+                retry.execute_command(*stack[i][0], **stack[i][1])
+            for i, reply in zip(again, await retry.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        raise_first_error(pipe, stack, replies)
+        return regroup(replies, commands, counts)
+
+
+@dataclass
+class AsyncJob(Job):
+    """A job handle from `AsyncQueue`: `await job.wait()`, `await job.refresh()`."""
+
+    _async_queue: AsyncQueue | None = field(default=None, repr=False, compare=False)
+
+    async def wait(self, timeout: float = 30.0, poll: float = 0.05) -> Any:
+        """Wait (without blocking the loop) until the job finishes; its result, or
+        `JobFailed` with the dead or cancel reason, or `JobTimeout`."""
+        deadline = time.monotonic() + timeout
+        interval = min(poll, 0.01)
+        while True:
+            job = await self.refresh()
+            done, result = settled(job, timeout, deadline)
+            if done:
+                return result
+            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(interval * 2, 0.5)
+
+    async def refresh(self) -> AsyncJob:  # type: ignore[override]
+        """Re-read the record; returns the fresh snapshot."""
+        if self._async_queue is None:
+            raise TypeError(f"job {self.id} has no queue to read from")
+        return await self._async_queue.get(self.id)
+
+
+class AsyncQueue:
+    """One named queue on one Redis, for asyncio code: `Queue`'s producer calls, awaited.
+
+    Pass `redis=` (a ``redis.asyncio.Redis``, e.g. one client for several queues) or
+    `url=`; a client the queue opened itself is closed by `aclose()` / ``async with``.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        redis: aioredis.Redis | None = None,
+        url: str | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        min_replicas: int | None = None,
+        wait_timeout: float | None = None,
+    ) -> None:
+        self.name = name
+        self.keys = QueueKeys(name)
+        self._owns_client = redis is None
+        self.redis: aioredis.Redis = redis if redis is not None else connect_async(url)
+        self.max_payload_bytes = max_payload_bytes
+        self.scripts = AsyncScripts()
+        self._registered = False
+        self.min_replicas = min_replicas
+        self.wait_timeout = wait_timeout
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client if this queue opened it (a shared one is its owner's)."""
+        if self._owns_client:
+            await self.redis.aclose()
+
+    async def _run(self, plan: plans.Plan[T]) -> T:
+        try:
+            commands = next(plan)
+            while True:
+                commands = plan.send(await self.scripts.send(self.redis, commands))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _job(self, record: dict[str, str], history: list[str]) -> AsyncJob:
+        job = AsyncJob.from_record(None, record, history)
+        assert isinstance(job, AsyncJob)
+        job._async_queue = self
+        return job
+
+    # -- producing ---------------------------------------------------------------
+
+    async def enqueue(self, task: str, *args: Any, **options: Any) -> AsyncJob:
+        """Enqueue one job; the options are `Queue.enqueue`'s. One round trip."""
+        spec, durable = call_spec(task, args, options, self.max_payload_bytes)
+        return (await self._enqueue_specs([spec], durable))[0]
+
+    async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]], *,
+                           durable: bool | None = None) -> list[AsyncJob]:
+        """Enqueue many jobs in few round trips, all validated before any is sent."""
+        return await self._enqueue_specs(batch_specs(jobs, self.max_payload_bytes), durable)
+
+    async def _enqueue_specs(self, specs: list[dict[str, Any]],
+                             durable: bool | None) -> list[AsyncJob]:
+        replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
+                                                self.wait_timeout)
+        enqueued = await self._run(plans.enqueue(
+            self.keys, specs, register=not self._registered, replicas=replicas,
+            wait_ms=wait_ms))
+        self._registered = True
+        return [self._job({"id": job_id, "queue": self.name, "enqueue_status": status}, [])
+                for job_id, status in enqueued]
+
+    # -- inspecting -------------------------------------------------------------
+
+    async def get(self, job_id: str) -> AsyncJob:
+        """The job's current record and history; `JobNotFound` if it does not exist."""
+        return self._job(*await self._run(plans.get(self.keys, job_id)))
+
+    async def wait(self, job_id: str, timeout: float = 30.0) -> Any:
+        """The result of the job once it finished (see `AsyncJob.wait`)."""
+        return await (await self.get(job_id)).wait(timeout)
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
+        return await self._run(plans.stats(self.keys))
+
+    async def dead(self, limit: int = 100) -> list[AsyncJob]:
+        """The oldest dead jobs, with their reasons."""
+        return [self._job(record, history)
+                for record, history in await self._run(plans.dead(self.keys, limit))]
+
+    # -- operator actions ----------------------------------------------------------
+
+    async def cancel(self, job_id: str) -> str:
+        """"cancelled", "cancelling" (active), "missing", or its terminal state."""
+        return tr.parse_cancel(await self._run(plans.script(tr.cancel_call(self.keys, job_id))))
+
+    async def requeue_dead(self, ids: Sequence[str] | None = None, *,
+                           limit: int = 10000) -> DeadBatchResult:
+        """Requeue the given dead jobs (or all, up to `limit`): (count, ids not dead)."""
+        return tr.parse_dead_batch(await self._run(
+            plans.script(tr.requeue_dead_call(self.keys, ids, limit))))
+
+    async def purge_dead(self, ids: Sequence[str] | None = None, *,
+                         limit: int = 10000) -> DeadBatchResult:
+        """Delete the given dead jobs (or all, up to `limit`): (count, ids not dead)."""
+        return tr.parse_dead_batch(await self._run(
+            plans.script(tr.purge_dead_call(self.keys, ids, limit))))
