@@ -29,6 +29,7 @@ from collections.abc import Callable
 import redis
 
 from forq import Queue
+from forq import registry as tasks
 from forq.connection import connect
 from forq.defaults import MAX_CRASHES
 from forq.supervisor import cgroups, status
@@ -162,6 +163,7 @@ class Supervisor:
         copies) the parent's objects."""
         for name in self.config.imports:
             importlib.import_module(name)
+        tasks.preload_runtime()
         gc.collect()
         gc.freeze()
 

@@ -165,7 +165,7 @@ def encode_report(spec: ChildSpec, run: Any) -> bytes:
     try:
         if task is None:
             raise LookupError(f"unknown task {spec.task!r}")
-        result = run(task.func, spec.args, spec.kwargs)
+        result = run(task, spec.args, spec.kwargs)
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
         fatal = isinstance(exc, registry.NonRetryable)
         return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})
@@ -184,8 +184,8 @@ def encode_report(spec: ChildSpec, run: Any) -> bytes:
             + json.dumps(ctx.followups, separators=(",", ":")) + "}\n").encode()
 
 
-def _call(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    return func(*args, **kwargs)
+def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    return task.call(args, kwargs)
 
 
 def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> None:

@@ -27,6 +27,7 @@ import socket
 import sys
 from typing import Any
 
+from forq import registry
 from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
@@ -150,6 +151,7 @@ def main(argv: list[str]) -> None:
     imports = [name for name in (argv[1] if len(argv) > 1 else "").split(",") if name]
     for name in imports:
         importlib.import_module(name)
+    registry.preload_runtime()
     try:
         import setproctitle
 
