@@ -174,7 +174,8 @@ class AsyncQueue:
             while True:
                 commands = plan.send(await self.scripts.send(self.redis, commands))
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: T = done.value
+            return result
 
     def _job(self, record: dict[str, str], history: list[str]) -> AsyncJob:
         job = AsyncJob.from_record(None, record, history)

@@ -31,7 +31,8 @@ def connect(url: str | None = None, *, password: str | None = None, **kwargs: An
     if options.pop("cluster", False):
         url = topology.as_cluster_url(url)
     if topology.is_topology_url(url):  # redis+cluster://, redis+sentinel://
-        return topology.connect(url, password=password, **options)
+        client: redis.Redis = topology.connect(url, password=password, **options)
+        return client
     client = ForqRedis.from_url(url, **options)
     add_password(client.connection_pool.connection_kwargs, password)
     return client

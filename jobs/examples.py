@@ -92,13 +92,13 @@ def exit_now(code: int = 3) -> None:
 
 
 @task("examples.report")
-def report() -> dict:
+def report() -> dict[str, float]:
     """The example schedule's job."""
     return {"generated_at": time.time()}
 
 
 @task("images.resize")
-def resize(path: str, width: int = 128) -> dict:
+def resize(path: str, width: int = 128) -> dict[str, object]:
     """Stands for a real image job; its limits come from [tasks."images.resize"]."""
     return {"path": path, "width": width}
 

@@ -92,11 +92,11 @@ class Job:
 
     @property
     def task(self) -> str:
-        return self.fields.get("task", "")
+        return str(self.fields.get("task", ""))
 
     @property
     def state(self) -> str:
-        return self.fields.get("state", "")
+        return str(self.fields.get("state", ""))
 
     @property
     def args(self) -> list[Any]:
@@ -126,10 +126,11 @@ class Job:
     def reason(self) -> str | None:
         """Why the job is where it is: the dead reason, else the last error message."""
         if self.fields.get("dead_reason"):
-            return self.fields["dead_reason"]
+            return str(self.fields["dead_reason"])
         err = self.error
         if isinstance(err, dict):
-            return err.get("reason") or err.get("message")
+            found = err.get("reason") or err.get("message")
+            return str(found) if found is not None else None
         return None
 
     def to_dict(self) -> dict[str, Any]:

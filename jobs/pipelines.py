@@ -71,4 +71,5 @@ def run_plan(client: Any, scripts: Scripts, plan: Plan[T]) -> T:
         while True:
             commands = plan.send(send(client, scripts, commands))
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        result: T = done.value
+        return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 
@@ -149,8 +149,8 @@ class Queue:
     def set_limits(
         self,
         *,
-        rate: tuple[float, float] | None | bool = False,
-        max_in_flight: int | None | bool = False,
+        rate: tuple[float, float] | None | Literal[False] = False,
+        max_in_flight: int | None | Literal[False] = False,
     ) -> None:
         """Set the queue's global limits, read by every supervisor's next claim.
         rate=(count, period_seconds) or None to remove; max_in_flight=int or None.
@@ -175,7 +175,8 @@ class Queue:
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.redis.hgetall(self.keys.limits).items()}
+        limits: dict[str, str] = self.redis.hgetall(self.keys.limits)  # type: ignore[assignment]
+        return {k: float(v) for k, v in limits.items()}
 
     # -- lease transitions (the supervisor's side) --------------------------------
 
@@ -249,7 +250,8 @@ class Queue:
 
 def known_queues(client: redis.Redis) -> list[str]:
     """Every queue a producer has enqueued to, sorted."""
-    return sorted(client.smembers(keyspace.QUEUES))
+    names: set[str] = client.smembers(keyspace.QUEUES)  # type: ignore[assignment]
+    return sorted(names)
 
 
 def find_job(client: redis.Redis, job_id: str) -> Job:

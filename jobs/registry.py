@@ -108,7 +108,7 @@ class JobContext:
         spec["queue"] = queue or self.queue
         spec["parent"] = self.id  # the link `forq job` shows, whichever queue it lands in
         self.followups.append(spec)
-        return spec["id"]
+        return str(spec["id"])
 
 
 _current: JobContext | None = None

@@ -167,7 +167,8 @@ class ForqClusterPipeline(_ScriptKeys, ClusterPipeline):
 
     @property
     def command_stack(self) -> list[Any]:
-        return self._execution_strategy.command_queue
+        queue: list[Any] = self._execution_strategy.command_queue
+        return queue
 
     @command_stack.setter
     def command_stack(self, _value: list[Any]) -> None:
@@ -260,7 +261,8 @@ def connect_sentinel(url: str, *, password: str | None = None, **options: Any) -
     so after a failover the client reconnects to the promoted replica by itself."""
     parts, sentinel_kwargs, options = sentinel_settings(url, password, options)
     sentinel = Sentinel(parts["hosts"], sentinel_kwargs=sentinel_kwargs)
-    return sentinel.master_for(parts["master"], redis_class=ForqRedis, **options)
+    master: redis.Redis = sentinel.master_for(parts["master"], redis_class=ForqRedis, **options)
+    return master
 
 
 def connect(url: str, *, password: str | None = None, cluster: bool = False,

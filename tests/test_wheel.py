@@ -125,6 +125,7 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
         for path in (REPO / folder).rglob("*.py"):
             inside = f"{package}/{path.relative_to(REPO / folder)}"
             assert inside in names, f"{inside} is missing from the wheel"
+    assert "forq/py.typed" in names, "PEP 561: type checkers read forq's annotations"
     # one import name: nothing installed as a top-level `jobs`, `supervisor` or `forq_lua`
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"forq"}, f"the wheel installs top-level packages {sorted(top)}"
