@@ -26,17 +26,22 @@ def test_the_package_says_it_is_typed():
 
 
 @pytest.mark.timeout(300)
-def test_mypy_strict_on_the_public_api_and_the_examples(tmp_path):
+@pytest.mark.parametrize("target", ["forq", *(p.name for p in EXAMPLES)])
+def test_mypy_strict(tmp_path_factory, target):
+    """The public API (`forq`), and each example app as its own program."""
     pytest.importorskip("mypy", reason="mypy comes with the test extra")
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    (tree / "forq").symlink_to(REPO / "jobs")
-    targets = ["-p", "forq"]
-    for example in EXAMPLES:
-        targets += [str(example)]
+    base = tmp_path_factory.getbasetemp() / "mypy"
+    tree = base / "tree"
+    if not tree.exists():
+        tree.mkdir(parents=True)
+        (tree / "forq").symlink_to(REPO / "jobs")
+    if target == "forq":
+        cwd, args, path = tree, ["-p", "forq"], str(tree)
+    else:
+        example = REPO / "examples" / target
+        cwd, args, path = example, ["."], f"{example}{os.pathsep}{tree}"
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--config-file", str(REPO / "pyproject.toml"),
-         "--cache-dir", str(tmp_path / "cache"), *targets],
-        cwd=tree, capture_output=True, text=True, timeout=280,
-        env=dict(os.environ, MYPYPATH=str(tree)))
+         "--cache-dir", str(base / "cache"), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=280, env=dict(os.environ, MYPYPATH=path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

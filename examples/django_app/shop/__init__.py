@@ -1,0 +1,1 @@
+"""A tiny Django shop whose orders send a receipt through forq, after commit."""
