@@ -1,6 +1,6 @@
 """The peers' own venv, bench/.venv-peers: made on first use, reused afterwards.
 
-rq, celery[redis] and dramatiq[redis] come from PyPI with pip; psutil for the driver,
+rq, celery[redis], dramatiq[redis] and arq come from PyPI with pip; psutil for the driver,
 py-spy to profile forq's supervisor. A stamp file holds the requirement list, so a
 change of it reinstalls.
 """
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
-REQUIREMENTS = ["rq", "celery[redis]", "dramatiq[redis]", "psutil", "py-spy"]
+REQUIREMENTS = ["rq", "celery[redis]", "dramatiq[redis]", "arq", "psutil", "py-spy"]
 STAMP = VENV / ".bench-installed"
 
 
@@ -38,6 +38,6 @@ def ensure(log=print) -> Path:
 
 def versions() -> dict[str, str]:
     code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
-            "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'redis')}))")
+            "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'arq', 'redis')}))")
     out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
