@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from forq.errors import PayloadError
+from forq.tracing import current_traceparent, valid_traceparent
 from forq.units import UnitError, parse_duration, parse_size
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
@@ -153,6 +154,9 @@ def build_spec(
             spec["backoff_jitter"] = float(backoff["jitter"])
     if options.get("idempotent"):
         spec["idempotent"] = 1
+    traceparent = current_traceparent()  # None unless the producer uses OpenTelemetry
+    if traceparent:
+        spec["traceparent"] = traceparent
     return spec
 
 
@@ -167,7 +171,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "unique_ms": _INT, "max_attempts": _INT, "max_crashes": _INT, "timeout_ms": _INT,
     "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
     "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
-    "backoff_jitter": _NUM, "idempotent": _INT,
+    "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,),
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")
@@ -198,6 +202,8 @@ def check_followup(spec: Any, parent_id: str, n: int) -> str:
             return f"{name} must be 1 to {MAX_NAME} characters"
     if _QUEUE_NAME_BAD & set(spec["queue"]):
         return f"queue name {spec['queue']!r} must be without braces, colons or spaces"[:300]
+    if "traceparent" in spec and not valid_traceparent(spec["traceparent"]):
+        return "traceparent must be a W3C traceparent (00-<trace id>-<span id>-<flags>)"
     if abs(spec.get("priority", 0)) > PRIORITY_LIMIT:
         return f"priority must be in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}]"
     for name in ("max_attempts", "max_crashes"):

@@ -99,6 +99,9 @@ class JobContext:
     attempts: int = 0
     crashes: int = 0
     followups: list[dict[str, Any]] = field(default_factory=list)
+    # W3C traceparent of the handler's span when the supervisor traces ([tracing]):
+    # follow-ups carry it, and handler code may parent its own spans to it
+    traceparent: str = ""
 
     def enqueue(self, task: str, *args: Any, queue: str | None = None, **options: Any) -> str:
         if args:
@@ -107,6 +110,8 @@ class JobContext:
         spec = build_spec(task, options)
         spec["queue"] = queue or self.queue
         spec["parent"] = self.id  # the link `forq job` shows, whichever queue it lands in
+        if self.traceparent:
+            spec["traceparent"] = self.traceparent
         self.followups.append(spec)
         return str(spec["id"])
 

@@ -109,7 +109,7 @@ local DEFAULT_RESULT_TTL_MS = 86400000
 -- or the same id when a job with this id already exists: follow-ups are idempotent).
 local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
-  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent'}
+  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent'}
 
 local function enqueue_one(prefix, queue, spec, at)
   local id = spec['id']

@@ -9,7 +9,8 @@
            {id, task, args (JSON text), kwargs (JSON text), priority, delay_ms | run_at_ms,
             key, unique_ms, and optional per-job limits: timeout_ms, memory_limit,
             max_attempts, max_crashes, result_ttl_ms, max_result_bytes, backoff_base_ms,
-            backoff_factor, backoff_max_ms, backoff_jitter, idempotent, parent}
+            backoff_factor, backoff_max_ms, backoff_jitter, idempotent, parent,
+            traceparent (W3C trace context of the producer's span)}
 
   Returns a flat list, three entries per job in order: id, status, run_at.
     status "pending" | "scheduled" | "duplicate" (id is then the live job that holds

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from forq import registry
 from forq.queue import Lease
+from forq.supervisor import tracing
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.limits import KILL_GRACE, LimitPolice
@@ -81,11 +82,13 @@ class Children:
             self.on_report(Pending(never, outcome, lease.token))
             return
         spec.cgroup = self.launcher.cgroup(job.id, spec.memory_limit)
+        spec.traceparent = tracing.TRACER.started(queue, job, lease.token, f.get("owner", ""))
         try:
             child = self.spawner.spawn(lease, spec, title=f"forq: job {job.id} {job.task}",
                                        timeout=self.launcher.timeout(lease))
-        except BaseException:
+        except BaseException as exc:
             self.launcher.discard(spec)
+            tracing.TRACER.finished(job.id, lease.token, "not started", None, repr(exc))
             raise
         self.by_job[job.id] = child
         self.running[queue] += 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
+import importlib.util
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import cronsim
 
 from forq.defaults import JOB_POLICY
+from forq.supervisor.tracing import TracingConfig
 from forq.topology import as_cluster_url, is_topology_url, url_problem
 from forq.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
 
@@ -70,7 +72,8 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 # Built-in per-job policy, in the units the rest of forq stores (ms, bytes).
 BUILTIN_POLICY = JOB_POLICY  # forq.defaults: the one source of every job default
 
-_TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule")
+_TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule",
+             "tracing")
 _REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout")
 _SUPERVISOR_KEYS = (
     "name",
@@ -98,6 +101,8 @@ _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight")
 _SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files")
 _METRICS_KEYS = ("listen",)
+_TRACING_KEYS = ("enabled", "setup")
+_SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 _SCHEDULE_KEYS = (
     "name",
     "cron",
@@ -255,6 +260,8 @@ class Config:
     fork_server: bool = True
     # per-job cgroup v2 memory limits (supervisor/cgroups.py): auto | required | off
     job_cgroups: str = "auto"
+    # OpenTelemetry job spans (supervisor/tracing.py)
+    tracing: TracingConfig = TracingConfig()
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -825,6 +832,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         fork_server=_fork_server(sup.get("fork_server", True)),
         job_cgroups=_choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
                             _JOB_CGROUPS),
+        tracing=_tracing(doc),
         **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.
@@ -842,6 +850,21 @@ def _metrics(doc: Mapping[str, Any]) -> tuple[str, int] | None:
     table = _table(doc.get("metrics", {}), "[metrics]")
     _check_keys(table, _METRICS_KEYS, "[metrics]")
     return _listen(table.get("listen", DEFAULT_METRICS_LISTEN), "[metrics].listen")
+
+
+def _tracing(doc: Mapping[str, Any]) -> TracingConfig:
+    table = _table(doc.get("tracing", {}), "[tracing]")
+    _check_keys(table, _TRACING_KEYS, "[tracing]")
+    enabled = table.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise _expected("[tracing].enabled", "true or false", enabled)
+    setup = table.get("setup", "")
+    if setup != "" and not (isinstance(setup, str) and _SETUP_RE.fullmatch(setup)):
+        raise _expected("[tracing].setup", '"module:function"', setup)
+    if enabled and importlib.util.find_spec("opentelemetry") is None:
+        raise _Invalid("[tracing].enabled: OpenTelemetry is not installed "
+                       "(pip install 'forq[otel]')")
+    return TracingConfig(enabled, setup)
 
 
 def check_config_main(path: str) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 from forq import Queue, registry, topology
 from forq.defaults import IDEMPOTENCY_TTL_MS
 from forq.keys import QueueKeys
+from forq.supervisor import tracing
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.outcomes import Kind, Metric, Outcome
@@ -130,6 +131,8 @@ class Reporter:
                      f" ({outcome.reason})" if outcome.reason else "",
                      time.monotonic() - child.started,
                      extra={"job": child.job_id, "event": verb})
+        tracing.TRACER.finished(child.job_id, item.token, str(outcome.kind), metric,
+                                outcome.reason or str(outcome.error.get("reason", "")))
         if metric and child.pid:
             self.metrics.job_finished(child.queue, child.task, metric,
                                       time.monotonic() - child.started, child.peak_rss or None)

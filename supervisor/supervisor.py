@@ -32,7 +32,7 @@ from forq import Queue
 from forq import registry as tasks
 from forq.connection import connect
 from forq.defaults import MAX_CRASHES
-from forq.supervisor import cgroups, status
+from forq.supervisor import cgroups, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, load_config
@@ -146,6 +146,10 @@ class Supervisor:
             log.error("reload refused, keeping the old config: %s", exc)
             return
         self._apply_config(config)
+        try:
+            tracing.configure(config.tracing)
+        except tracing.TracingUnavailable as exc:
+            log.error("reload: %s; job spans off", exc)
         self.spawner.configure(config.fork_server, config.imports)
         self.scheduler.replace(config.schedules)
         self._push_limits()
@@ -187,6 +191,12 @@ class Supervisor:
         if not self._preload_or_say_why():
             self.loop.close()
             return 2
+        try:
+            tracing.configure(self.config.tracing)
+        except tracing.TracingUnavailable as exc:
+            log.error("%s (%s)", exc, self.config.path)
+            self.loop.close()
+            return 1
         self.spawner.configure(self.config.fork_server, self.config.imports)
         log.info("supervisor %s (%s) starting: queues %s; memory limits by %s",
                  self.name, self.id,

@@ -50,6 +50,7 @@ class ChildSpec:
     max_open_files: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     cgroup: str = ""  # the job's own cgroup v2 directory, joined first (supervisor/cgroups.py)
+    traceparent: str = ""  # the handler span's, when the supervisor traces (supervisor/tracing.py)
 
 
 def _find_prctl() -> Any:
@@ -159,7 +160,8 @@ def _error(exc: BaseException) -> dict[str, Any]:
 def encode_report(spec: ChildSpec, run: Any) -> bytes:
     """Run the handler and encode the one result message the parent reads
     (`forq.supervisor.fork.messages` is the schema)."""
-    ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes)
+    ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes,
+                              traceparent=spec.traceparent)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
     try:
