@@ -23,6 +23,7 @@ ids were not dead). ``FORQ_DEBUG=1`` shows the traceback of an unexpected error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -36,7 +37,7 @@ import redis
 from forq import ForqError, Job, JobNotFound, Queue, find_job, known_queues
 from forq.connection import connect
 from forq.keys import SCHEDULES
-from forq.supervisor import render
+from forq.supervisor import render, terminal
 from forq.units import UnitError, parse_duration, parse_rate
 
 # The scheduler records each schedule's last fired tick here:
@@ -180,7 +181,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if args.json:
             _emit(stats)
         else:
-            print(render.stats_table(stats))
+            terminal.show(render.stats_grid(stats) if stats else None, render.stats_table(stats))
         return 0
     try:
         interval = parse_duration(args.interval, where="--interval")
@@ -190,27 +191,32 @@ def cmd_stats(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval: must be more than 0, got {args.interval!r}")
     stats = _stats(client, args.queue)  # an unreachable Redis fails here, once, exit 1
     error = None
+    live = terminal.Live() if not args.json and terminal.interactive() else None
     try:
-        while True:
-            if args.json:  # one compact object per line, for `| jq` or a log
-                frame: dict[str, Any] = {"time": time.time(), "queues": stats}
-                if error:
-                    frame["error"] = error
-                print(json.dumps(frame), flush=True)
-            else:
+        with live or contextlib.nullcontext():
+            while True:
                 head = f"forq stats   {time.strftime('%Y-%m-%d %H:%M:%S')}   every " \
                        f"{render.age(interval)}   (Ctrl-C to stop)"
                 if error:
                     head += f"\ncannot reach Redis: {error} (retrying; the counts are the last read)"
-                sys.stdout.write(f"{CLEAR}{head}\n\n{render.stats_table(stats)}\n")
-                sys.stdout.flush()
-            time.sleep(interval)
-            try:  # keep watching through a Redis outage
-                stats, error = _stats(client, args.queue), None
-            except redis.RedisError as exc:
-                error = " ".join(str(exc).split())
+                if args.json:  # one compact object per line, for `| jq` or a log
+                    frame: dict[str, Any] = {"time": time.time(), "queues": stats}
+                    if error:
+                        frame["error"] = error
+                    print(json.dumps(frame), flush=True)
+                elif live is not None:
+                    live.update(render.stats_grid(stats) if stats else None,
+                                render.stats_table(stats), head)
+                else:  # not a terminal: plain frames, each after a clear-screen code
+                    sys.stdout.write(f"{CLEAR}{head}\n\n{render.stats_table(stats)}\n")
+                    sys.stdout.flush()
+                time.sleep(interval)
+                try:  # keep watching through a Redis outage
+                    stats, error = _stats(client, args.queue), None
+                except redis.RedisError as exc:
+                    error = " ".join(str(exc).split())
     except KeyboardInterrupt:
-        if not args.json:
+        if not args.json and live is None:
             print()
         return 0
 
@@ -235,7 +241,7 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
     if not jobs:
         print(f"no dead jobs in queue {queue.name}")
         return 0
-    print(render.dead_table(jobs))
+    terminal.show(render.dead_grid(jobs), render.dead_table(jobs))
     shown = f"{len(jobs)} of {total}" if total > len(jobs) else f"{total}"
     print(f"\n{shown} dead in queue {queue.name} (oldest first; forq dead show -q {queue.name} ID)")
     return 0
@@ -272,13 +278,15 @@ def _dead_action(args: argparse.Namespace, verb: str) -> int:
         # In batches, and never more rounds than the dead set had at the start: a
         # requeued job that dies again at once is not chased forever.
         batch = 10000
-        rounds = queue.redis.zcard(queue.keys.dead) // batch + 1
+        total = queue.redis.zcard(queue.keys.dead)
         count = 0
-        for _ in range(rounds):
-            n, _missing = action(None, limit=batch)
-            count += n
-            if n < batch:
-                break
+        with terminal.progress(total, f"{verb} dead jobs of {queue.name}") as advance:
+            for _ in range(total // batch + 1):
+                n, _missing = action(None, limit=batch)
+                count += n
+                advance(n)
+                if n < batch:
+                    break
     done = "requeued" if verb == "requeue" else "purged"
     if args.json:
         _emit({"queue": queue.name, done: count, "not_dead": not_dead})
@@ -310,7 +318,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
     if args.json:
         _emit(records)
     else:
-        print(render.workers_table(records))
+        terminal.show(render.workers_grid(records) if records else None,
+                      render.workers_table(records))
     return 0
 
 
@@ -353,7 +362,8 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     if args.json:
         _emit(rows)
     else:
-        print(render.schedules_table(rows, now))
+        terminal.show(render.schedules_grid(rows, now) if rows else None,
+                      render.schedules_table(rows, now))
     return 0
 
 

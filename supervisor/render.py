@@ -1,7 +1,9 @@
 """Human-readable views of jobs, queues, supervisors and schedules for the CLI.
 
 Pure functions: data in, text out (no Redis, no printing), so the CLI decides
-where things go and the tests can check the text without a server. Times in
+where things go and the tests can check the text without a server. Each table is a
+`Grid` (header and rows of cells) first: `table` lays it out as plain text (a pipe,
+a file, a script), `forq.supervisor.terminal` as a rich table on a terminal. Times in
 job records are Redis-clock milliseconds; history entries and heartbeats are
 seconds. Everything is shown in the local time zone unless a schedule names
 its own.
@@ -19,6 +21,8 @@ from forq import Job
 from forq.units import format_duration
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
+
+Grid = tuple[Sequence[str], list[Sequence[Any]]]  # header, rows
 
 
 def when(seconds: float | None, *, date: bool = True) -> str:
@@ -135,17 +139,22 @@ def job(job: Job) -> str:
 # -- forq stats ---------------------------------------------------------------------
 
 
-def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> str:
-    if not stats:
-        return "no queues yet"
+NO_QUEUES = "no queues yet"
+
+
+def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
     header = ("queue", "pending", "scheduled", "active", "dead", "ok/1m", "failed/1m", "oldest")
-    rows = []
+    rows: list[Sequence[Any]] = []
     for name, s in sorted(stats.items()):
         last = s.get("last_minute", {})
         rows.append((name, s["pending"], s["scheduled"], s["active"], s["dead"],
                      last.get("succeeded", 0), last.get("failed", 0),
                      age(s.get("oldest_pending_age"))))
-    return table(header, rows)
+    return header, rows
+
+
+def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> str:
+    return table(*stats_grid(stats)) if stats else NO_QUEUES
 
 
 # -- forq dead ---------------------------------------------------------------------
@@ -160,19 +169,29 @@ def died_at(job: Job) -> float | None:
         return None
 
 
+def dead_grid(jobs: Sequence[Job]) -> Grid:
+    rows: list[Sequence[Any]] = [
+        (j.id, j.task, clip(j.reason or "-", REASON_WIDTH), when(died_at(j)), j.attempts,
+         j.crashes) for j in jobs]
+    return ("id", "task", "reason", "died", "attempts", "crashes"), rows
+
+
 def dead_table(jobs: Sequence[Job]) -> str:
-    rows = [(j.id, j.task, clip(j.reason or "-", REASON_WIDTH), when(died_at(j)), j.attempts,
-             j.crashes) for j in jobs]
-    return table(("id", "task", "reason", "died", "attempts", "crashes"), rows)
+    return table(*dead_grid(jobs))
 
 
 # -- forq workers -------------------------------------------------------------------
 
 
+NO_WORKERS = "no live supervisors"
+
+
 def workers_table(records: Sequence[Mapping[str, Any]]) -> str:
-    if not records:
-        return "no live supervisors"
-    rows = []
+    return table(*workers_grid(records)) if records else NO_WORKERS
+
+
+def workers_grid(records: Sequence[Mapping[str, Any]]) -> Grid:
+    rows: list[Sequence[Any]] = []
     for r in records:
         up = None
         if r.get("started") and r.get("heartbeat"):
@@ -181,8 +200,8 @@ def workers_table(records: Sequence[Mapping[str, Any]]) -> str:
                      r.get("version", "-"), ",".join(r.get("queues") or []) or "-",
                      f"{r.get('busy', 0)}/{r.get('slots', 0)}", age(r.get("age")), age(up),
                      "yes" if r.get("draining") else "no"))
-    return table(("name", "host", "pid", "version", "queues", "busy", "heartbeat", "up",
-                  "draining"), rows)
+    return ("name", "host", "pid", "version", "queues", "busy", "heartbeat", "up",
+            "draining"), rows
 
 
 # -- forq schedules -----------------------------------------------------------------
@@ -198,11 +217,16 @@ def _in_zone(seconds: float, zone: str) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
+NO_SCHEDULES = "no schedules in the config"
+
+
 def schedules_table(rows: Sequence[Mapping[str, Any]], now: float) -> str:
     """Rows as `forq schedules --json` prints them; times in each schedule's zone."""
-    if not rows:
-        return "no schedules in the config"
-    out = []
+    return table(*schedules_grid(rows, now)) if rows else NO_SCHEDULES
+
+
+def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
+    out: list[Sequence[Any]] = []
     for s in rows:
         last = s.get("last_fired")
         last_text = "-" if last is None else f"{_in_zone(last, s['timezone'])} ({relative(last, now)})"
@@ -210,7 +234,7 @@ def schedules_table(rows: Sequence[Mapping[str, Any]], now: float) -> str:
         next_text = "-" if nxt is None else f"{_in_zone(nxt, s['timezone'])} ({relative(nxt, now)})"
         out.append((s["name"], s["cron"], s["timezone"], s["queue"], s["task"], last_text,
                     next_text))
-    return table(("name", "cron", "timezone", "queue", "task", "last fired", "next"), out)
+    return ("name", "cron", "timezone", "queue", "task", "last fired", "next"), out
 
 
 # -- forq limit ---------------------------------------------------------------------
