@@ -36,6 +36,7 @@ from bench.common import (
     summary,
 )
 from bench.peers import venv
+from forq.supervisor import terminal
 
 SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale")
 
@@ -294,17 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx = {"port": server.port, "url": server.url(0),
                "redis_base": f"redis://127.0.0.1:{server.port}",
                "profile": (args.profile or not args.quick) and not args.no_profile}
-        for name in sections:
-            t0 = time.time()
-            load0 = os.getloadavg()[0]
-            try:
-                results["sections"][name] = RUNNERS[name](ctx, sz)
-            except Exception:  # noqa: BLE001 — one broken section must not lose the rest
-                results["errors"][name] = traceback.format_exc()[-4000:]
-                log(f"{name} failed:\n{results['errors'][name]}")
-            results["load"][name] = {"start": load0, "end": os.getloadavg()[0],
-                                     "seconds": time.time() - t0}
-            server.flushall()
+        with terminal.progress(len(sections), "bench") as advance:
+            for name in sections:
+                advance(0, name)
+                _section(name, results, ctx, sz, server)
+                advance(1)
     # the fork limit every ratio uses: the median of all its measurements in this run
     results["fork_limit"] = median(ctx.get("fork_runs", []))
     results["fork_limit_runs"] = ctx.get("fork_runs", [])
@@ -314,6 +309,20 @@ def main(argv: list[str] | None = None) -> int:
     log(f"done in {results['seconds']:.0f} s: {args.out}, {args.json}")
     print(report.summary_table(results))
     return 1 if results["errors"] else 0
+
+
+def _section(name: str, results: dict[str, Any], ctx: dict[str, Any], sz: Sizes,
+             server: RedisServer) -> None:
+    t0 = time.time()
+    load0 = os.getloadavg()[0]
+    try:
+        results["sections"][name] = RUNNERS[name](ctx, sz)
+    except Exception:  # noqa: BLE001 — one broken section must not lose the rest
+        results["errors"][name] = traceback.format_exc()[-4000:]
+        log(f"{name} failed:\n{results['errors'][name]}")
+    results["load"][name] = {"start": load0, "end": os.getloadavg()[0],
+                             "seconds": time.time() - t0}
+    server.flushall()
 
 
 def _forq_version() -> str:

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import redis
 
 from forq import Queue
+from forq.supervisor import terminal
 from forq.units import UnitError, parse_duration
 
 from . import report
@@ -116,6 +118,17 @@ def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[s
     return env
 
 
+def _follow(ctx: Context, producer: threading.Thread, duration: float, cap: float) -> None:
+    """Wait for the producer (at most `cap` s), with a progress bar on a terminal."""
+    begun, shown = time.monotonic(), 0.0
+    with terminal.progress(duration, "chaos") as advance:
+        while producer.is_alive() and time.monotonic() - begun < cap:
+            producer.join(0.5)
+            now = min(time.monotonic() - begun, duration)
+            advance(now - shown, f"told {len(ctx.told)}, faults {len(ctx.faults)}")
+            shown = now
+
+
 def settle(ctx: Context, bound: float) -> float:
     """Wait until every told job is terminal and nothing is pending, scheduled or active."""
     start = time.monotonic()
@@ -186,7 +199,7 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         threads = [monitor, producer, injector, probe]
         for t in threads:
             t.start()
-        producer.join(s.duration + s.settle + 60)
+        _follow(ctx, producer, s.duration, s.duration + s.settle + 60)
         injector.join(s.duration + 120)
         ctx.log(f"production and faults done: {len(ctx.told)} told, {len(ctx.faults)} faults")
         settle_s = settle(ctx, s.settle)

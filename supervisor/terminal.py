@@ -82,12 +82,17 @@ class Live:
         self.live.update(Group(Text(status, style="dim"), body), refresh=True)
 
 
+Advance = Callable[..., None]  # advance(n=1, note=None): n more done; note beside the bar
+
+
 @contextlib.contextmanager
-def progress(total: int, what: str) -> Iterator[Callable[[int], None]]:
+def progress(total: float, what: str) -> Iterator[Advance]:
     """A progress bar for `total` units of `what` on stderr when it is a terminal;
-    yields `advance(n)`. Elsewhere nothing is drawn and `advance` costs nothing."""
+    yields `advance`. Lines printed meanwhile appear above the bar (stdout's only when
+    stdout is the terminal too, so a redirected stdout keeps its lines). Elsewhere
+    nothing is drawn and `advance` costs nothing."""
     if total <= 0 or not interactive(sys.stderr):
-        yield lambda _n: None
+        yield _nothing
         return
     from rich.console import Console
     from rich.progress import (
@@ -99,6 +104,19 @@ def progress(total: int, what: str) -> Iterator[Callable[[int], None]]:
     )
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
+                  TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+                  console=Console(stderr=True), transient=True,
+                  redirect_stdout=interactive(sys.stdout)) as bar:
+        task = bar.add_task(what, total=total, note="")
+
+        def advance(n: float = 1, note: str | None = None) -> None:
+            if note is None:
+                bar.update(task, advance=n)
+            else:
+                bar.update(task, advance=n, note=note)
+
+        yield advance
+
+
+def _nothing(n: float = 1, note: str | None = None) -> None:
+    pass
