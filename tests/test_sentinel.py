@@ -12,16 +12,18 @@ lose none.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis as redis_lib
 
-from forq import ForqError, Queue
+from forq import AsyncQueue, ForqError, Queue
 from forq.connection import connect
 from forq.topology import parse_url
 from tests.cluster_server import ReplicatedRedis
@@ -139,6 +141,12 @@ def test_supervisor_follows_a_failover_without_losing_its_children(
         after = [q.enqueue("tests.echo", i) for i in range(20)]
         for i, job in enumerate(after):
             assert job.wait(timeout=30) == {"args": [i], "kwargs": {}}
+
+        async def through_sentinel() -> Any:  # the asyncio client finds the new master too
+            async with AsyncQueue(name, url=setup.sentinel_url) as aq:
+                return await (await aq.enqueue("tests.echo", "async")).wait(timeout=30)
+
+        assert asyncio.run(through_sentinel()) == {"args": ["async"], "kwargs": {}}
 
         def missing(ids: list[str]) -> list[str]:
             pipe = new_master.pipeline(transaction=False)
