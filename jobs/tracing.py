@@ -23,12 +23,13 @@ def valid_traceparent(value: object) -> bool:
 
 def current_traceparent() -> str | None:
     """The traceparent of the calling code's current span, when the process uses
-    OpenTelemetry and a span is active; else None."""
-    if "opentelemetry.trace" not in sys.modules:
+    OpenTelemetry and a valid span is active; else None. Called for every job built, so
+    it reads the span context directly (a propagator costs ~20 times more), and asks
+    nothing of a process without OpenTelemetry."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    value = carrier.get("traceparent")
-    return value if valid_traceparent(value) else None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
