@@ -16,10 +16,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m tests.typecheck
 	$(PY) -m forq.testing.redis -- $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m tests.typecheck
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -43,7 +43,8 @@ def stage() -> Path:
 def main(argv: list[str]) -> int:
     root = stage()
     proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
-                           str(REPO / "pyproject.toml"), *argv, "forq"], cwd=root,
+                           str(REPO / "pyproject.toml"), "--cache-dir",
+                           str(REPO / "build" / "mypy-cache"), *argv, "forq"], cwd=root,
                           capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     for target, source in sorted(LAYOUT.items(), key=lambda kv: -len(kv[0])):
