@@ -14,7 +14,9 @@ single `enqueue` from one thread. Measured:
 * arq's `enqueue_job` with 1 and 16 in flight (arq has no batch enqueue), in the peers'
   venv (bench/.venv-peers, made on first use).
 
-Also printed: Redis commands per job (INFO stats), the cost the server pays.
+Also printed: the client's CPU per job (user + system, `getrusage`: unlike a rate, it
+barely moves when other processes load the machine) and Redis commands per job (INFO
+stats), the cost the server pays.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,11 @@ from forq import AsyncQueue, Queue  # noqa: E402
 BATCH = 100
 QUEUE = "forqbench-async"
 ARQ_DRIVER = Path(__file__).resolve().parent / "peers" / "arq_enqueue.py"
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _commands(client: redis.Redis) -> int:
@@ -86,11 +94,11 @@ def async_run(url: str, jobs: int, concurrency: int, batch: int) -> float:
     return asyncio.run(main())
 
 
-def arq_run(port: int, jobs: int, concurrency: int) -> tuple[float, float]:
+def arq_run(port: int, jobs: int, concurrency: int) -> tuple[float, float, float]:
     out = subprocess.run([str(peers.python()), str(ARQ_DRIVER), str(port), str(jobs),
                           str(concurrency)], capture_output=True, text=True, check=True)
     reply = json.loads(out.stdout)
-    return float(reply["seconds"]), float(reply["commands"])
+    return float(reply["seconds"]), float(reply["commands"]), float(reply["cpu"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,19 +121,22 @@ def main(argv: list[str] | None = None) -> int:
              lambda: async_run(url, args.jobs, 4, BATCH)),
         ]
         rates: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
         per_job: dict[str, float] = {}
         for _round in range(args.rounds):
             for name, case in cases:
-                before = _commands(client)
+                before, cpu_before = _commands(client), _cpu()
                 seconds = case()
+                cpu.setdefault(name, []).append((_cpu() - cpu_before) / args.jobs)
                 per_job[name] = (_commands(client) - before) / args.jobs
                 rates.setdefault(name, []).append(args.jobs / seconds)
                 remove_queue(client, QUEUE)
             if not args.no_arq:
                 for n in (1, 16):
-                    seconds, commands = arq_run(server.port, args.jobs, n)
+                    seconds, commands, cpu_s = arq_run(server.port, args.jobs, n)
                     name = f"arq enqueue_job, {n} in flight"
                     rates.setdefault(name, []).append(args.jobs / seconds)
+                    cpu.setdefault(name, []).append(cpu_s / args.jobs)
                     per_job[name] = commands
     baseline = statistics.median(rates["sync enqueue, 1 thread"])
     print(f"enqueue throughput, {args.jobs} jobs x {args.rounds} rounds, median jobs/s "
@@ -133,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in rates.items():
         rate = statistics.median(values)
         print(f"  {name:<40} {rate:>9,.0f}  {rate / baseline:5.2f}x   "
+              f"{statistics.median(cpu[name]) * 1e6:5.0f} us client CPU/job   "
               f"{per_job[name]:.2f} redis commands/job")
     return 0
 

@@ -2,7 +2,8 @@
 
     python bench/peers/arq_enqueue.py REDIS_PORT JOBS CONCURRENCY
 
-Prints one JSON line: {"jobs": n, "seconds": s, "commands": redis commands per job}.
+Prints one JSON line: {"jobs": n, "seconds": s, "commands": redis commands per job,
+"cpu": this process's CPU seconds (user + system) spent enqueueing}.
 arq has no batch enqueue: each job is `ArqRedis.enqueue_job` (a WATCH/MULTI/EXEC
 transaction), `CONCURRENCY` of them in flight at once on one pool.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import sys
 import time
 
@@ -29,13 +31,17 @@ async def main(port: int, jobs: int, concurrency: int) -> dict[str, float]:
         for _ in range(n):
             await pool.enqueue_job("noop", 1)
 
-    start = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    start, cpu = time.perf_counter(), usage.ru_utime + usage.ru_stime
     await asyncio.gather(*(producer(n) for n in share))
     seconds = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu
     after = (await pool.info("stats"))["total_commands_processed"]
     await pool.flushdb()
     await pool.aclose()
-    return {"jobs": jobs, "seconds": seconds, "commands": (after - before - 1) / jobs}
+    return {"jobs": jobs, "seconds": seconds, "commands": (after - before - 1) / jobs,
+            "cpu": cpu}
 
 
 if __name__ == "__main__":
