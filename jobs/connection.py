@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -52,3 +53,27 @@ def add_password(conn_kwargs: dict[str, Any], password: str | None) -> None:
         secret = password or os.environ.get("FORQ_REDIS_PASSWORD")
         if secret:
             conn_kwargs["password"] = secret
+
+
+def describe(url: str) -> str:
+    """Where `url` points, for logs and status lines: ``127.0.0.1:6379/0``,
+    ``unix:/run/redis.sock/0``, ``cluster 10.0.0.1:7000,10.0.0.2:7001`` or ``sentinel
+    master mymaster via 10.0.0.1:26379/0`` — never the username or password."""
+    try:
+        if topology.is_topology_url(url):
+            parts = topology.parse_url(url)
+            hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parts["hosts"])
+            tls = " (TLS)" if parts["ssl"] else ""
+            if parts["kind"] == "cluster":
+                return f"cluster {hosts}{tls}"
+            return f"sentinel master {parts['master']} via {hosts}/{parts['db']}{tls}"
+        split = urlsplit(url)
+        if split.scheme == "unix":
+            db = dict(q.split("=", 1) for q in split.query.split("&") if "=" in q).get("db", "0")
+            return f"unix:{split.path}/{db}"
+        host = f"[{split.hostname}]" if ":" in (split.hostname or "") else split.hostname
+        db = split.path.strip("/") or "0"
+        tls = " (TLS)" if split.scheme == "rediss" else ""
+        return f"{host}:{split.port or 6379}/{db}{tls}"
+    except ValueError:
+        return "an unparsable URL"

@@ -126,7 +126,8 @@ def _redis_now(client: redis.Redis) -> float:
 def cmd_run(args: argparse.Namespace) -> int:
     from forq.supervisor.supervisor import run_supervisor
 
-    return run_supervisor(args.config, log_format=args.log_format)
+    return run_supervisor(args.config, log_format=args.log_format,
+                          redis_url=getattr(args, "redis", None))
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -480,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_config.add_argument("--config", "-c", metavar="PATH",
                              help="take the Redis URL from this supervisor config")
 
-    p = sub.add_parser("run", help="run a supervisor")
+    p = sub.add_parser("run", help="run a supervisor", parents=[common])
     p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help="TOML config file")
     p.add_argument("--log-format", choices=("text", "json"), help="override the config's")
     p.set_defaults(func=cmd_run)

@@ -262,6 +262,9 @@ class Config:
     job_cgroups: str = "auto"
     # OpenTelemetry job spans (supervisor/tracing.py)
     tracing: TracingConfig = TracingConfig()
+    # where redis_url came from, said at start-up: an environment variable that silently
+    # overrides the file's URL surprises people ("--redis" is set by `forq run --redis`)
+    redis_url_source: str = ""
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -514,6 +517,14 @@ def _redis(
     return url, password
 
 
+def _url_source(doc: Mapping[str, Any], shown: str, env: Mapping[str, str]) -> str:
+    if env.get("FORQ_REDIS_URL"):
+        return "FORQ_REDIS_URL"
+    if "url" in doc.get("redis", {}):
+        return f"[redis].url in {shown}"
+    return f"the default: no [redis].url in {shown}"
+
+
 def _replication(doc: Mapping[str, Any]) -> dict[str, Any]:
     """[redis].min_replicas (WAIT for that many replicas after each report batch) and
     [redis].wait_timeout (how long, at most)."""
@@ -525,6 +536,14 @@ def _replication(doc: Mapping[str, Any]) -> dict[str, Any]:
         out["redis_wait_timeout"] = _duration(table["wait_timeout"], "[redis].wait_timeout",
                                               positive=True)
     return out
+
+
+def check_redis_url(url: str, where: str) -> None:
+    """ConfigError naming `where` unless `url` is a Redis URL forq can use."""
+    try:
+        _check_redis_url(url, where)
+    except _Invalid as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_redis_url(url: str, where: str) -> None:
@@ -833,6 +852,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         job_cgroups=_choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
                             _JOB_CGROUPS),
         tracing=_tracing(doc),
+        redis_url_source=_url_source(doc, shown, env),
         **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.

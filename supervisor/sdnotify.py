@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping, MutableMapping
 
 __all__ = [
@@ -159,8 +160,11 @@ class Notifier:
         return self.notify(STOPPING=1, STATUS=status)
 
     def reloading(self) -> bool:
-        """Tell systemd a configuration reload has begun (end it with :meth:`ready`)."""
-        return self.notify(RELOADING=1)
+        """Tell systemd a configuration reload has begun (end it with :meth:`ready`).
+
+        MONOTONIC_USEC (CLOCK_MONOTONIC, as systemd reads it) lets systemd ≥ 253 tell
+        this reload from an earlier one; older versions ignore it."""
+        return self.notify(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000)
 
     def mainpid(self, pid: int | None = None) -> bool:
         """Tell systemd which pid is the main process (default: this one)."""

@@ -16,6 +16,7 @@ spec and cgroup), `LeaseKeeper` + `Fencer`, `LimitPolice`, `Reporter`, `Schedule
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import json
@@ -30,12 +31,12 @@ import redis
 
 from forq import Queue
 from forq import registry as tasks
-from forq.connection import connect
+from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
 from forq.supervisor import cgroups, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
-from forq.supervisor.config import Config, ConfigError, load_config
+from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
@@ -140,11 +141,28 @@ class Supervisor:
             self.health.failed("limits", exc)
 
     def reload(self) -> None:
+        """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
+        the new config applies, or was refused and the old one stays."""
+        self.notifier.reloading()
+        try:
+            self._reload()
+        finally:
+            self.notifier.ready(self._status())
+
+    def _reload(self) -> None:
         try:
             config = load_config(self.config.path)
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
             return
+        old = self.config
+        if config.redis_url != old.redis_url or old.redis_url_source == "--redis":
+            if old.redis_url_source != "--redis":
+                log.warning("the Redis URL changed (%s, from %s): it takes effect at the next "
+                            "start, not on reload", describe(config.redis_url),
+                            config.redis_url_source)
+            config = dataclasses.replace(config, redis_url=old.redis_url,
+                                         redis_url_source=old.redis_url_source)
         self._apply_config(config)
         try:
             tracing.configure(config.tracing)
@@ -202,22 +220,27 @@ class Supervisor:
                  self.name, self.id,
                  ", ".join(f"{q.name}×{q.concurrency}" for q in self.config.queues),
                  memory_mode)
+        log.info("redis at %s (from %s)", describe(self.config.redis_url),
+                 self.config.redis_url_source or "the caller")
         self.loop.watch_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal)
+        # able to serve before Redis answers: metrics bound, the watchdog fed, READY=1
+        # (a Redis that is down is not a start failure; systemd would kill and restart us)
+        if not self._serve_metrics():
+            return 1
+        interval = watchdog_interval()
+        if interval:
+            self._every(interval, self.notifier.watchdog)
         self._wait_for_redis()
         if self.draining:
+            self._shutdown()
             return 0
         self._push_limits()
         self.wakeups.subscribe(self._served())
-        if not self._serve_metrics():
-            return 1
         self._every(self.config.lease_ttl / 3, self._extend_leases)
         self._every(self.config.reaper_interval, self._reap)
         self._every(self.config.memory_sample_interval, self.children.police_limits)
         self._every(HEARTBEAT_INTERVAL, self._heartbeat)
         self._every(POLL_INTERVAL, self.wakeups.poll)
-        interval = watchdog_interval()
-        if interval:
-            self._every(interval, self.notifier.watchdog)
         self.loop.timers.schedule(0, self._run_scheduler)
         self._heartbeat()
         self.notifier.ready(self._status())
@@ -256,11 +279,15 @@ class Supervisor:
 
     def _wait_for_redis(self) -> None:
         delay = 0.1
+        told = False
         while not self.draining:
             try:
                 self.redis.ping()
                 return
             except (redis.RedisError, OSError) as exc:
+                if not told:
+                    self.notifier.ready(f"waiting for Redis at {describe(self.config.redis_url)}")
+                    told = True
                 log.warning("redis not reachable yet (%s); retrying in %.1fs", exc, delay)
                 self.loop.timers.schedule(delay, lambda: None)
                 self.loop.run_once(cap=delay)
@@ -455,14 +482,19 @@ def renamed_hint(module: str) -> str:
     return ""
 
 
-def run_supervisor(config_path: str, log_format: str | None = None) -> int:
-    """`forq run`: load the config (a bad one is one line and exit 2), then run."""
+def run_supervisor(config_path: str, log_format: str | None = None,
+                   redis_url: str | None = None) -> int:
+    """`forq run`: load the config (a bad one is one line and exit 2), then run.
+    `redis_url` (`forq run --redis URL`) wins over FORQ_REDIS_URL and the file."""
     import sys
 
     from forq.supervisor import logs
 
     try:
         config = load_config(config_path)
+        if redis_url:
+            check_redis_url(redis_url, "--redis")
+            config = dataclasses.replace(config, redis_url=redis_url, redis_url_source="--redis")
     except ConfigError as exc:
         print(f"forq: {exc}", file=sys.stderr)
         return 2

@@ -149,6 +149,9 @@ def test_units_carry_the_agreed_settings(unit: str) -> None:
     assert one("KillMode") == "mixed"
     assert one("OOMPolicy") == "continue"
     assert one("Restart") == "on-failure"
+    assert one("RestartPreventExitStatus") == "2"  # a config mistake: fail, don't loop
+    assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert "redis-server.service" in one("After").split()
     assert one("WatchdogSec") == "30s"
     assert one("User") == "forq" and one("Group") == "forq"
     assert one("Delegate") == "yes"
