@@ -6,8 +6,9 @@ It is forq's own `Supervisor` with collaborators replaced through its seams
 (`make_fencer`, `make_reporter`, the `loop` argument), never a monkeypatch:
 
 * ``FORQ_CHAOS_BREAK=no-fencing``: no fencing at all. A child whose lease is lost or
-  unproven keeps running, and its ack first takes the lease back whatever the token
-  (the race fencing exists to prevent). The checker must catch the double runs.
+  unproven keeps running (its fork server is given no fencing deadlines either), and
+  its ack first takes the lease back whatever the token (the race fencing exists to
+  prevent). The checker must catch the double runs, and the overlapping ones.
 * ``FORQ_CHAOS_DEBUG=stall``: the loop dumps the supervisor's stack when a turn takes
   a second longer than it may (a diagnostic, not a fault).
 """
@@ -24,6 +25,7 @@ from forq.supervisor.config import load_config
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.loop import EventLoop
 from forq.supervisor.reports import Pending, Reporter
+from forq.supervisor.running import RunningChild
 from forq.supervisor.supervisor import Supervisor
 
 _STEAL = """
@@ -36,6 +38,12 @@ return 1
 class NoFencer(Fencer):
     def lost(self, job_ids: Iterable[str]) -> None:
         pass
+
+    def first_deadline(self, sent_at: float) -> float | None:
+        return None
+
+    def deadlines(self) -> list[tuple[RunningChild, float]]:
+        return []
 
     def unproven(self) -> None:
         for job_id in self.leases.unproven():

@@ -25,7 +25,13 @@ Invariants (the issue's numbering):
     and what the job was built to do;
  6. reclaim latency: supervisor kill/stop ≤ lease_ttl + reaper_interval + tolerance,
     child crash ≤ 1 s;
- 7. supervisors: none exited on its own, drains exited 0 in time, no tracebacks.
+ 7. supervisors: none exited on its own, drains exited 0 in time, no tracebacks;
+ 8. no two executions of a job overlap in time (beyond `OVERLAP_MARGIN` of clock
+    granularity): an execution that recorded its end after a later one of the same
+    job had started ran while the job was already someone else's — a frozen or
+    partitioned supervisor whose child outlived its lease. An execution killed before
+    its end recorded nothing, so only overlaps that it proves are counted (the
+    executions that ran to their end, which is what a child left running does).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ STARVED_LATE = 0.3  # s of run-queue wait that can explain a late reclaim
 OWN_CAUSES = ("completed", "failed attempt", "fatal error", "handler crash", "child killed",
               "memory limit", "drained (released)", "completion recorded earlier")
 MAX_EXAMPLES = 25
+OVERLAP_MARGIN = 0.05  # s: the children's wall clocks are one clock, read a moment apart
 
 
 @dataclass
@@ -196,6 +203,7 @@ class Checker:
             (5, "dead jobs are dead for a consistent, stated reason"),
             (6, "reclaim latency within bounds"),
             (7, "supervisors survive, drain cleanly, log no tracebacks"),
+            (8, "no two executions of a job overlap in time"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -347,6 +355,7 @@ class Checker:
         dead_reasons = self.check_dead(jobs, claims_by_job)
         latency = self.check_latency(jobs, claims_by_job, by_job)
         self.check_supervisors()
+        self.check_overlap(by_job)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
         states = Counter(j.state if j is not None else "missing" for j in told_jobs)
@@ -832,6 +841,19 @@ class Checker:
                          + " | ".join(text[first:first + 1500].splitlines()[-3:]))
         if self.ctx.errors:
             inv.notes.extend(f"harness: {e}" for e in self.ctx.errors)
+
+
+    def check_overlap(self, by_job: dict[str, list[Exec]]) -> None:
+        inv = self.inv[8]
+        for jid, lst in by_job.items():  # each sorted by start
+            for i, later in enumerate(lst):
+                for earlier in lst[:i]:
+                    if earlier.end is not None and earlier.end > later.start + OVERLAP_MARGIN:
+                        inv.fail(f"{jid}: execution {earlier.x} (pid {earlier.pid} under "
+                                 f"{earlier.sup}) ran {earlier.end - later.start:.3f}s into "
+                                 f"execution {later.x} (pid {later.pid} under {later.sup})")
+        inv.notes.append(f"executions compared by their recorded start and end, margin "
+                         f"{OVERLAP_MARGIN * 1000:.0f} ms")
 
 
 def check(ctx: Context, queue: Queue | None = None) -> dict[str, Any]:

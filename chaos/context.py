@@ -37,6 +37,9 @@ class Settings:
     keep: bool = False
     quiet: bool = False
     job_cgroups: bool = False  # supervisors in cgroups of their own, job_cgroups = "required"
+    # chaos.slow jobs run this long (ms): past lease_ttl, so a stopped supervisor's child
+    # would still run when its job is re-run elsewhere, were it not fenced
+    slow_ms: tuple[float, float] = (300.0, 3000.0)
 
     @property
     def reclaim_bound(self) -> float:

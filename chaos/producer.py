@@ -32,7 +32,7 @@ MIX = {
 
 
 def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
-              max_crashes: int) -> dict[str, Any]:
+              max_crashes: int, slow_ms: tuple[float, float] = (300, 3000)) -> dict[str, Any]:
     """One job: its enqueue item plus what the checker should expect of it."""
     kwargs: dict[str, Any] = {}
     options: dict[str, Any] = {}
@@ -41,7 +41,7 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
     if kind == "quick":
         task, kwargs["ms"] = "chaos.quick", round(rng.uniform(0, 20), 1)
     elif kind == "slow":
-        task, kwargs["ms"] = "chaos.slow", round(rng.uniform(300, 2000))
+        task, kwargs["ms"] = "chaos.slow", round(rng.uniform(*slow_ms))
     elif kind == "cpu":
         task, kwargs["ms"] = "chaos.cpu", round(rng.uniform(50, 200))
     elif kind == "flaky":
@@ -123,7 +123,8 @@ class Producer(threading.Thread):
         self.rate = s.job_rate()
         kinds, weights = zip(*MIX.items(), strict=True)
         self.plan = [build_job(self.rng, i, self.rng.choices(kinds, weights)[0],
-                               s.max_attempts, s.max_crashes) for i in range(self.total)]
+                               s.max_attempts, s.max_crashes, s.slow_ms)
+                     for i in range(self.total)]
         self.drop: set[int] = set()
         if "drop-job" in s.breaks and self.total:
             # the broken producer: says these are enqueued, never sends them

@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--jobs", type=int, default=None,
                    help="jobs to enqueue (default: rate × duration)")
     p.add_argument("--rate", type=float, default=None, help="jobs per second (default 35)")
+    p.add_argument("--slow-ms", default="300-3000",
+                   help="chaos.slow jobs last MIN-MAX milliseconds (default 300-3000)")
     p.add_argument("--seed", type=int, default=None, help="seed for jobs and faults (default: random)")
     p.add_argument("--lease-ttl", default="2s", help="supervisors' lease_ttl (default 2s)")
     p.add_argument("--reaper-interval", default="250ms", help="supervisors' reaper_interval")
@@ -85,6 +87,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             p.error(f"--break: unknown mode {b!r} (known: {', '.join(BREAKS)})")
     if a.supervisors < 1:
         p.error("--supervisors must be >= 1")
+    try:
+        low, high = (float(x) for x in a.slow_ms.split("-"))
+        if not 0 <= low <= high:
+            raise ValueError
+    except ValueError:
+        p.error(f"--slow-ms: expected MIN-MAX milliseconds such as 300-3000, got {a.slow_ms!r}")
     if a.job_cgroups:
         from tests.vm import cgroup_v2_problem
 
@@ -101,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
-        quiet=a.quiet, job_cgroups=a.job_cgroups)
+        quiet=a.quiet, job_cgroups=a.job_cgroups, slow_ms=(low, high))
 
 
 def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:

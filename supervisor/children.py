@@ -45,6 +45,8 @@ class Children:
         self.by_job: dict[str, RunningChild] = {}
         self.running: dict[str, int] = defaultdict(int)  # by queue
         self.spawner = Spawner(loop, self.by_job.values, self.ended)
+        # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
+        self.first_deadline: Callable[[float], float | None] = lambda _sent_at: None
         self.police = LimitPolice(self.kill_after_grace)
 
     def __len__(self) -> int:
@@ -85,7 +87,8 @@ class Children:
         spec.traceparent = tracing.TRACER.started(queue, job, lease.token, f.get("owner", ""))
         try:
             child = self.spawner.spawn(lease, spec, title=f"forq: job {job.id} {job.task}",
-                                       timeout=self.launcher.timeout(lease))
+                                       timeout=self.launcher.timeout(lease),
+                                       fence_at=self.first_deadline(sent_at))
         except BaseException as exc:
             self.launcher.discard(spec)
             tracing.TRACER.finished(job.id, lease.token, "not started", None, repr(exc))

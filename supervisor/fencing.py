@@ -42,6 +42,21 @@ class Fencer:
                 log.info("job %s %s: cancelled, stopping its child", job_id, child.task)
                 child.stop(KillReason.CANCELLED, grace=0)
 
+    def first_deadline(self, sent_at: float) -> float | None:
+        """The fencing deadline of a lease claimed by a call sent at `sent_at` (monotonic):
+        the fork server kills the child then unless `deadlines` moves it on."""
+        return sent_at + self.leases.ttl - self.leases.margin
+
+    def deadlines(self) -> list[tuple[RunningChild, float]]:
+        """Each child's fencing deadline after a confirmed extension: when its lease stops
+        being proven (what `unproven` goes by)."""
+        out = []
+        for job_id, child in self.children.items():
+            at = self.leases.fence_at(job_id)
+            if at is not None:
+                out.append((child, at))
+        return out
+
     def unproven(self) -> None:
         """Kill any child whose lease can no longer be proven, before another
         supervisor's reaper can hand the job to someone else."""

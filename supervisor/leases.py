@@ -79,6 +79,13 @@ class LeaseKeeper:
         now = time.monotonic() if now is None else now
         return [j for j, until in self._proven.items() if until - self.margin <= now]
 
+    def fence_at(self, job_id: str) -> float | None:
+        """Monotonic time at which this lease stops being proven (what `unproven` goes
+        by): the fork server kills the job's child then, should this supervisor be
+        frozen and unable to do it itself."""
+        until = self._proven.get(job_id)
+        return None if until is None else until - self.margin
+
     def next_expiry(self) -> float | None:
         """Monotonic time at which the first lease becomes unproven, if any."""
         if not self._proven:

@@ -25,7 +25,7 @@ from forq.queue import Lease
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import ForkServer, ForkServerError, spawn
 from forq.supervisor.loop import EventLoop
-from forq.supervisor.running import RunningChild
+from forq.supervisor.running import KillReason, RunningChild
 
 log = logging.getLogger("forq.supervisor")
 
@@ -72,14 +72,17 @@ class Spawner:
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
         log.info("fork server started in pid %d", server.pid)
 
-    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
-              timeout: float) -> RunningChild:
+    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
+              fence_at: float | None = None) -> RunningChild:
+        """`fence_at` (monotonic): the fork server kills the child then, unless `fence`
+        moves it on (a child forked here has no such guard)."""
         for _attempt in range(2):  # a lost fork server is replaced once, then forked here
             server = self.server
             if server is None:
                 break
             try:
-                child = server.spawn(lease, spec, title=title, timeout=timeout)
+                child = server.spawn(lease, spec, title=title, timeout=timeout,
+                                     fence_at=fence_at)
             except ForkServerError as exc:
                 self._lost(server, exc)
                 continue
@@ -89,6 +92,17 @@ class Spawner:
         child = spawn(lease, spec, title=title, timeout=timeout)
         self.loop.add_reader(child.pidfd, lambda _f, _m: self._reap_here(child))
         return child
+
+    def fence(self, deadlines: Iterable[tuple[RunningChild, float]]) -> None:
+        """Tell each fork server its children's new fencing deadlines: it kills them past
+        those if this supervisor is frozen and cannot (see fork/protocol.py)."""
+        by_server: dict[int, list[tuple[int, float]]] = {}
+        for child, at in deadlines:
+            if child.forked_by_server:
+                by_server.setdefault(child.server, []).append((child.pid, at))
+        for server in [self.server, *self.retiring]:
+            if server is not None and server.pid in by_server:
+                server.fence(by_server[server.pid])
 
     def close(self) -> None:
         for server in [*self.retiring, self.server]:
@@ -120,9 +134,13 @@ class Spawner:
 
     def _dispatch_exits(self, server: ForkServer) -> None:
         while server.pending_exits:
-            pid, status, peak = server.pending_exits.pop(0)
+            pid, status, peak, fenced = server.pending_exits.pop(0)
             child = next((c for c in self._of(server) if c.pid == pid), None)
             if child is not None:
+                if fenced and child.kill_reason is None:
+                    log.warning("job %s %s: lease not confirmed in time, its fork server "
+                                "killed its child", child.job_id, child.task)
+                    child.kill_reason = KillReason.LEASE_LOST
                 self.on_exit(child, status, peak, "")
         if server in self.retiring and not self._of(server):
             self.retiring.remove(server)

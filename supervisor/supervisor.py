@@ -89,6 +89,7 @@ class Supervisor:
                                  self._report, self._set_title)
         self.spawner = self.children.spawner
         self.fencer = self.make_fencer()
+        self.children.first_deadline = self.fencer.first_deadline
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
@@ -429,6 +430,7 @@ class Supervisor:
         self.metrics.lease_extended(len(self.leases))
         self.fencer.lost(lost)
         self.fencer.cancelled(cancelled)
+        self.spawner.fence(self.fencer.deadlines())
 
     def _reap(self) -> None:
         if not self.health.ready():

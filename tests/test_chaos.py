@@ -70,10 +70,12 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
 def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     """drop-job: the producer says three jobs are enqueued and never sends them;
     double-run: an idempotent job's completion is recorded twice;
-    no-fencing: a supervisor keeps children whose lease is lost and acks with a stale
-    token. Each must be named by the invariant it breaks."""
+    no-fencing: a supervisor (and its fork server) keeps children whose lease is lost or
+    unproven, and acks with a stale token; slow jobs longer than a stop make a stopped
+    supervisor's child run on while its job runs again elsewhere. Each must be named by
+    the invariant it breaks."""
     code, result, out = run_chaos(
-        tmp_path, "--duration", "20s", "--seed", "7", "--rate", "30",
+        tmp_path, "--duration", "20s", "--seed", "7", "--rate", "30", "--slow-ms", "2500-5000",
         "--break", "drop-job,double-run,no-fencing",
         # three stops: a stopped supervisor with no child running shows nothing to fence
         "--faults", "sup_stop,child_kill", "--min-each", "3", "--settle", "20s",
@@ -92,6 +94,9 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     fencing = invariant(result, 2)["examples"] + invariant(result, 3)["examples"]
     assert any("stale ack" in ex or "after 'succeeded'" in ex or "two states" in ex
                or "both" in ex for ex in fencing), fencing
+    overlap = invariant(result, 8)
+    assert not overlap["ok"] and any(" ran " in ex and " into execution " in ex
+                                     for ex in overlap["examples"]), overlap
 
 
 # -- the checker's pieces, without processes ------------------------------------------------

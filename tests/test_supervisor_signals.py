@@ -457,6 +457,39 @@ def test_lease_lost_while_stopped_child_killed_and_not_acked(tmp_path, redis_url
     assert wait_exit(victim, 15) == 0 and wait_exit(peer, 15) == 0
 
 
+@pytest.mark.timeout(90)
+def test_a_frozen_supervisors_child_dies_before_its_job_runs_elsewhere(tmp_path, redis_url, r,
+                                                                       queue, supervisors):
+    """SIGSTOP freezes the supervisor, not its fork server: the fork server kills the
+    child once the lease it holds is no longer proven, while the supervisor is still
+    stopped, so the peer's re-run never overlaps it."""
+    cfg = config(tmp_path, redis_url, {queue.name: 1})
+    (victim,) = supervisors(cfg)
+    touch = tmp_path / "touch"
+    job_id, child = start_touch(queue, touch, 4.0)
+    victim.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: gone(child), timeout=LEASE_TTL + 2,
+                 message="the frozen supervisor's child killed by its fork server")
+        # at the latest a lease_ttl after the last extension, which came before the stop
+        assert time.monotonic() - stopped < LEASE_TTL + 0.3
+        assert psutil.Process(victim.pid).status() == psutil.STATUS_STOPPED
+        assert child not in ended_pids(touch, job_id)
+        (peer,) = supervisors(cfg)
+        job = wait_state(queue, job_id, "succeeded", timeout=20)
+    finally:
+        victim.signal(signal.SIGCONT)
+    rerun = [p for p in started_pids(touch, job_id) if p != child]
+    assert job.result == rerun[0] and job.crashes == 1, job.history
+    wait_log(victim, r"lease not confirmed in time|lease lost")  # said once it thaws
+    assert victim.proc.poll() is None
+    for sup in (victim, peer):
+        sup.signal(signal.SIGTERM)
+    assert wait_exit(victim, 15) == 0 and wait_exit(peer, 15) == 0
+    assert "Traceback" not in victim.log()
+
+
 # -- Redis restarted under a running supervisor -----------------------------------------------
 
 

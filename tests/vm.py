@@ -151,6 +151,17 @@ def run(command: list[str], *, timeout: float = 600, memory_mib: int = 1536,
     """Run `command` in the VM; (its exit code, or -1 if it never reported one; the
     console output). `out`: a host directory the command may write, as /run/vm-out
     (default: a temporary one, removed)."""
+    init = _INIT.format(path=shlex.quote(os.environ.get("PATH", "/usr/bin:/bin")),
+                        cwd=shlex.quote(os.getcwd()),
+                        command=" ".join(shlex.quote(c) for c in command))
+    return boot(init, timeout=timeout, memory_mib=memory_mib, out=out)
+
+
+def boot(init_script: str, *, timeout: float = 600, memory_mib: int = 1536,
+         out: Path | None = None, cmdline: str = "loglevel=1") -> tuple[int, str]:
+    """Boot the VM with `init_script` (a shell script) as PID 1 and more kernel
+    `cmdline`; it writes its exit code to `rc` in the `vmout` share, `out` on the host.
+    Returns (that code, or -1; the console output)."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise VMUnavailable("qemu-system-x86_64 missing (apt-get install qemu-system-x86)")
@@ -163,10 +174,7 @@ def run(command: list[str], *, timeout: float = 600, memory_mib: int = 1536,
         out.mkdir(parents=True, exist_ok=True)
         (out / "rc").unlink(missing_ok=True)
         init = work / "init.sh"
-        init.write_text(_INIT.format(
-            path=shlex.quote(os.environ.get("PATH", "/usr/bin:/bin")),
-            cwd=shlex.quote(os.getcwd()),
-            command=" ".join(shlex.quote(c) for c in command)))
+        init.write_text(init_script)
         init.chmod(0o755)
         accel = os.environ.get("FORQ_VM_ACCEL", "tcg")
         cpu = ["-accel", "kvm"] if accel == "kvm" else ["-accel", "tcg,thread=multi",
@@ -175,7 +183,7 @@ def run(command: list[str], *, timeout: float = 600, memory_mib: int = 1536,
             qemu, *cpu, "-m", str(memory_mib), "-smp", "2", "-nographic", "-no-reboot",
             "-kernel", vmlinuz, "-initrd", str(initrd),
             "-append", f"root=hostroot rootfstype=9p rootflags=trans=virtio,version=9p2000.L,cache=loose,"
-                       f"msize=262144 ro console=ttyS0 init={init} panic=-1 quiet loglevel=1",
+                       f"msize=262144 ro console=ttyS0 init={init} panic=-1 quiet {cmdline}",
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
                        "multidevs=remap",
             "-virtfs", f"local,path={out},mount_tag=vmout,security_model=none,multidevs=remap",

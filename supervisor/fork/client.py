@@ -53,12 +53,14 @@ READY_TIMEOUT = 30.0  # start-up: it imports the handler modules
 # one fork (about a millisecond when it works): the supervisor's loop waits for it, so a
 # fork server that stops answering must not stall lease extension for long
 REPLY_TIMEOUT = 3.0
+_FENCE_BATCH = 1000  # deadlines per message: well under the server's RECV_MAX
 
 
 class ForkServer:
     """The supervisor's end of `python -m forq.supervisor.fork.server`: asks it to fork each
-    child, and collects the exits it reports (`pending_exits`: pid, status, peak RSS
-    in bytes) for the supervisor's loop."""
+    child, tells it each child's fencing deadline, and collects the exits it reports
+    (`pending_exits`: pid, status, peak RSS in bytes, whether it killed the child for its
+    fencing deadline) for the supervisor's loop."""
 
     def __init__(self, imports: list[str]) -> None:
         self.imports = list(imports)
@@ -79,7 +81,7 @@ class ForkServer:
             theirs.close()
         self.sock = ours
         self.pid = self.proc.pid
-        self.pending_exits: list[tuple[int, int, int]] = []
+        self.pending_exits: list[tuple[int, int, int, bool]] = []
         self.closed = False
         try:
             message, _ = self._receive(READY_TIMEOUT)
@@ -124,7 +126,8 @@ class ForkServer:
             raise ForkServerError(f"garbled message: {exc}") from exc
         if "exit" in message:
             self.pending_exits.append((int(message["exit"]), int(message["status"]),
-                                       int(message["maxrss"]) * 1024))
+                                       int(message["maxrss"]) * 1024,
+                                       message.get("fenced") is True))
         return message, fds
 
     def drain(self) -> None:
@@ -137,8 +140,10 @@ class ForkServer:
             for fd in fds:
                 os.close(fd)
 
-    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str,
-              timeout: float) -> RunningChild:
+    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
+              fence_at: float | None = None) -> RunningChild:
+        """Have it fork a child for `lease`; `fence_at` (monotonic): kill it then unless
+        `fence` moves that deadline on."""
         data = json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
         read_fd, write_fd = os.pipe()
         memfd = -1
@@ -152,6 +157,8 @@ class ForkServer:
                 while view:
                     view = view[os.write(memfd, view):]
                 message, fds = {"title": title, "memfd": True}, [write_fd, memfd]
+            if fence_at is not None:
+                message["fence_at"] = fence_at
             try:
                 send(self.sock, message, fds)
             except OSError as exc:
@@ -185,6 +192,18 @@ class ForkServer:
         now = time.monotonic()
         return RunningChild(lease, spec, int(reply["pid"]), pidfd, read_fd, now, now + timeout,
                             server=self.pid)
+
+    def fence(self, deadlines: list[tuple[int, float]]) -> None:
+        """New fencing deadlines (pid, monotonic time) for its children. Never blocks:
+        if its socket is full the update is dropped, and the next one (a lease_ttl/3
+        later, well before the old deadline) carries it."""
+        for start in range(0, len(deadlines), _FENCE_BATCH):
+            data = json.dumps({"fence": deadlines[start:start + _FENCE_BATCH]},
+                              separators=(",", ":")).encode()
+            try:
+                self.sock.send(data, socket.MSG_DONTWAIT)
+            except OSError:
+                return  # full, or gone: a dead fork server is noticed by its EOF
 
     def close(self) -> None:
         """Stop it (its children die with it: PR_SET_PDEATHSIG) and reap it."""

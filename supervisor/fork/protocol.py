@@ -6,10 +6,22 @@ travel beside it (SCM_RIGHTS):
 * supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the result pipe's
   write end attached; a spec too big for one datagram travels in a memfd attached
   second, and the message says {"title": ..., "memfd": true}.
+  The request may carry "fence_at": the child's first fencing deadline (below).
+* supervisor → server: {"fence": [[pid, fence_at], ...]} after each confirmed lease
+  extension: each child's new fencing deadline. Unknown pids are ignored.
 * server → supervisor: {"ready": pid} once, after start-up; {"pid": pid} with the
   child's pidfd attached (opened before the server could reap it); {"error": text} if
   the fork failed; {"exit": pid, "status": wait status, "maxrss": KiB} when it has
-  SIGKILLed the child's process group and reaped it.
+  SIGKILLed the child's process group and reaped it, with "fenced": true if it killed
+  the child for its fencing deadline.
+
+Fencing deadlines are CLOCK_MONOTONIC seconds (`time.monotonic()`, one clock for every
+process on the machine): the moment until which the supervisor can prove the child's
+lease, less a margin, so before any other supervisor can reclaim the job. The
+supervisor kills such a child itself; the fork server does it too, because a supervisor
+that is frozen (SIGSTOP, a VM pause, a swap storm) cannot, and the job would then run
+twice at once. A frozen fork server cannot either: it is a small process that only
+forks and reaps.
 """
 
 from __future__ import annotations

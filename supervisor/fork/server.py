@@ -25,6 +25,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from forq import registry
@@ -39,6 +40,9 @@ class Server:
         self.me = os.getpid()
         self.wake_r, self.wake_w = os.pipe()
         self.children: set[int] = set()
+        # pid -> monotonic fencing deadline (see `protocol`); pids killed for it
+        self.fence_at: dict[int, float] = {}
+        self.fenced: set[int] = set()
 
     def serve(self) -> None:
         os.set_blocking(self.wake_r, False)
@@ -52,9 +56,10 @@ class Server:
         while True:
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
-                ready, _, _ = select.select(watched, [], [])
+                ready, _, _ = select.select(watched, [], [], self.fence_timeout())
             except InterruptedError:
                 continue
+            self.fence()
             if self.wake_r in ready:
                 try:
                     os.read(self.wake_r, 512)
@@ -71,6 +76,33 @@ class Server:
             send(self.sock, message, fds)
         except OSError:
             os._exit(0)
+
+    def fence_timeout(self) -> float | None:
+        if not self.fence_at:
+            return None
+        return max(0.0, min(self.fence_at.values()) - time.monotonic())
+
+    def fence(self) -> None:
+        """Kill each child whose lease its supervisor could not prove in time (the
+        supervisor does too, unless it is frozen); `reap` reports it."""
+        now = time.monotonic()
+        for pid, deadline in list(self.fence_at.items()):
+            if deadline <= now:
+                del self.fence_at[pid]
+                self.fenced.add(pid)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def update_fences(self, entries: object) -> None:
+        """{"fence": [[pid, deadline], ...]}: new deadlines for our own children only."""
+        if not isinstance(entries, list):
+            return
+        for entry in entries:
+            if (isinstance(entry, list) and len(entry) == 2 and entry[0] in self.fence_at
+                    and isinstance(entry[1], (int, float))):
+                self.fence_at[entry[0]] = float(entry[1])
 
     def reap(self) -> None:
         """Report every exited child: its group SIGKILLed first (while the zombie still
@@ -89,7 +121,12 @@ class Server:
                 pass
             _, status, usage = os.wait4(pid, 0)
             self.children.discard(pid)
-            self.tell({"exit": pid, "status": status, "maxrss": usage.ru_maxrss})
+            self.fence_at.pop(pid, None)
+            exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss}
+            if pid in self.fenced:
+                self.fenced.discard(pid)
+                exit_message["fenced"] = True
+            self.tell(exit_message)
 
     def request(self) -> None:
         try:
@@ -102,10 +139,16 @@ class Server:
         result_fd = fds[0] if fds else -1
         try:
             message = json.loads(data)
+            if isinstance(message, dict) and "fence" in message and not fds:
+                self.update_fences(message["fence"])
+                return
             if message.get("memfd"):
                 message["spec"] = json.loads(read_memfd(fds[1]))
             spec = ChildSpec(**message["spec"])
             title = message["title"]
+            fence_at = message.get("fence_at")
+            if fence_at is not None and not isinstance(fence_at, (int, float)):
+                raise ValueError("fence_at is not a number")
             if result_fd < 0 or flags & socket.MSG_TRUNC:
                 raise ValueError("malformed request")
         except (ValueError, TypeError, KeyError, IndexError, OSError) as exc:
@@ -129,6 +172,8 @@ class Server:
             run_child(spec, result_fd, self.me, title)
         os.close(result_fd)
         self.children.add(pid)
+        if fence_at is not None:
+            self.fence_at[pid] = float(fence_at)
         pidfd = os.pidfd_open(pid)  # before reap() can run: the pid is still ours
         try:
             self.tell({"pid": pid}, [pidfd])
