@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         JobTimeout,
         NotReplicated,
         PayloadError,
+        QueueFull,
     )
     from forq.job import ACTIVE, CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
     from forq.queue import Queue, find_job, known_queues
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "ForqError": "errors", "JobFailed": "errors", "JobNotFound": "errors",
     "JobTimeout": "errors", "NotReplicated": "errors", "PayloadError": "errors",
-    "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
+    "QueueFull": "errors", "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
     "Queue": "queue", "find_job": "queue", "known_queues": "queue",
     "AsyncQueue": "async_queue", "AsyncJob": "async_queue",
@@ -39,7 +40,7 @@ _LAZY = {
 __all__ = [
     "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
     "ForqError", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
-    "NonRetryable", "NotReplicated", "Queue", "current", "find_job", "known_queues", "task",
+    "NonRetryable", "NotReplicated", "Queue", "QueueFull", "current", "find_job", "known_queues", "task",
 ]
 
 

@@ -50,3 +50,21 @@ class NotReplicated(ForqError):
             f"{what} of {noun} {shown or '(none)'} not replicated: {acknowledged} of "
             f"{required} required replica(s) acknowledged within {timeout_ms} ms; the "
             f"master has it, but a failover now could lose it")
+
+
+class QueueFull(ForqError):
+    """Redis is out of memory (``maxmemory`` reached under ``noeviction``) and refused
+    to store jobs. Each batch of jobs is one script that Redis refuses before it writes
+    anything, so nothing is half-written; enqueueing again later with the same
+    ``job_id`` is the remedy (a job that did land is answered "duplicate")."""
+
+    def __init__(self, queue: str, count: int, detail: str, maybe_partial: bool = False) -> None:
+        self.queue = queue
+        self.count = count
+        self.maybe_partial = maybe_partial
+        landed = (f"; of a call this large ({count} jobs, sent in batches) the first batches "
+                  "may have landed" if maybe_partial else "; nothing was enqueued")
+        super().__init__(
+            f"queue {queue}: Redis is out of memory ({detail.splitlines()[0][:120]}): "
+            f"{count} job(s) refused, none half-written{landed}. Free memory or raise "
+            "maxmemory, then enqueue them again (same job_id: no duplicates)")

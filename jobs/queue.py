@@ -16,7 +16,7 @@ from forq import keys as keyspace
 from forq import plans, topology
 from forq import transitions as tr
 from forq.connection import connect
-from forq.errors import JobNotFound
+from forq.errors import JobNotFound, QueueFull
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
 from forq.pipelines import run_plan
@@ -94,8 +94,12 @@ class Queue:
     def _enqueue_specs(self, specs: list[dict[str, Any]], durable: bool | None = None) -> list[Job]:
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
-        enqueued = self._run(plans.enqueue(self.keys, specs, register=not self._registered,
-                                           replicas=replicas, wait_ms=wait_ms))
+        try:
+            enqueued = self._run(plans.enqueue(self.keys, specs, register=not self._registered,
+                                               replicas=replicas, wait_ms=wait_ms))
+        except redis.OutOfMemoryError as exc:
+            raise QueueFull(self.name, len(specs), str(exc),
+                            maybe_partial=len(specs) > ENQUEUE_BATCH) from None
         self._registered = True
         return [Job.handle(self, job_id, status) for job_id, status in enqueued]
 
@@ -264,3 +268,4 @@ def find_job(client: redis.Redis, job_id: str) -> Job:
         if found:
             return Queue(name, redis=client).get(job_id)
     raise JobNotFound(f"no job with id {job_id} in any queue ({len(names)} known)")
+

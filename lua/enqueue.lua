@@ -1,5 +1,8 @@
+#!lua
 --[[
   enqueue: create jobs in pending (due now) or scheduled (delayed).
+  A flagged script (Redis 7): refused before it runs when Redis is out of memory, so
+  a job is never half-written; the producer gets QueueFull.
 
   KEYS[1]  forq:{q}:pending     zset, score = -priority * 2^42 + seq
   KEYS[2]  forq:{q}:scheduled   zset, score = run-at (ms)

@@ -1,5 +1,8 @@
+#!lua flags=allow-oom
 --[[
   extend: renew every lease one supervisor holds in this queue, in one call.
+  Runs when Redis is out of memory (maxmemory, noeviction): a full Redis must not cost
+  running jobs their leases; it grows nothing (a ZADD XX and an HSET of existing fields).
 
   KEYS[1]  forq:{q}:active      zset (lease deadline ms)
   ARGV[1]  key prefix "forq:{q}:"

@@ -173,6 +173,16 @@ def _stats(client: redis.Redis, only: str | None) -> dict[str, dict[str, Any]]:
     return {name: _queue(name, client).stats() for name in names}
 
 
+def _warn_eviction(client: redis.Redis) -> None:
+    """An evicting Redis deletes jobs silently: say so on stderr (see redis_checks)."""
+    from forq.supervisor.redis_checks import eviction_problem
+
+    policy, _unknown = eviction_problem(client)
+    if policy:
+        print(f"warning: Redis maxmemory-policy is {policy}: it may evict (delete) jobs when "
+              "it fills up; set maxmemory-policy noeviction", file=sys.stderr)
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     client = _client(args)
     if args.queue:
@@ -183,6 +193,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             _emit(stats)
         else:
             terminal.show(render.stats_grid(stats) if stats else None, render.stats_table(stats))
+        _warn_eviction(client)
         return 0
     try:
         interval = parse_duration(args.interval, where="--interval")

@@ -74,7 +74,8 @@ BUILTIN_POLICY = JOB_POLICY  # forq.defaults: the one source of every job defaul
 
 _TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule",
              "tracing")
-_REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout")
+_REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout",
+               "allow_eviction")
 _SUPERVISOR_KEYS = (
     "name",
     "lease_ttl",
@@ -265,6 +266,8 @@ class Config:
     # where redis_url came from, said at start-up: an environment variable that silently
     # overrides the file's URL surprises people ("--redis" is set by `forq run --redis`)
     redis_url_source: str = ""
+    # [redis].allow_eviction: run on a Redis whose maxmemory-policy may delete keys
+    redis_allow_eviction: bool = False
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -530,6 +533,10 @@ def _replication(doc: Mapping[str, Any]) -> dict[str, Any]:
     [redis].wait_timeout (how long, at most)."""
     table = doc.get("redis", {})
     out: dict[str, Any] = {}
+    if "allow_eviction" in table:
+        if not isinstance(table["allow_eviction"], bool):
+            raise _expected("[redis].allow_eviction", "true or false", table["allow_eviction"])
+        out["redis_allow_eviction"] = table["allow_eviction"]
     if "min_replicas" in table:
         out["redis_min_replicas"] = _int(table["min_replicas"], "[redis].min_replicas", 0, 16)
     if "wait_timeout" in table:

@@ -33,7 +33,7 @@ from forq import Queue
 from forq import registry as tasks
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
-from forq.supervisor import cgroups, status, tracing
+from forq.supervisor import cgroups, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
@@ -235,6 +235,10 @@ class Supervisor:
         if self.draining:
             self._shutdown()
             return 0
+        if not redis_checks.check_at_start(self.redis, self.config.redis_allow_eviction,
+                                           self.config.path, describe(self.config.redis_url)):
+            self._shutdown()
+            return 2
         self._push_limits()
         self.wakeups.subscribe(self._served())
         self._every(self.config.lease_ttl / 3, self._extend_leases)
