@@ -27,7 +27,8 @@ from .context import QUEUE, Context
 from .procs import SupervisorProc, job_children_of
 from .producer import client, enqueue_recorded, memhog_job
 
-KINDS = ("child_kill", "sup_kill", "sup_stop", "sup_term", "redis_kill", "redis_stop", "memhog")
+KINDS = ("child_kill", "sup_kill", "sup_stop", "sup_term", "redis_kill", "redis_stop", "memhog",
+         "redis_full")
 
 LONG_TASKS = ("chaos.slow", "chaos.idem", "chaos.cpu")
 
@@ -56,6 +57,7 @@ class Injector(threading.Thread):
             "sup_term": s.drain_timeout + 1.5,
             "redis_kill": 2.0,
             "redis_stop": 3.5,
+            "redis_full": 4.5,
         }[kind]
 
     def run(self) -> None:
@@ -246,6 +248,18 @@ class Injector(threading.Thread):
         self.record("redis_stop", t=at, t_end=up, down_for=round(up - at, 2))
         self._sleep(1.5)
 
+    def redis_full(self) -> None:
+        """Redis reaches maxmemory (noeviction) for a few seconds: the producer's enqueues
+        are refused whole (QueueFull: not told, sent again), running jobs keep their
+        leases and report, and claims resume when memory frees."""
+        r = client(self.ctx.redis.url, 2)
+        at = time.time()
+        r.config_set("maxmemory", max(1, int(r.info("memory")["used_memory"]) // 2))
+        self._sleep(self.rng.uniform(1.5, 3.0))
+        r.config_set("maxmemory", 0)
+        self.record("redis_full", t=at, t_end=time.time())
+        self._sleep(1.0)
+
     # -- end ---------------------------------------------------------------------------------
 
     def recover_all(self) -> None:
@@ -257,6 +271,7 @@ class Injector(threading.Thread):
                 at = time.time()
                 r.start()
                 self.ctx.redis_outages.append([at, time.time()])
+            client(r.url, 2).config_set("maxmemory", 0)
         except Exception as exc:  # noqa: BLE001
             self.ctx.errors.append(f"could not restart redis: {exc}")
         for sp in self.ctx.supervisors:

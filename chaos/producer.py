@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from forq import Queue
+from forq import Queue, QueueFull
 
 from .context import QUEUE, Context, Told
 
@@ -96,7 +96,7 @@ def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
         tries[job["item"]["job_id"]] = tries.get(job["item"]["job_id"], 0) + 1
     try:
         handles = queue.enqueue_many([j["item"] for j in jobs])
-    except (redis.RedisError, OSError):
+    except (redis.RedisError, OSError, QueueFull):
         with ctx.lock:
             ctx.enqueue_errors += 1
             for job in jobs:
