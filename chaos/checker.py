@@ -52,6 +52,7 @@ from .context import QUEUE, Context
 LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled")
 TERMINAL = ("succeeded", "dead", "cancelled")
 FAULT_CAUSES = ("supervisor killed", "supervisor stopped", "supervisor drained",
+                "supervisor partitioned",
                 "supervisor exited", "redis outage", "supervisor starved of CPU",
                 "redis stalled (host)")
 STARVED = 0.5  # s of run-queue wait within a lease that can explain losing it
@@ -216,7 +217,7 @@ class Checker:
                 continue
             if f["kind"] == "child_kill":
                 self.child_kills[f["pid"]] = f
-            elif f["kind"] in ("sup_kill", "sup_stop", "sup_term"):
+            elif f["kind"] in ("sup_kill", "sup_stop", "sup_term", "partition"):
                 self.sup_faults[f["pid"]].append(f)
         for u in ctx.unexpected_exits:
             try:
@@ -237,6 +238,8 @@ class Checker:
                 return "supervisor stopped"
             if f["kind"] == "sup_term" and start <= t1 and t0 <= end:
                 return "supervisor drained"
+            if f["kind"] == "partition" and start <= t1 and t0 - 0.5 <= end:
+                return "supervisor partitioned"
             if f["kind"] == "exited" and t0 - 0.5 <= start <= t1 + 0.5:
                 return "supervisor exited"
         for start, end in self.ctx.redis_outages:

@@ -26,9 +26,10 @@ from forq import Queue
 from .context import QUEUE, Context
 from .procs import SupervisorProc, job_children_of
 from .producer import client, enqueue_recorded, memhog_job
+from .proxy import BLACKHOLE, CUT, PASS, SLOW
 
 KINDS = ("child_kill", "sup_kill", "sup_stop", "sup_term", "redis_kill", "redis_stop", "memhog",
-         "redis_full")
+         "redis_full", "partition")
 
 LONG_TASKS = ("chaos.slow", "chaos.idem", "chaos.cpu")
 
@@ -58,6 +59,7 @@ class Injector(threading.Thread):
             "redis_kill": 2.0,
             "redis_stop": 3.5,
             "redis_full": 4.5,
+            "partition": s.lease_ttl + 1.5 + 1.5,
         }[kind]
 
     def run(self) -> None:
@@ -109,7 +111,8 @@ class Injector(threading.Thread):
         with self.ctx.lock:
             self.ctx.faults.append(fault)
         what = ", ".join(f"{k}={v}" for k, v in fields.items()
-                         if k in ("sup", "job", "pid", "down_for", "stopped_for", "rc", "skipped"))
+                         if k in ("sup", "job", "pid", "down_for", "stopped_for", "rc", "skipped",
+                                  "mode"))
         self.ctx.log(f"fault {kind}: {what}")
         return fault
 
@@ -260,6 +263,28 @@ class Injector(threading.Thread):
         self.record("redis_full", t=at, t_end=time.time())
         self._sleep(1.0)
 
+    def partition(self) -> None:
+        """One supervisor's path to Redis goes silent (blackhole, past its lease), slow
+        or cut, then heals. It must fence its children before their leases can be
+        reclaimed elsewhere, and carry on when the path is back."""
+        sp = self.running_supervisor()
+        if sp is None or sp.proxy is None:
+            self.record("partition", t=time.time(), skipped="no running supervisor")
+            return
+        s = self.ctx.settings
+        mode = self.rng.choice((BLACKHOLE, BLACKHOLE, SLOW, CUT))
+        delay = round(self.rng.uniform(0.05, 0.3), 3) if mode == SLOW else 0.0
+        lasting = (s.lease_ttl + self.rng.uniform(0.5, 1.5) if mode == BLACKHOLE
+                   else self.rng.uniform(1.0, 2.5))
+        inc = sp.current
+        at = time.time()
+        sp.proxy.set_mode(mode, delay)
+        self._sleep(lasting)
+        sp.proxy.set_mode(PASS)
+        self.record("partition", t=at, t_end=time.time(), mode=mode, delay=delay,
+                    sup=sp.name, sup_id=inc.sup_id if inc else "", pid=inc.pid if inc else 0)
+        self._sleep(1.5)
+
     # -- end ---------------------------------------------------------------------------------
 
     def recover_all(self) -> None:
@@ -275,6 +300,8 @@ class Injector(threading.Thread):
         except Exception as exc:  # noqa: BLE001
             self.ctx.errors.append(f"could not restart redis: {exc}")
         for sp in self.ctx.supervisors:
+            if sp.proxy is not None:
+                sp.proxy.set_mode(PASS)
             with sp.lock:
                 if sp.state == "stopped":
                     sp.signal(signal.SIGCONT)

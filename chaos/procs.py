@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forq.testing import supervisor as harness
 from forq.testing.redis import RedisServer
@@ -73,6 +74,7 @@ class SupervisorProc:
     # each start in a fresh cgroup v2 of its own, as systemd makes one per unit start
     own_cgroup: bool = False
     cgroups: list[str] = field(default_factory=list)
+    proxy: Any = None  # its path to Redis (chaos.proxy.Proxy), for partitions
 
     @property
     def current(self) -> Incarnation | None:

@@ -27,6 +27,7 @@ from .faults import KINDS, Injector
 from .monitor import Monitor, Probe
 from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
 from .producer import Producer, client
+from .proxy import Proxy
 
 BREAKS = ("drop-job", "double-run", "no-fencing")
 
@@ -176,14 +177,16 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
     sups = []
     for i in range(1, s.supervisors + 1):
         name = f"chaos-{i}"
-        cfg = write_config(workdir / f"{name}.toml", name=name, redis_url=redis_proc.url,
+        proxy = Proxy(redis_proc.port)  # its own path to Redis, for partitions
+        proxy.start()
+        cfg = write_config(workdir / f"{name}.toml", name=name, redis_url=proxy.url,
                            lease_ttl=s.lease_ttl, reaper_interval=s.reaper_interval,
                            drain_timeout=s.drain_timeout, concurrency=s.concurrency,
                            queue=QUEUE, max_attempts=s.max_attempts, max_crashes=s.max_crashes,
                            job_cgroups="required" if s.job_cgroups else "auto")
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
                                    supervisor_env(exec_log, name, s.breaks),
-                                   own_cgroup=s.job_cgroups))
+                                   own_cgroup=s.job_cgroups, proxy=proxy))
     ctx = Context(s, workdir, exec_log, redis_proc, sups)
     wall0 = time.monotonic()
     result: dict[str, Any] = {}
