@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from forq.async_queue import AsyncJob, AsyncQueue
     from forq.errors import (
         ForqError,
+        IncompatibleFormat,
         JobFailed,
         JobNotFound,
         JobTimeout,
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from forq.queue import Queue, find_job, known_queues
 
 _LAZY = {
-    "ForqError": "errors", "JobFailed": "errors", "JobNotFound": "errors",
+    "ForqError": "errors", "IncompatibleFormat": "errors", "JobFailed": "errors",
+    "JobNotFound": "errors",
     "JobTimeout": "errors", "NotReplicated": "errors", "PayloadError": "errors",
     "QueueFull": "errors", "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
@@ -39,7 +41,7 @@ _LAZY = {
 
 __all__ = [
     "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
-    "ForqError", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
+    "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
     "NonRetryable", "NotReplicated", "Queue", "QueueFull", "current", "find_job", "known_queues", "task",
 ]
 

@@ -68,3 +68,8 @@ class QueueFull(ForqError):
             f"queue {queue}: Redis is out of memory ({detail.splitlines()[0][:120]}): "
             f"{count} job(s) refused, none half-written{landed}. Free memory or raise "
             "maxmemory, then enqueue them again (same job_id: no duplicates)")
+
+
+class IncompatibleFormat(ForqError):
+    """Redis holds forq data in a format this version of forq cannot read or write
+    safely (a newer forq wrote it). Nothing was changed."""

@@ -9,6 +9,7 @@ ROOT = "forq"
 QUEUES = f"{ROOT}:queues"  # set of every queue name ever enqueued to
 SUPERVISORS = f"{ROOT}:supervisors"  # hash: supervisor id -> JSON heartbeat record
 SCHEDULES = f"{ROOT}:schedules"  # hash: schedule name -> JSON {"last": tick seconds, "job": id}
+FORMAT = f"{ROOT}:format"  # hash: the data format in Redis (forq.dataformat)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any, Literal, TypeVar
 
 import redis
 
+from forq import dataformat, plans, topology
 from forq import keys as keyspace
-from forq import plans, topology
 from forq import transitions as tr
 from forq.connection import connect
 from forq.errors import JobNotFound, QueueFull
@@ -92,6 +92,7 @@ class Queue:
         return self._enqueue_specs(batch_specs(jobs, self.max_payload_bytes), durable)
 
     def _enqueue_specs(self, specs: list[dict[str, Any]], durable: bool | None = None) -> list[Job]:
+        dataformat.ensure(self.redis)  # once per client: never write what a newer forq reads
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
         try:

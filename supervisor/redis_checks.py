@@ -14,6 +14,9 @@ from typing import Any
 
 import redis
 
+from forq import dataformat
+from forq.errors import IncompatibleFormat
+
 log = logging.getLogger("forq.supervisor")
 
 SAFE_POLICY = "noeviction"
@@ -43,6 +46,11 @@ def eviction_problem(client: Any) -> tuple[str | None, str | None]:
 
 def check_at_start(client: Any, allow_eviction: bool, config_path: str, endpoint: str) -> bool:
     """Log what the supervisor must know about this Redis; False: refuse to start."""
+    try:
+        dataformat.ensure(client, endpoint)
+    except IncompatibleFormat as exc:
+        log.error("refusing to start: %s", exc)
+        return False
     policy, unknown = eviction_problem(client)
     if unknown:
         log.warning("could not check Redis's maxmemory-policy at %s (%s): make sure it is "
