@@ -31,18 +31,19 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "ForqError": "errors", "IncompatibleFormat": "errors", "JobFailed": "errors",
-    "JobNotFound": "errors",
-    "JobTimeout": "errors", "NotReplicated": "errors", "PayloadError": "errors",
-    "QueueFull": "errors", "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
+    "JobNotFound": "errors", "JobTimeout": "errors", "NotReplicated": "errors",
+    "PayloadError": "errors", "QueueFull": "errors",
+    "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
     "Queue": "queue", "find_job": "queue", "known_queues": "queue",
     "AsyncQueue": "async_queue", "AsyncJob": "async_queue",
 }
 
 __all__ = [
-    "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES", "SUCCEEDED",
-    "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound", "JobTimeout", "PayloadError",
-    "NonRetryable", "NotReplicated", "Queue", "QueueFull", "current", "find_job", "known_queues", "task",
+    "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES",
+    "SUCCEEDED", "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound",
+    "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue", "QueueFull",
+    "current", "find_job", "known_queues", "task",
 ]
 
 
