@@ -3,6 +3,7 @@ handler modules preloaded and the checkout on the import path."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ class SupervisorProcess(harness.SupervisorProcess):
 
     def __init__(self, config: Path, env: dict[str, str] | None = None,
                  cgroup: str | None = None, **options: Any) -> None:
-        super().__init__(config, dict(env or {}, PYTHONPATH=str(REPO)), cgroup,
+        env = dict(env or {})
+        path = [str(REPO), *filter(None, [env.get("PYTHONPATH", "")])]
+        super().__init__(config, dict(env, PYTHONPATH=os.pathsep.join(path)), cgroup,
                          cwd=str(REPO), **options)
 
 
