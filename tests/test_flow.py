@@ -334,16 +334,19 @@ def per_window(starts: list[int], origin: int, windows: int, size: int = 1000) -
 
 def test_rate_limit_holds_across_three_supervisors_and_changes_at_run_time(
         tmp_path, redis_url, r, queue):
+    # rates a loaded 2-core machine still keeps up with (forks per second), so the lower
+    # bounds below test the limiter, not the machine
+    rate, faster_rate = 10, 20
     sups = supervisors(tmp_path, redis_url, {queue.name: 4}, count=3,
-                       queue_extra='rate_limit = "20/s"\n')
+                       queue_extra=f'rate_limit = "{rate}/s"\n')
     with running(*sups):
         limits = queue.limits()
-        assert limits["rate"] == pytest.approx(20 / 1000) and limits["burst"] == 1.0
+        assert limits["rate"] == pytest.approx(rate / 1000) and limits["burst"] == 1.0
         ids = [j.id for j in queue.enqueue_many(
-            {"task": "examples.add", "args": [i, 1]} for i in range(220))]
+            {"task": "examples.add", "args": [i, 1]} for i in range(120))]
         enqueued = redis_ms(r)
         wait_redis_ms(r, enqueued + 5_600)
-        queue.set_limits(rate=(40, 1))  # at run time, no restart
+        queue.set_limits(rate=(faster_rate, 1))  # at run time, no restart
         changed = redis_ms(r)
         wait_redis_ms(r, changed + 2_100)
         lifted = redis_ms(r)
@@ -358,16 +361,16 @@ def test_rate_limit_holds_across_three_supervisors_and_changes_at_run_time(
     windows = per_window(starts, first, 5)
     # never above the limit in a one-second window (the bucket holds at most one token
     # of burst), and close to it over the five seconds: the supervisors were kept busy
-    assert max(windows) <= 21, windows
-    assert 90 <= sum(windows) <= 101, windows
+    assert max(windows) <= rate + 1, windows
+    assert 0.9 * 5 * rate <= sum(windows) <= 5 * rate + 1, windows
     faster = per_window(starts, changed, 2)
-    assert max(faster) <= 41, faster
-    assert 64 <= sum(faster) <= 81, faster
+    assert max(faster) <= faster_rate + 1, faster
+    assert 0.8 * 2 * faster_rate <= sum(faster) <= 2 * faster_rate + 1, faster
     # lifted: the rest started as fast as slots freed, more in a quarter second than
-    # 40/s could ever allow (10 + 1): the three supervisors each claimed a full batch
+    # the faster rate could ever allow (20/s: 5 + 1): the supervisors claimed full batches
     rest = [s for s in starts if s >= lifted]
     assert len(rest) >= 12, len(rest)
-    assert max(per_window(rest, rest[0], 1, size=250)) >= 12, rest
+    assert max(per_window(rest, rest[0], 1, size=250)) >= 8, rest
     assert len(owners(r, queue, ids)) >= 2  # the limit held while several claimed
 
 
