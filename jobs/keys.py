@@ -10,6 +10,9 @@ QUEUES = f"{ROOT}:queues"  # set of every queue name ever enqueued to
 SUPERVISORS = f"{ROOT}:supervisors"  # hash: supervisor id -> JSON heartbeat record
 SCHEDULES = f"{ROOT}:schedules"  # hash: schedule name -> JSON {"last": tick seconds, "job": id}
 FORMAT = f"{ROOT}:format"  # hash: the data format in Redis (forq.dataformat)
+# hash: schedule name -> JSON definition {cron, timezone, queue, task, next, seen}, written
+# by every supervisor that runs it, so `forq schedules` and `forq web` need no config file
+SCHEDULE_DEFS = f"{ROOT}:schedules:defs"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class QueueKeys:
     @property
     def dead(self) -> str:
         return self.prefix + "dead"
+
+    @property
+    def finished(self) -> str:
+        """Recently finished (succeeded, dead, cancelled) ids by finish time, capped."""
+        return self.prefix + "finished"
 
     @property
     def limits(self) -> str:

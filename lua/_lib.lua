@@ -9,6 +9,8 @@
 ]]
 
 local HISTORY_CAP = 100
+local FINISHED_CAP = 10000 -- the "recently finished" index keeps this many newest ids
+local MINUTE_KEEP_MS = 3660000 -- per-minute counts live an hour: the dashboard's rate chart
 local PRIORITY_SPAN = 4398046511104 -- 2^42: pending score = -priority * 2^42 + seq
 
 local function now_ms()
@@ -68,7 +70,7 @@ local function count(prefix, field, at, n)
   redis.call('HINCRBY', prefix .. 'stats', field, n)
   local mkey = prefix .. 'minute:' .. math.floor(at / 60000)
   redis.call('HINCRBY', mkey, field, n)
-  redis.call('PEXPIRE', mkey, 180000)
+  redis.call('PEXPIRE', mkey, MINUTE_KEEP_MS)
 end
 
 -- Tell waiting supervisors there is work: "0" means pending now, otherwise the due time.
@@ -77,9 +79,15 @@ local function wake(prefix, due)
 end
 
 -- A job reached succeeded, dead or cancelled: free its idempotency key (or keep it
--- until `unique_until`), and start the record's retention clock.
+-- until `unique_until`), start the record's retention clock, and list it in the capped
+-- "recently finished" index (zset by finish time; two commands, O(log n) each).
 local function finish(prefix, id, retention_ms, at)
   local jkey = job_key(prefix, id)
+  if retention_ms ~= 0 then
+    local fkey = prefix .. 'finished'
+    redis.call('ZADD', fkey, at, id)
+    redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)
+  end
   local key = redis.call('HGET', jkey, 'key')
   if key then
     local ukey = prefix .. 'unique:' .. key

@@ -7,6 +7,7 @@
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
     forq workers [--json]
     forq schedules [--config PATH] [--json]
+    forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
     forq config check PATH
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as _dt
 import json
 import os
 import sys
@@ -36,12 +36,9 @@ import redis
 
 from forq import ForqError, Job, JobNotFound, Queue, find_job, known_queues
 from forq.connection import connect
-from forq.keys import SCHEDULES
 from forq.supervisor import render, terminal
 from forq.units import UnitError, parse_duration, parse_rate
 
-# The scheduler records each schedule's last fired tick here:
-# field = schedule name, value = JSON {"last": unix_seconds, "job": id}.
 DEFAULT_CONFIG = "/etc/forq/forq.toml"
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: `stats --watch` redraws in place
 
@@ -335,47 +332,18 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _last_fired(raw: str | None) -> tuple[float | None, str | None]:
-    """The scheduler's record of a schedule's last tick; (None, None) if absent or unreadable."""
-    if raw is None:
-        return None, None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None, None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), None
-    if not isinstance(value, dict):
-        return None, None
-    last = value.get("last")
-    last = float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None
-    job = value.get("job")
-    return last, (str(job) if job is not None else None)
-
-
 def cmd_schedules(args: argparse.Namespace) -> int:
-    config = _config(args)
+    from forq.supervisor.scheduler import schedule_rows
+
     client = _client(args)
-    schedules = config.schedules
-    raw = client.hmget(SCHEDULES, [s.name for s in schedules]) if schedules else []
+    schedules = _config(args).schedules if args.config else None
     now = _redis_now(client)
-    now_dt = _dt.datetime.fromtimestamp(now, _dt.timezone.utc)
-    rows = []
-    for schedule, value in zip(schedules, raw, strict=True):
-        last, job_id = _last_fired(str(value) if value is not None else None)
-        try:
-            nxt: float | None = schedule.next_after(now_dt).timestamp()
-        except (StopIteration, ValueError):
-            nxt = None
-        rows.append({"name": schedule.name, "cron": schedule.cron,
-                     "timezone": schedule.timezone, "queue": schedule.queue,
-                     "task": schedule.task, "last_fired": last, "last_job": job_id,
-                     "next_fire": nxt})
+    rows = schedule_rows(client, now, schedules)
     if args.json:
         _emit(rows)
     else:
         terminal.show(render.schedules_grid(rows, now) if rows else None,
-                      render.schedules_table(rows, now))
+                      render.schedules_table(rows, now, from_config=args.config is not None))
     return 0
 
 
@@ -450,6 +418,33 @@ def cmd_limit(args: argparse.Namespace) -> int:
     else:
         print(render.limits(info))
     return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from forq.web.security import Auth, SecretError
+        from forq.web.server import parse_listen, serve
+    except ImportError as exc:
+        raise Failure(f"forq web needs the web extra ({exc.name} is missing): "
+                      "pip install 'forq[web]'") from None
+    try:
+        parse_listen(args.listen)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        refresh = parse_duration(args.refresh, where="--refresh")
+    except UnitError as exc:
+        raise UsageError(str(exc)) from None
+    if refresh <= 0:
+        raise UsageError(f"--refresh: must be more than 0, got {args.refresh!r}")
+    try:
+        auth = Auth.from_sources(args.token_file, args.basic_auth_file)
+    except SecretError as exc:
+        raise UsageError(str(exc)) from None
+    client = _client(args)
+    client.ping()  # an unreachable Redis is one line now, not an error page later
+    return serve(client, args.listen, read_only=args.read_only, auth=auth,
+                 refresh=refresh)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -542,8 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schedules", help="cron schedules: last and next fire",
                        parents=[inspect])
-    p.add_argument("--config", "-c", default=DEFAULT_CONFIG,
-                   help=f"the supervisor config that declares them ({DEFAULT_CONFIG})")
+    p.add_argument("--config", "-c", metavar="PATH",
+                   help="the schedules of this config (default: those the running "
+                        "supervisors published in Redis)")
     p.set_defaults(func=cmd_schedules)
 
     p = sub.add_parser("cancel", help="cancel a job (an active one is stopped by its supervisor)",
@@ -561,6 +557,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", metavar="RATE", help='e.g. "50/s", "100/m", "3/h", or "none"')
     p.add_argument("--max-in-flight", metavar="N", help='an integer >= 1, or "none"')
     p.set_defaults(func=cmd_limit)
+
+    p = sub.add_parser("web", help="the live dashboard (needs pip install 'forq[web]')",
+                       parents=[common, with_config],
+                       description="Serve the operator dashboard. Auth (off by default): "
+                                   "$FORQ_WEB_TOKEN or --token-file (a browser signs in at "
+                                   "/?token=...), $FORQ_WEB_BASIC_AUTH or --basic-auth-file "
+                                   "(user:password).")
+    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="where to serve (127.0.0.1:8080)")
+    p.add_argument("--read-only", action="store_true",
+                   help="no actions: hide every button and refuse every POST")
+    p.add_argument("--token-file", metavar="PATH", help="file holding the access token")
+    p.add_argument("--basic-auth-file", metavar="PATH", help='file holding "user:password"')
+    p.add_argument("--refresh", default="1s", help="live views update this often (1s)")
+    p.set_defaults(func=cmd_web)
 
     p = sub.add_parser("config", help="configuration tools")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="check")

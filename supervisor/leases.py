@@ -41,6 +41,10 @@ class LeaseKeeper:
         held = self._held.get(job_id)
         return held[1] if held else None
 
+    def proven_until(self, job_id: str) -> float | None:
+        """Monotonic time until which this job's lease is proven held, if it is held."""
+        return self._proven.get(job_id)
+
     def extend(self, client, queues: Mapping[str, Queue]) -> tuple[list[str], list[str]]:
         """Extend every lease in one round trip. Returns (lost ids, cancelled ids).
         Raises the Redis error when Redis cannot be reached (nothing is proven then)."""

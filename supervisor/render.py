@@ -218,11 +218,16 @@ def _in_zone(seconds: float, zone: str) -> str:
 
 
 NO_SCHEDULES = "no schedules in the config"
+NO_PUBLISHED_SCHEDULES = ("no schedules published by a supervisor (forq schedules --config PATH "
+                          "reads a config file)")
 
 
-def schedules_table(rows: Sequence[Mapping[str, Any]], now: float) -> str:
+def schedules_table(rows: Sequence[Mapping[str, Any]], now: float, *,
+                    from_config: bool = True) -> str:
     """Rows as `forq schedules --json` prints them; times in each schedule's zone."""
-    return table(*schedules_grid(rows, now)) if rows else NO_SCHEDULES
+    if not rows:
+        return NO_SCHEDULES if from_config else NO_PUBLISHED_SCHEDULES
+    return table(*schedules_grid(rows, now))
 
 
 def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
@@ -232,6 +237,8 @@ def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
         last_text = "-" if last is None else f"{_in_zone(last, s['timezone'])} ({relative(last, now)})"
         nxt = s.get("next_fire")
         next_text = "-" if nxt is None else f"{_in_zone(nxt, s['timezone'])} ({relative(nxt, now)})"
+        if s.get("stale"):
+            next_text += " (no supervisor runs it now)"
         out.append((s["name"], s["cron"], s["timezone"], s["queue"], s["task"], last_text,
                     next_text))
     return ("name", "cron", "timezone", "queue", "task", "last fired", "next"), out

@@ -5,6 +5,10 @@ There is no leader. Every supervisor computes the same tick times (cron by crons
 ``schedule:<name>:<tick>``, checked inside the enqueue script: the first enqueue of a
 tick wins, the others get "duplicate" and add nothing. The last fired tick is kept in
 the ``forq:schedules`` hash for catch-up after downtime and for `forq schedules`.
+
+Each supervisor also publishes the definitions it runs, with their next tick, in
+``forq:schedules:defs`` (at every pass, at least once a minute), so `forq schedules`
+and `forq web` show them from any machine without the supervisor's config file.
 """
 
 from __future__ import annotations
@@ -12,18 +16,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 
 from forq import Queue
-from forq.keys import SCHEDULES
+from forq.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config import ScheduleConfig
 
 log = logging.getLogger("forq.scheduler")
 
 LATE_GRACE = dt.timedelta(seconds=5)  # a tick this late still fires under catch_up="none"
 MAX_SCAN = 100_000  # ticks walked to find missed ones, bounding a very long downtime
+STALE_AFTER = 600.0  # a definition no supervisor re-published for this long is stale
+FORGET_AFTER = 7 * 86400.0  # ... and after this long it is dropped
 
 
 def _now() -> dt.datetime:
@@ -114,10 +122,24 @@ class Scheduler:
                 if before is not None:
                     self.next_tick[schedule.name] = before
                 raise
+        self._publish()
         if not self.next_tick:
             return 60.0
         soonest = min(self.next_tick.values())
         return max(0.0, min(60.0, (soonest - _now()).total_seconds()))
+
+    def _publish(self) -> None:
+        """One HSET of every definition this supervisor runs, with its next tick."""
+        if not self.schedules:
+            return
+        seen = time.time()
+        defs = {}
+        for s in self.schedules:
+            nxt = self.next_tick.get(s.name)
+            defs[s.name] = json.dumps({
+                "cron": s.cron, "timezone": s.timezone, "queue": s.queue, "task": s.task,
+                "next": nxt.timestamp() if nxt else None, "seen": seen})
+        self.client.hset(SCHEDULE_DEFS, mapping=defs)
 
     def _fire(self, schedule: ScheduleConfig, tick: dt.datetime) -> None:
         queue = self.queue_for(schedule.queue)
@@ -133,3 +155,70 @@ class Scheduler:
         if status != "duplicate":
             log.info("schedule %s: fired tick %s as job %s", schedule.name,
                      tick.isoformat(timespec="seconds"), job.id)
+
+
+def _last_fired(raw: str | None) -> tuple[float | None, str | None]:
+    """The scheduler's record of a schedule's last tick; (None, None) if absent or unreadable."""
+    if raw is None:
+        return None, None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None, None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), None
+    if not isinstance(value, dict):
+        return None, None
+    last = value.get("last")
+    last = float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None
+    job = value.get("job")
+    return last, (str(job) if job is not None else None)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def schedule_rows(client: redis.Redis, now: float,
+                  schedules: Sequence[ScheduleConfig] | None = None) -> list[dict[str, Any]]:
+    """Every schedule with its last and next fire, for `forq schedules` and `forq web`:
+    those of a config file when `schedules` is given, else those the supervisors
+    published (each with ``stale`` when no supervisor re-published it lately)."""
+    if schedules is not None:
+        names = [s.name for s in schedules]
+        now_dt = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+        defs = {}
+        for s in schedules:
+            try:
+                nxt: float | None = s.next_after(now_dt).timestamp()
+            except (StopIteration, ValueError):
+                nxt = None
+            defs[s.name] = {"cron": s.cron, "timezone": s.timezone, "queue": s.queue,
+                            "task": s.task, "next": nxt, "seen": now}
+    else:
+        defs, forget = {}, []
+        for name, raw in client.hgetall(SCHEDULE_DEFS).items():
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = None
+            seen = _number(value.get("seen")) if isinstance(value, dict) else None
+            if seen is None or now - seen > FORGET_AFTER:
+                forget.append(name)  # unreadable (not a supervisor's) or long gone
+                continue
+            defs[name] = value
+        if forget:
+            client.hdel(SCHEDULE_DEFS, *forget)
+        names = sorted(defs)
+    raw_last = client.hmget(SCHEDULES, names) if names else []
+    rows = []
+    for name, value in zip(names, raw_last, strict=True):
+        d = defs[name]
+        last, job_id = _last_fired(value)
+        seen = _number(d.get("seen")) or now
+        rows.append({"name": name, "cron": str(d.get("cron", "")),
+                     "timezone": str(d.get("timezone") or "UTC"),
+                     "queue": str(d.get("queue", "")), "task": str(d.get("task", "")),
+                     "last_fired": last, "last_job": job_id, "next_fire": _number(d.get("next")),
+                     "stale": now - seen > STALE_AFTER})
+    return rows

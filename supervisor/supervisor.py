@@ -46,7 +46,7 @@ from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
-from forq.supervisor.registry import SupervisorRegistry
+from forq.supervisor.registry import SupervisorRegistry, running_record
 from forq.supervisor.reports import Pending, Reporter
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
@@ -473,6 +473,8 @@ class Supervisor:
                 "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self._served(), "busy": len(self.children), "slots": self._slots(),
                 "draining": self.draining,
+                **running_record(self.children, self.leases, per_job_cgroups=bool(
+                    self.launcher.cgroups and not self.launcher.cgroups_failed)),
             })
         except (redis.RedisError, OSError) as exc:
             self.health.failed("heartbeat", exc)

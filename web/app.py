@@ -1,0 +1,382 @@
+"""The dashboard's ASGI app: server-rendered pages, live fragments over server-sent
+events, and the operator's actions as CSRF-checked POSTs.
+
+Pages are plain `def` endpoints (Starlette runs them in its thread pool, where the
+blocking Redis calls belong); the event streams are async and read Redis in a thread.
+A live view is rendered at most once per refresh period however many browsers watch
+it, so ten open tabs cost Redis what one does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import anyio
+import jinja2
+import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from forq import Queue
+from forq.errors import JobNotFound
+from forq.keys import QueueKeys
+from forq.supervisor import render
+from forq.units import UnitError, parse_rate
+from forq.web import data
+from forq.web.security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    TOKEN_COOKIE,
+    Auth,
+    csrf_ok,
+    new_csrf_token,
+    same_origin,
+)
+
+HERE = Path(__file__).resolve().parent
+MAX_FORM_BYTES = 256 * 1024  # a form with a page of selected ids fits many times over
+LIVE_VIEWS = ("overview", "running")
+
+
+def _bytes(n: Any) -> str:
+    try:
+        n = float(n)
+    except (TypeError, ValueError):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["age"] = render.age
+    env.filters["when"] = render.when
+    env.filters["when_ms"] = render.when_ms
+    env.filters["bytes"] = _bytes
+    env.filters["rate"] = render.rate
+    env.filters["compact"] = render._compact
+    env.globals["LISTS"] = data.LISTS
+    return env
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Dashboard:
+    """One dashboard over one Redis client (thread-safe: redis-py pools connections)."""
+
+    def __init__(self, client: redis.Redis, *, read_only: bool = False,
+                 auth: Auth | None = None, refresh: float = 1.0) -> None:
+        self.client = client
+        self.read_only = read_only
+        self.auth = auth or Auth()
+        self.refresh = refresh
+        self.env = _environment()
+        self._live: dict[str, tuple[float, str]] = {}
+        self._live_lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/", self.page(self.overview)),
+            Route("/running", self.page(self.running)),
+            Route("/schedules", self.page(self.schedules)),
+            Route("/search", self.page(self.search)),
+            Route("/dead", self.page(self.dead_queues)),
+            Route("/queues/{queue}", self.page(self.queue_home)),
+            Route("/queues/{queue}/{state}", self.page(self.job_list)),
+            Route("/jobs/{queue}/{job_id}", self.page(self.job)),
+            Route("/events/{view}", self.events),
+            Route("/queues/{queue}/limits", self.action(self.set_limits), methods=["POST"]),
+            Route("/queues/{queue}/dead/{verb}", self.action(self.dead_action),
+                  methods=["POST"]),
+            Route("/jobs/{queue}/{job_id}/cancel", self.action(self.cancel), methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        app = Starlette(routes=routes)
+        return _AuthGate(app, self.auth)  # type: ignore[return-value]
+
+    def render(self, request: Request, template: str, status: int = 200, *,
+               title: str = "forq", **context: Any) -> HTMLResponse:
+        token = request.cookies.get(CSRF_COOKIE) or new_csrf_token()
+        html = self.env.get_template(template).render(
+            request=request, read_only=self.read_only, csrf_field=CSRF_FIELD, csrf=token,
+            path=request.url.path, done=request.query_params.get("done"), title=title,
+            **context)
+        response = HTMLResponse(html, status_code=status)
+        if request.cookies.get(CSRF_COOKIE) != token:
+            response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict")
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+            "frame-ancestors 'none'; form-action 'self'")
+        return response
+
+    def page(self, handler: Callable[..., Response]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            try:
+                return handler(request)
+            except HTTPError as exc:
+                return self.render(request, "error.html", exc.status, message=str(exc))
+            except JobNotFound as exc:
+                return self.render(request, "error.html", 404, message=str(exc))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                return self.render(request, "error.html", 503,
+                                   message=f"cannot reach Redis: {exc}")
+            except redis.RedisError as exc:
+                return self.render(request, "error.html", 500, message=f"Redis error: {exc}")
+        return endpoint
+
+    def action(self, handler: Callable[[Request, dict[str, list[str]]], str]
+               ) -> Callable[[Request], Any]:
+        """A POST: refused when read-only, without a matching CSRF token or from another
+        origin; on success, back to the page it came from with what was done."""
+        async def endpoint(request: Request) -> Response:
+            if self.read_only:
+                return Response("forq web runs read-only: actions are off\n", 403,
+                                media_type="text/plain")
+            if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+                return Response("refused: the request came from another site\n", 403,
+                                media_type="text/plain")
+            body = await request.body()
+            if len(body) > MAX_FORM_BYTES:
+                return Response("form too large\n", 413, media_type="text/plain")
+            form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+            given = (form.get(CSRF_FIELD) or [None])[0]
+            if not csrf_ok(request.cookies.get(CSRF_COOKIE), given):
+                return Response("refused: missing or wrong CSRF token (reload the page and "
+                                "try again)\n", 403, media_type="text/plain")
+            page = self.page(lambda r: _redirect_back(r, form, handler(r, form)))
+            return await anyio.to_thread.run_sync(page, request)
+        return endpoint
+
+    # -- live views -------------------------------------------------------------------
+
+    def live_fragment(self, view: str) -> str:
+        """The live part of a view, rendered at most once per half refresh period."""
+        with self._live_lock:
+            cached = self._live.get(view)
+            if cached and time.monotonic() - cached[0] < self.refresh / 2:
+                return cached[1]
+            try:
+                if view == "overview":
+                    html = self.env.get_template("_overview_live.html").render(
+                        o=data.overview(self.client))
+                else:
+                    html = self.env.get_template("_running_live.html").render(
+                        r=data.running(self.client))
+            except redis.RedisError as exc:
+                html = self.env.get_template("_redis_down.html").render(error=str(exc))
+            self._live[view] = (time.monotonic(), html)
+            return html
+
+    async def events(self, request: Request) -> Response:
+        view = request.path_params["view"]
+        if view not in LIVE_VIEWS:
+            return Response("no such live view\n", 404, media_type="text/plain")
+
+        async def stream() -> Any:
+            yield f"retry: {int(self.refresh * 1000) + 500}\n\n"
+            while True:
+                html = await anyio.to_thread.run_sync(self.live_fragment, view)
+                yield "event: update\ndata: " + html.replace("\n", "\ndata: ") + "\n\n"
+                await anyio.sleep(self.refresh)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # -- pages --------------------------------------------------------------------------
+
+    def overview(self, request: Request) -> Response:
+        return self.render(request, "overview.html", live=self.live_fragment("overview"),
+                           title="Overview")
+
+    def running(self, request: Request) -> Response:
+        return self.render(request, "running.html", live=self.live_fragment("running"),
+                           title="Running now")
+
+    def schedules(self, request: Request) -> Response:
+        return self.render(request, "schedules.html", s=data.schedules(self.client),
+                           title="Schedules")
+
+    def search(self, request: Request) -> Response:
+        text = request.query_params.get("q", "").strip()
+        hits = data.search(self.client, text) if text else []
+        if len(hits) == 1:
+            return RedirectResponse(f"/jobs/{hits[0]['queue']}/{hits[0]['id']}", 303)
+        return self.render(request, "search.html", text=text, hits=hits, title="Search")
+
+    def dead_queues(self, request: Request) -> Response:
+        o = data.overview(self.client)
+        return self.render(request, "dead_queues.html", o=o, title="Dead letters")
+
+    def queue_home(self, request: Request) -> Response:
+        return RedirectResponse(f"/queues/{_queue_name(request)}/pending", 303)
+
+    def job_list(self, request: Request) -> Response:
+        name = _queue_name(request)
+        state = request.path_params["state"]
+        if state not in data.LISTS:
+            raise HTTPError(404, f"no list {state!r}: one of {', '.join(data.LISTS)}")
+        offset = _int_param(request, "offset", 0)
+        page = data.job_page(self.client, name, state, offset)
+        limits = Queue(name, redis=self.client).limits()
+        per_ms = limits.get("rate")
+        return self.render(request, "jobs.html", page=page, queue=name,
+                           rate=render.rate(per_ms * 1000) if per_ms else "",
+                           max_in_flight=int(limits["max_in_flight"])
+                           if limits.get("max_in_flight") else "",
+                           paused="paused" in limits,
+                           title=f"{name}: {state}")
+
+    def job(self, request: Request) -> Response:
+        name = _queue_name(request)
+        detail = data.job_detail(self.client, name, request.path_params["job_id"])
+        now_ms = data.redis_now_ms(self.client)
+        return self.render(request, "job.html", d=detail, queue=name, now_ms=now_ms,
+                           title=f"job {detail['job'].id}")
+
+    # -- actions (each returns what it did, in a few words) -----------------------------
+
+    def cancel(self, request: Request, form: dict[str, list[str]]) -> str:
+        name, job_id = _queue_name(request), request.path_params["job_id"]
+        outcome = Queue(name, redis=self.client).cancel(job_id)
+        if outcome == "missing":
+            raise JobNotFound(f"no job {job_id} in queue {name}")
+        return {"cancelled": f"cancelled job {job_id}",
+                "cancelling": f"cancelling job {job_id}: its supervisor stops it within one "
+                              "lease extension"}.get(outcome, f"job {job_id} already {outcome}")
+
+    def set_limits(self, request: Request, form: dict[str, list[str]]) -> str:
+        queue = Queue(_queue_name(request), redis=self.client)
+        changes: dict[str, Any] = {}
+        rate = (form.get("rate") or [""])[0].strip()
+        if rate.lower() in ("", "none"):
+            changes["rate"] = None
+        else:
+            try:
+                changes["rate"] = parse_rate(rate, where="rate")
+            except UnitError as exc:
+                raise HTTPError(400, str(exc)) from None
+        mif = (form.get("max_in_flight") or [""])[0].strip()
+        if mif.lower() in ("", "none"):
+            changes["max_in_flight"] = None
+        else:
+            if not mif.isdigit() or int(mif) < 1:
+                raise HTTPError(400, f'max_in_flight: expected an integer >= 1 or "none", '
+                                     f"got {mif!r}")
+            changes["max_in_flight"] = int(mif)
+        queue.set_limits(**changes)
+        return f"limits of {queue.name}: rate {rate or 'none'}, max_in_flight {mif or 'none'}"
+
+    def dead_action(self, request: Request, form: dict[str, list[str]]) -> str:
+        queue = Queue(_queue_name(request), redis=self.client)
+        verb = request.path_params["verb"]
+        if verb not in ("requeue", "purge"):
+            raise HTTPError(404, f"no dead-letter action {verb!r}")
+        scope = (form.get("scope") or ["selected"])[0]
+        if scope == "selected":
+            ids = list(dict.fromkeys(form.get("id") or []))
+            if not ids:
+                raise HTTPError(400, "no dead jobs were selected")
+            what = f"{len(ids)} selected"
+        elif scope == "task":
+            task = (form.get("task") or [""])[0].strip()
+            if not task:
+                raise HTTPError(400, "say which task's dead jobs")
+            ids = data.dead_ids_of_task(self.client, queue.name, task)
+            what = f"every {task}"
+        elif scope == "all":
+            ids = None
+            what = "every"
+        else:
+            raise HTTPError(400, f"scope must be selected, task or all, not {scope!r}")
+        act = queue.requeue_dead if verb == "requeue" else queue.purge_dead
+        count = 0
+        if ids is None:
+            # in batches, never more rounds than the set had: a requeued job that dies
+            # again at once is not chased forever
+            rounds = self.client.zcard(queue.keys.dead) // 10000 + 1
+            for _ in range(rounds):
+                n, _ = act(None, limit=10000)
+                count += n
+                if n < 10000:
+                    break
+        else:
+            for start in range(0, len(ids), 1000):
+                n, _ = act(ids[start:start + 1000])
+                count += n
+        done = "requeued" if verb == "requeue" else "purged"
+        return f"{done} {count} dead job{'s' if count != 1 else ''} ({what}) of {queue.name}"
+
+
+def _redirect_back(request: Request, form: dict[str, list[str]], message: str) -> Response:
+    back = (form.get("next") or ["/"])[0]
+    if not back.startswith("/") or back.startswith("//"):
+        back = "/"  # only our own pages: never an open redirect
+    back = back.split("?", 1)[0]
+    return RedirectResponse(f"{back}?{urlencode({'done': message})}", 303)
+
+
+def _queue_name(request: Request) -> str:
+    name = request.path_params["queue"]
+    try:
+        QueueKeys(name)
+    except ValueError as exc:
+        raise HTTPError(404, str(exc)) from None
+    return name
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    try:
+        return max(0, int(request.query_params.get(name, default)))
+    except ValueError:
+        raise HTTPError(400, f"{name} must be a whole number") from None
+
+
+class _AuthGate:
+    """ASGI wrapper: every request needs the token or the basic-auth password, when set.
+    ``/?token=...`` signs a browser in (an HttpOnly cookie) and drops the token from
+    the address bar."""
+
+    def __init__(self, app: Any, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.auth.enabled:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        given = request.query_params.get("token")
+        if given is not None and self.auth.token_matches(given):
+            response: Response = RedirectResponse(scope["path"], 303)
+            response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+            await response(scope, receive, send)
+            return
+        if self.auth.allows(request.headers.get("authorization"),
+                            request.cookies.get(TOKEN_COOKIE)):
+            await self.app(scope, receive, send)
+            return
+        headers = {"WWW-Authenticate": 'Basic realm="forq"'} if self.auth.basic else {}
+        response = Response("forq web: sign in (a token: /?token=..., or basic auth)\n", 401,
+                            headers=headers, media_type="text/plain")
+        await response(scope, receive, send)

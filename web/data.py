@@ -1,0 +1,348 @@
+"""What the dashboard shows, read from Redis: plain dicts, no HTTP, no HTML.
+
+Every list is one page read by rank from its index (ZRANGE by index is O(log n + page)),
+plus one pipelined HMGET of the page's job fields: a page costs the same with ten
+pending jobs or ten million. Counts come from ZCARD. Nothing here loads a whole set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from forq import Queue, known_queues
+from forq.errors import JobNotFound
+from forq.job import Job
+from forq.keys import QueueKeys
+from forq.supervisor.registry import CHILD_FIELDS, live_supervisors
+from forq.supervisor.scheduler import schedule_rows
+
+PAGE_SIZE = 50
+CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
+RUNNING_CAP = 2000  # active jobs listed per queue on "running now"
+TASK_SCAN_CAP = 200_000  # dead jobs examined by one "all of this task" action
+OUTPUT_TAIL = 4096  # characters of a job's output shown on its page
+
+# a list: its index (a QueueKeys attribute), newest or oldest first, what the score means
+LISTS: dict[str, tuple[str, bool, str]] = {
+    "pending": ("pending", False, "claim order"),
+    "scheduled": ("scheduled", False, "due"),
+    "active": ("active", False, "lease deadline"),
+    "dead": ("dead", True, "died"),
+    "finished": ("finished", True, "finished"),
+}
+ROW_FIELDS = ("task", "state", "attempts", "crashes", "enqueued_at", "run_at", "started_at",
+              "finished_at", "priority", "key", "dead_reason", "error", "owner")
+
+
+def redis_now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _reason(fields: dict[str, Any]) -> str:
+    if fields.get("dead_reason"):
+        return str(fields["dead_reason"])
+    raw = fields.get("error")
+    if raw:
+        try:
+            err = json.loads(raw)
+        except ValueError:
+            return str(raw)
+        if isinstance(err, dict):
+            return str(err.get("reason") or err.get("message") or "")
+    return ""
+
+
+# -- overview ---------------------------------------------------------------------------
+
+
+def overview(client: redis.Redis) -> dict[str, Any]:
+    """Every queue's counts, limits, per-minute outcomes and oldest wait; every live
+    supervisor. Two pipelined round trips for all the queues together."""
+    now_ms = redis_now_ms(client)
+    names = known_queues(client)
+    minute = now_ms // 60000
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        k = QueueKeys(name)
+        pipe.zcard(k.pending)
+        pipe.zcard(k.scheduled)
+        pipe.zcard(k.active)
+        pipe.zcard(k.dead)
+        pipe.hgetall(k.limits)
+        pipe.zrange(k.pending, 0, 0)
+        for m in range(minute - CHART_MINUTES + 1, minute + 1):
+            pipe.hmget(k.minute(m), "succeeded", "failed", "crashed")
+    per_queue = 6 + CHART_MINUTES
+    replies = pipe.execute() if names else []
+    queues = []
+    heads = []
+    for i, name in enumerate(names):
+        r = replies[i * per_queue:(i + 1) * per_queue]
+        pending, scheduled, active, dead, limits, head = r[:6]
+        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[6:]]
+        # the current minute is partial: "per minute" is the last whole minute
+        ok_min, failed_min = chart[-2] if len(chart) > 1 else (0, 0)
+        rate_per_ms = float(limits["rate"]) if limits.get("rate") else None
+        queues.append({
+            "name": name, "pending": pending, "scheduled": scheduled, "active": active,
+            "dead": dead, "paused": "paused" in limits,  # pause (issue #15) flags the limits hash "ok_per_min": ok_min,
+            "failed_per_min": failed_min, "chart": chart,
+            "rate_per_second": rate_per_ms * 1000 if rate_per_ms else None,
+            "max_in_flight": _int(limits.get("max_in_flight")) or None,
+            "oldest_pending_age": None,
+        })
+        if head:
+            heads.append((len(queues) - 1, QueueKeys(name).job(head[0])))
+    if heads:
+        pipe = client.pipeline(transaction=False)
+        for _, key in heads:
+            pipe.hmget(key, "enqueued_at", "run_at")
+        for (index, _), (enqueued, run_at) in zip(heads, pipe.execute(), strict=True):
+            if enqueued:
+                since = max(_int(enqueued), _int(run_at))
+                queues[index]["oldest_pending_age"] = max(0.0, (now_ms - since) / 1000)
+    return {"now_ms": now_ms, "queues": queues, "supervisors": live_supervisors(client)}
+
+
+# -- running now ------------------------------------------------------------------------
+
+
+def running(client: redis.Redis) -> dict[str, Any]:
+    """Every active job with what its supervisor last said of its child.
+
+    The active index gives each lease's deadline in Redis time (authoritative); the
+    supervisors' heartbeat records give pid, elapsed, timeout, RSS and limit. An active
+    job no live supervisor lists is shown too: its lease runs out and the reaper takes it.
+    """
+    now_ms = redis_now_ms(client)
+    supervisors = live_supervisors(client)
+    children: dict[str, dict[str, Any]] = {}
+    for sup in supervisors:
+        age_ms = float(sup.get("age", 0)) * 1000
+        for row in sup.get("children") or []:
+            if not isinstance(row, list) or len(row) != len(CHILD_FIELDS):
+                continue
+            child = dict(zip(CHILD_FIELDS, row, strict=True))
+            elapsed = child.get("elapsed")
+            if isinstance(elapsed, (int, float)):
+                child["started_ms"] = now_ms - age_ms - elapsed * 1000
+            child["supervisor"] = sup.get("name") or sup.get("id")
+            child["host"] = sup.get("host")
+            children[str(child["id"])] = child
+    names = known_queues(client)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.zrange(QueueKeys(name).active, 0, RUNNING_CAP - 1, withscores=True)
+        pipe.zcard(QueueKeys(name).active)
+    replies = pipe.execute() if names else []
+    jobs = []
+    truncated = 0
+    for i, name in enumerate(names):
+        page, total = replies[2 * i], replies[2 * i + 1]
+        truncated += max(0, total - len(page))
+        for job_id, deadline in page:
+            child = children.get(job_id, {})
+            jobs.append({"id": job_id, "queue": name, "lease_deadline_ms": int(deadline),
+                         "child": child, "task": child.get("task")})
+    if jobs:  # task, start time and owner of the jobs no record covers, from their hashes
+        pipe = client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hmget(QueueKeys(job["queue"]).job(job["id"]), "task", "started_at", "owner",
+                       "timeout_ms", "memory_limit", "progress")
+        for job, (task, started, owner, timeout_ms, mem, progress) in zip(
+                jobs, pipe.execute(), strict=True):
+            job["task"] = job["task"] or task
+            job["owner"] = owner
+            job["progress"] = _progress(progress)
+            child = job["child"]
+            if "started_ms" not in child and started:
+                child["started_ms"] = _int(started)
+            child.setdefault("timeout", _int(timeout_ms) / 1000 if timeout_ms else None)
+            child.setdefault("memory_limit", _int(mem) or None)
+    jobs.sort(key=lambda j: j["child"].get("started_ms") or now_ms)
+    return {"now_ms": now_ms, "jobs": jobs, "supervisors": supervisors, "truncated": truncated}
+
+
+def _progress(raw: str | None) -> Any:
+    """A handler's progress report, whatever shape it has: shown, never trusted."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return str(raw)[:200]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return json.dumps(value)[:200]
+
+
+# -- lists ------------------------------------------------------------------------------
+
+
+@dataclass
+class Page:
+    queue: str
+    state: str
+    offset: int
+    limit: int
+    total: int
+    rows: list[dict[str, Any]]
+    score_label: str
+
+    @property
+    def has_next(self) -> bool:
+        return self.offset + len(self.rows) < self.total
+
+
+def job_page(client: redis.Redis, queue: str, state: str, offset: int = 0,
+             limit: int = PAGE_SIZE) -> Page:
+    """One page of a queue's list `state` (see LISTS), in that list's order."""
+    attr, newest_first, label = LISTS[state]
+    key = getattr(QueueKeys(queue), attr)
+    offset = max(0, offset)
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(key)
+    if newest_first:
+        pipe.zrevrange(key, offset, offset + limit - 1, withscores=True)
+    else:
+        pipe.zrange(key, offset, offset + limit - 1, withscores=True)
+    total, entries = pipe.execute()
+    return Page(queue, state, offset, limit, total, rows(client, queue, entries), label)
+
+
+def rows(client: redis.Redis, queue: str, entries: Sequence[tuple[str, float]]) -> list[dict[str, Any]]:
+    """The table row of each (id, score); an id whose record expired shows as such."""
+    if not entries:
+        return []
+    k = QueueKeys(queue)
+    pipe = client.pipeline(transaction=False)
+    for job_id, _ in entries:
+        pipe.hmget(k.job(job_id), *ROW_FIELDS)
+    out = []
+    for (job_id, score), values in zip(entries, pipe.execute(), strict=True):
+        fields = {f: v for f, v in zip(ROW_FIELDS, values, strict=True) if v is not None}
+        out.append({"id": job_id, "queue": queue, "score": score, "exists": bool(fields),
+                    "task": fields.get("task", ""), "state": fields.get("state", "expired"),
+                    "attempts": _int(fields.get("attempts")),
+                    "crashes": _int(fields.get("crashes")),
+                    "enqueued_at": _int(fields.get("enqueued_at")) or None,
+                    "run_at": _int(fields.get("run_at")) or None,
+                    "finished_at": _int(fields.get("finished_at")) or None,
+                    "priority": _int(fields.get("priority")), "key": fields.get("key"),
+                    "owner": fields.get("owner"), "reason": _reason(fields)})
+    return out
+
+
+def queue_names(client: redis.Redis) -> list[str]:
+    return known_queues(client)
+
+
+# -- search and one job ---------------------------------------------------------------
+
+
+def search(client: redis.Redis, text: str) -> list[dict[str, str]]:
+    """Jobs whose id is `text`, or whose idempotency key is `text`, in any queue
+    (two pipelined round trips however many queues)."""
+    text = text.strip()
+    if not text:
+        return []
+    names = known_queues(client)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        k = QueueKeys(name)
+        pipe.exists(k.job(text))
+        pipe.get(k.prefix + "unique:" + text)
+    replies = pipe.execute() if names else []
+    found = []
+    for i, name in enumerate(names):
+        if replies[2 * i]:
+            found.append({"queue": name, "id": text, "match": "id"})
+        holder = replies[2 * i + 1]
+        if holder:
+            found.append({"queue": name, "id": holder, "match": "key"})
+    return found
+
+
+def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
+    """Everything the job page shows; `JobNotFound` if the record is gone."""
+    job: Job = Queue(queue, redis=client).get(job_id)
+    f = job.fields
+    output = f.get("output")
+    k = QueueKeys(queue)
+    pipe = client.pipeline(transaction=False)
+    pipe.zscore(k.active, job_id)
+    pipe.exists(k.job(str(f["parent"]))) if f.get("parent") else pipe.exists(k.job(job_id))
+    lease_deadline, parent_here = pipe.execute()
+    links = []
+    if f.get("parent"):
+        links.append({"label": "parent", "id": str(f["parent"]),
+                      "queue": queue if parent_here else None})
+    for name in ("batch", "depends_on"):
+        if f.get(name):
+            links.append({"label": name, "id": str(f[name]), "queue": None})
+    return {
+        "job": job,
+        "fields": f,
+        "args": job.args,
+        "kwargs": job.kwargs,
+        "result": job.result if "result" in f else None,
+        "has_result": "result" in f,
+        "error": job.error,
+        "reason": job.reason,
+        "output": str(output)[-OUTPUT_TAIL:] if output else None,
+        "history": job.history,
+        "lease_deadline_ms": int(lease_deadline) if lease_deadline is not None else None,
+        "links": links,
+        "progress": _progress(f.get("progress")),
+    }
+
+
+def find_queue(client: redis.Redis, job_id: str) -> str:
+    """The queue holding `job_id` (one round trip); `JobNotFound` if none."""
+    for hit in search(client, job_id):
+        if hit["match"] == "id":
+            return hit["queue"]
+    raise JobNotFound(f"no job with id {job_id} in any queue")
+
+
+# -- dead letters ---------------------------------------------------------------------
+
+
+def dead_ids_of_task(client: redis.Redis, queue: str, task: str,
+                     chunk: int = 1000) -> list[str]:
+    """Ids of the dead jobs of `task`, oldest first, reading the dead set a chunk at a
+    time (at most TASK_SCAN_CAP of them), never the whole set at once."""
+    k = QueueKeys(queue)
+    found: list[str] = []
+    for start in range(0, TASK_SCAN_CAP, chunk):
+        ids = client.zrange(k.dead, start, start + chunk - 1)
+        if not ids:
+            break
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(k.job(job_id), "task")
+        found += [j for j, t in zip(ids, pipe.execute(), strict=True) if t == task]
+        if len(ids) < chunk:
+            break
+    return found
+
+
+# -- schedules --------------------------------------------------------------------------
+
+
+def schedules(client: redis.Redis) -> dict[str, Any]:
+    now_ms = redis_now_ms(client)
+    return {"now_ms": now_ms, "rows": schedule_rows(client, now_ms / 1000)}
