@@ -113,3 +113,14 @@ def escape():
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     return proc.pid
+
+
+@task("tests.wait_file")
+def wait_file(path: str, timeout: float = 30.0):
+    """Run until `path` exists (the test decides when the job ends), at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+    return path

@@ -60,7 +60,7 @@ def _bytes(n: Any) -> str:
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["age"] = render.age
     env.filters["when"] = render.when

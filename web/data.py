@@ -93,12 +93,16 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         r = replies[i * per_queue:(i + 1) * per_queue]
         pending, scheduled, active, dead, limits, head = r[:6]
         chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[6:]]
-        # the current minute is partial: "per minute" is the last whole minute
-        ok_min, failed_min = chart[-2] if len(chart) > 1 else (0, 0)
+        # a sliding minute, as `forq stats` has it: this minute so far plus the part of
+        # the previous one that is still within the last 60 s
+        frac = (now_ms % 60000) / 60000
+        ok_min, failed_min = (round(cur + prev * (1 - frac))
+                              for cur, prev in zip(chart[-1], chart[-2], strict=True))
         rate_per_ms = float(limits["rate"]) if limits.get("rate") else None
         queues.append({
             "name": name, "pending": pending, "scheduled": scheduled, "active": active,
-            "dead": dead, "paused": "paused" in limits,  # pause (issue #15) flags the limits hash "ok_per_min": ok_min,
+            # a paused queue (issue #15) has "paused" in its limits hash
+            "dead": dead, "paused": "paused" in limits, "ok_per_min": ok_min,
             "failed_per_min": failed_min, "chart": chart,
             "rate_per_second": rate_per_ms * 1000 if rate_per_ms else None,
             "max_in_flight": _int(limits.get("max_in_flight")) or None,

@@ -6,6 +6,7 @@ import ipaddress
 import sys
 
 import redis
+import uvicorn
 
 from forq.web.app import Dashboard
 from forq.web.security import Auth
@@ -31,8 +32,6 @@ def _is_loopback(host: str) -> bool:
 
 def serve(client: redis.Redis, listen: str, *, read_only: bool, auth: Auth,
           refresh: float = 1.0) -> int:
-    import uvicorn
-
     host, port = parse_listen(listen)
     if not _is_loopback(host) and not auth.enabled:
         print(f"forq web: warning: listening on {host} with no auth: anyone who reaches "

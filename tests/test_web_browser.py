@@ -1,0 +1,130 @@
+"""`forq web` in a real headless Chromium (Debian's /usr/bin/chromium, driven by
+Playwright; never a downloaded browser) against a real `forq web`, Redis and supervisor.
+
+One browser, one dashboard and one supervisor for the module: the checks are what an
+operator sees, without reloading the page."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import pytest
+
+from forq import Queue
+from tests.helpers import wait_for, wait_job
+from tests.supervisors import SupervisorProcess, write_config
+from tests.web_server import CHROMIUM, WebProcess, launch_chromium
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"no {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def served(redis_url, tmp_path_factory):
+    """A supervisor serving one queue (2 slots) and a dashboard; yields (queue name, url)."""
+    name = "w" + uuid.uuid4().hex[:12]
+    tmp = tmp_path_factory.mktemp("web")
+    config = write_config(tmp / "forq.toml", redis_url, {name: 2})
+    with SupervisorProcess(config), WebProcess(redis_url) as web:
+        yield name, web
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        context = launch_chromium(p, profile)
+        context.set_default_timeout(TIMEOUT_MS)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations: yes
+    yield page
+    page.close()
+
+
+def test_overview_and_running_now_follow_a_job_without_reload(served, page, r, tmp_path):
+    name, web = served
+    queue = Queue(name, redis=r)
+    gate = tmp_path / "gate"
+    page.goto(web.url + "/")
+    page.evaluate("window.__same_page = true")  # gone if anything reloads the page
+    row = page.locator(f'tr[data-queue="{name}"]')
+
+    job = queue.enqueue("tests.wait_file", str(gate), timeout="30s")
+    playwright_api.expect(row.locator("td.active")).to_have_text("1")
+    playwright_api.expect(page.locator("tr[data-supervisor] .busy")).to_have_text("1/2")
+
+    running = page.context.new_page()
+    running.goto(web.url + "/running")
+    job_row = running.locator(f'tr[data-job="{job.id}"]')
+    playwright_api.expect(job_row).to_be_visible()
+    playwright_api.expect(job_row.locator("td").nth(2)).to_have_text("tests.wait_file")
+    assert int(job_row.locator("td").nth(4).inner_text()) > 0  # the child's pid
+    left = float(job_row.locator(".countdown").inner_text().rstrip("s"))
+    assert 0 < left <= 2.0  # lease_ttl 2s in the test config
+
+    gate.touch()
+    wait_job(queue, job.id, ("succeeded",))
+    playwright_api.expect(row.locator("td.active")).to_have_text("0")
+    playwright_api.expect(row.locator("td.ok")).to_have_text("1")
+    playwright_api.expect(job_row).to_have_count(0)
+    assert page.evaluate("window.__same_page") is True
+    assert running.evaluate("Number(document.body.dataset.updates)") >= 2
+    running.close()
+
+
+def test_requeue_from_the_dead_letter_page(served, page, queue):
+    """A queue no supervisor serves: the requeued job stays in pending for the check."""
+    _, web = served
+    job = queue.enqueue("tests.fatal", priority=9)
+    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
+    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    page.goto(f"{web.url}/queues/{queue.name}/dead")
+    page.locator(f'input[name="id"][value="{job.id}"]').check()
+    page.get_by_role("button", name="requeue selected").click()
+    playwright_api.expect(page.locator(".done")).to_contain_text("requeued 1 dead job")
+    assert queue.get(job.id).state == "pending"
+    assert queue.redis.zscore(queue.keys.pending, job.id) is not None
+
+
+def test_read_only_dashboard_has_no_action_buttons(redis_url, page, queue):
+    job = queue.enqueue("tests.fatal", priority=9)
+    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
+    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    pending = queue.enqueue("tests.echo")
+    with WebProcess(redis_url, "--read-only") as web:
+        for path in (f"/queues/{queue.name}/dead", f"/jobs/{queue.name}/{job.id}",
+                     f"/jobs/{queue.name}/{pending.id}", f"/queues/{queue.name}/pending", "/"):
+            page.goto(web.url + path)
+            playwright_api.expect(page.locator("header .badge")).to_have_text("read-only")
+            assert page.locator("button").count() == 0, path
+            assert page.locator("form[method=post]").count() == 0, path
+        # and a hand-made POST from the page itself is refused
+        status = page.evaluate(f"""fetch('/queues/{queue.name}/dead/requeue', {{method: 'POST',
+            headers: {{'Content-Type': 'application/x-www-form-urlencoded'}},
+            body: 'scope=all'}}).then(r => r.status)""")
+        assert status == 403
+    assert queue.get(job.id).state == "dead"
+
+
+def test_post_without_csrf_token_from_the_page_is_refused(served, page, queue):
+    _, web = served
+    page.goto(f"{web.url}/queues/{queue.name}/pending")
+    status = page.evaluate(f"""fetch('/queues/{queue.name}/limits', {{method: 'POST',
+        headers: {{'Content-Type': 'application/x-www-form-urlencoded'}},
+        body: 'max_in_flight=3'}}).then(r => r.status)""")
+    assert status == 403 and queue.limits() == {}
+    page.locator("details.limits-form summary").click()
+    page.locator('input[name="max_in_flight"]').fill("3")
+    page.get_by_role("button", name="set limits").click()
+    playwright_api.expect(page.locator(".done")).to_contain_text("max_in_flight 3")
+    wait_for(lambda: queue.limits().get("max_in_flight") == 3, message="limit set")
