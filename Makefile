@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo web test lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m forq.supervisor.demo
+
+# demo traffic (two supervisors, three queues) plus the dashboard at http://127.0.0.1:8080/
+web: $(STAMP)
+	$(PY) -m forq.web.demo $(WEB_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -176,6 +176,10 @@ def running(client: redis.Redis) -> dict[str, Any]:
                 child["started_ms"] = _int(started)
             child.setdefault("timeout", _int(timeout_ms) / 1000 if timeout_ms else None)
             child.setdefault("memory_limit", _int(mem) or None)
+    names_by_id = {str(s.get("id")): s.get("name") or s.get("id") for s in supervisors}
+    for job in jobs:  # claimed since its supervisor's last heartbeat, or orphaned
+        job["owner_alive"] = job.get("owner") in names_by_id
+        job["owner_name"] = names_by_id.get(job.get("owner") or "", job.get("owner"))
     jobs.sort(key=lambda j: j["child"].get("started_ms") or now_ms)
     return {"now_ms": now_ms, "jobs": jobs, "supervisors": supervisors, "truncated": truncated}
 

@@ -1,0 +1,184 @@
+"""`python -m bench.web`: how fast `forq web` pages render with 1,000,000 pending and
+100,000 dead jobs, beside the same pages over a near-empty queue in the same run, and
+what the recently-finished index costs per job.
+
+    .venv/bin/python -m bench.web                       # 1M pending, 100k dead (~2 min)
+    .venv/bin/python -m bench.web --pending 100000 --dead 10000
+
+Pages are fetched over HTTP from a real `forq web` process (uvicorn, Jinja2, the real
+Redis reads); each figure is the median and p95 of --repeat fetches. The index cost:
+claim+ack of --jobs jobs through the real scripts, beside the same with an ack script
+whose index update is cut out, and the commands Redis ran per job (INFO commandstats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from bench.common import REPO, RedisServer, command_calls, commands_per_job, free_port, log
+from bench.common import median as _median
+from bench.common import percentile as _percentile
+
+INDEX_LINES = ("    redis.call('ZADD', fkey, at, id)\n",
+               "    redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)\n")
+
+
+def fill(client: Any, name: str, pending: int, dead: int) -> dict[str, float]:
+    """`dead` jobs through enqueue, claim and a fatal fail; then `pending` enqueued."""
+    from forq import Queue
+
+    q = Queue(name, redis=client)
+    took = {}
+    start = time.perf_counter()
+    for base in range(0, dead, 5000):
+        n = min(5000, dead - base)
+        q.enqueue_many([{"task": "bench.nop", "args": [base + i]} for i in range(n)])
+        for _ in range(0, n, 1000):
+            leases = q.claim("bench:1", 1000, 600_000).leases
+            pipe = client.pipeline(transaction=False)
+            for lease in leases:
+                q.fail(lease.id, lease.token, {"reason": "bench: dead on purpose"},
+                       mode="fatal", client=pipe)
+            pipe.execute()
+    took["dead_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for base in range(0, pending, 10000):
+        n = min(10000, pending - base)
+        q.enqueue_many([{"task": "bench.nop", "args": [base + i], "priority": i % 3}
+                        for i in range(n)])
+    took["pending_s"] = time.perf_counter() - start
+    return took
+
+
+def fetch_times(base: str, path: str, repeat: int) -> dict[str, Any]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        with urllib.request.urlopen(base + path, timeout=30) as response:
+            response.read()
+            assert response.status == 200, path
+        times.append((time.perf_counter() - start) * 1000)
+    return {"median_ms": round(_median(times), 2), "p95_ms": round(_percentile(times, 95), 2)}
+
+
+def index_cost(client: Any, jobs: int) -> dict[str, Any]:
+    """claim+ack per second with and without the finished-index update, and the
+    commands Redis ran per job with it."""
+    from forq import Queue
+    from forq.scripts import source
+
+    without = client.register_script(
+        source("ack").replace(INDEX_LINES[0], "").replace(INDEX_LINES[1], ""))
+    assert without.script != source("ack"), "the index lines of _lib.lua changed"
+    rates: dict[str, list[float]] = {"with": [], "without": []}
+    per_job = None
+    for round_ in range(3):
+        for variant in ("with", "without"):
+            q = Queue(f"idx-{variant}-{round_}", redis=client)
+            q.enqueue_many([{"task": "bench.nop"} for _ in range(jobs)])
+            before = command_calls(client)
+            start = time.perf_counter()
+            done = 0
+            while done < jobs:
+                leases = q.claim("bench:1", 500, 600_000).leases
+                pipe = client.pipeline(transaction=False)
+                for lease in leases:
+                    if variant == "with":
+                        q.ack(lease.id, lease.token, "null", client=pipe)
+                    else:
+                        without(keys=[q.keys.active, q.keys.pending, q.keys.scheduled],
+                                args=[q.keys.prefix, q.name, lease.id, lease.token, "null"],
+                                client=pipe)
+                pipe.execute()
+                done += len(leases)
+            rates[variant].append(jobs / (time.perf_counter() - start))
+            if variant == "with" and per_job is None:
+                per_job = commands_per_job(before, command_calls(client), jobs)
+    with_rate, without_rate = _median(rates["with"]), _median(rates["without"])
+    return {"jobs": jobs, "claim_ack_per_s_with_index": round(with_rate),
+            "claim_ack_per_s_without_index": round(without_rate),
+            "ratio": round(with_rate / without_rate, 3),
+            "commands_per_job": per_job}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.web")
+    parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--dead", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=20_000, help="for the index cost")
+    args = parser.parse_args(argv)
+    from forq.connection import connect
+
+    with RedisServer() as server:
+        client = connect(server.url())
+        log(f"filling: {args.pending} pending, {args.dead} dead (real enqueue/claim/fail)")
+        took = fill(client, "big", args.pending, args.dead)
+        fill(client, "small", 10, 10)
+        log(f"filled in {took['dead_s']:.1f}s (dead) + {took['pending_s']:.1f}s (pending); "
+            f"Redis used {client.info('memory')['used_memory_human']}")
+        dead_id = client.zrange("forq:{big}:dead", 0, 0)[0]
+        port = free_port()
+        web = subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "web", "--redis",
+                                server.url(), "--listen", f"127.0.0.1:{port}",
+                                # no reuse of a live view's last render: each fetch reads
+                                "--refresh", "1ms"], cwd=str(REPO),
+                               stdout=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(base + "/static/forq.css", timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or web.poll() is not None:
+                        raise RuntimeError("forq web did not start") from None
+                    time.sleep(0.1)
+            pages = {
+                "overview": "/",
+                "pending, first page": "/queues/{q}/pending",
+                "pending, deep page": "/queues/{q}/pending?offset={deep_pending}",
+                "dead, first page": "/queues/{q}/dead",
+                "dead, last page": "/queues/{q}/dead?offset={deep_dead}",
+                "recently finished": "/queues/{q}/finished",
+                "job page": "/jobs/{q}/{job}",
+                "running now": "/running",
+            }
+            rows = []
+            for label, pattern in pages.items():
+                big = fetch_times(base, pattern.format(
+                    q="big", deep_pending=max(0, args.pending - 50),
+                    deep_dead=max(0, args.dead - 50), job=dead_id), args.repeat)
+                small_job = client.zrange("forq:{small}:dead", 0, 0)[0]
+                small = fetch_times(base, pattern.format(
+                    q="small", deep_pending=0, deep_dead=0, job=small_job), args.repeat)
+                rows.append((label, big, small))
+        finally:
+            web.terminate()
+            web.wait(timeout=10)
+        log("measuring the recently-finished index's cost per job")
+        cost = index_cost(client, args.jobs)
+
+    print(f"\nforq web page render, {args.pending:,} pending + {args.dead:,} dead "
+          f"(beside a queue of 10 + 10), median / p95 of {args.repeat} fetches:\n")
+    print("| page | big queue, ms | small queue, ms | ratio |")
+    print("| --- | --- | --- | --- |")
+    for label, big, small in rows:
+        print(f"| {label} | {big['median_ms']} / {big['p95_ms']} | {small['median_ms']} / "
+              f"{small['p95_ms']} | {big['median_ms'] / small['median_ms']:.2f}× |")
+    print(f"\nrecently-finished index ({cost['jobs']:,} jobs, claim+ack in batches of 500, "
+          f"median of 3): {cost['claim_ack_per_s_with_index']:,} jobs/s with it, "
+          f"{cost['claim_ack_per_s_without_index']:,} without: {cost['ratio']}×")
+    print(f"Redis commands per job with it: {cost['commands_per_job']['total']:.1f} "
+          f"({cost['commands_per_job']['top']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
