@@ -393,8 +393,19 @@ def test_supervisor_serves_queues_on_two_shards(cluster, rc, tmp_path):
 
             wait_for(lambda: any(s["pid"] == sup.pid for s in live_supervisors(rc)),
                      timeout=10, message="the supervisor's heartbeat")
+            # what `forq web` reads, across shards
+            from forq.web import data
+
+            assert {qa, qb} <= {q["name"] for q in data.overview(rc)["queues"]}
+            assert data.job_page(rc, qb, "dead").total == 1
+            assert len(data.job_page(rc, qa, "finished").rows) >= 5
+            assert data.search(rc, jobs[0].id) == [{"queue": qa, "id": jobs[0].id,
+                                                    "match": "id"}]
+            assert data.running(rc)["now_ms"] > 0
+            assert f"tick-{qa}" in [row["name"] for row in data.schedules(rc)["rows"]]
             assert "Traceback" not in sup.log(), sup.log()
     finally:
         rc.hdel("forq:schedules", f"tick-{qa}")
+        rc.hdel("forq:schedules:defs", f"tick-{qa}")
         for name in (qa, qb):
             drop_queue(rc, name)

@@ -283,3 +283,17 @@ def test_finished_index_is_capped(queue):
     assert len(index) == 10_000
     assert set(index) >= {job.id for job in last}
     assert len(set(index) & {job.id for job in first}) == 9_995
+
+
+def test_hostile_job_content_is_escaped(web, queue):
+    """Ids, arguments and reasons are anyone's text: shown, never run as markup."""
+    evil = '<img src=x onerror="alert(1)">/x?y#z'
+    job_id = _dead_job(queue, job_id=evil)
+    queue.redis.hset(queue.keys.job(job_id), "output", "<script>alert(2)</script>")
+    client = Browserless(web.url)
+    _, listing, _ = client.get(f"/queues/{queue.name}/dead")
+    status, page, _ = client.get(f"/jobs/{queue.name}/{urllib.parse.quote(evil)}")
+    assert status == 200 and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    for html in (listing, page):
+        assert "<img src=x" not in html and "<script>alert" not in html
+        assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;/x?y#z" in html

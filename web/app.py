@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 import anyio
 import jinja2
@@ -102,12 +102,14 @@ class Dashboard:
             Route("/dead", self.page(self.dead_queues)),
             Route("/queues/{queue}", self.page(self.queue_home)),
             Route("/queues/{queue}/{state}", self.page(self.job_list)),
-            Route("/jobs/{queue}/{job_id}", self.page(self.job)),
             Route("/events/{view}", self.events),
             Route("/queues/{queue}/limits", self.action(self.set_limits), methods=["POST"]),
             Route("/queues/{queue}/dead/{verb}", self.action(self.dead_action),
                   methods=["POST"]),
-            Route("/jobs/{queue}/{job_id}/cancel", self.action(self.cancel), methods=["POST"]),
+            # a job id is the producer's choice and may hold a "/": the rest of the path
+            Route("/jobs/{queue}/{job_id:path}/cancel", self.action(self.cancel),
+                  methods=["POST"]),
+            Route("/jobs/{queue}/{job_id:path}", self.page(self.job)),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         app = Starlette(routes=routes)
@@ -221,7 +223,7 @@ class Dashboard:
         text = request.query_params.get("q", "").strip()
         hits = data.search(self.client, text) if text else []
         if len(hits) == 1:
-            return RedirectResponse(f"/jobs/{hits[0]['queue']}/{hits[0]['id']}", 303)
+            return RedirectResponse(f"/jobs/{hits[0]['queue']}/{quote(hits[0]['id'])}", 303)
         return self.render(request, "search.html", text=text, hits=hits, title="Search")
 
     def dead_queues(self, request: Request) -> Response:
