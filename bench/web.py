@@ -55,15 +55,19 @@ def fill(client: Any, name: str, pending: int, dead: int) -> dict[str, float]:
     return took
 
 
-def fetch_times(base: str, path: str, repeat: int) -> dict[str, Any]:
-    times = []
+def fetch_times(base: str, paths: list[str], repeat: int) -> list[dict[str, Any]]:
+    """Median and p95 ms of each path, fetched in turn (so drift in the machine's load
+    falls on all of them alike)."""
+    times: list[list[float]] = [[] for _ in paths]
     for _ in range(repeat):
-        start = time.perf_counter()
-        with urllib.request.urlopen(base + path, timeout=30) as response:
-            response.read()
-            assert response.status == 200, path
-        times.append((time.perf_counter() - start) * 1000)
-    return {"median_ms": round(_median(times), 2), "p95_ms": round(_percentile(times, 95), 2)}
+        for i, path in enumerate(paths):
+            start = time.perf_counter()
+            with urllib.request.urlopen(base + path, timeout=30) as response:
+                response.read()
+                assert response.status == 200, path
+            times[i].append((time.perf_counter() - start) * 1000)
+    return [{"median_ms": round(_median(t), 2), "p95_ms": round(_percentile(t, 95), 2)}
+            for t in times]
 
 
 def index_cost(client: Any, jobs: int) -> dict[str, Any]:
@@ -77,7 +81,8 @@ def index_cost(client: Any, jobs: int) -> dict[str, Any]:
     assert without.script != source("ack"), "the index lines of _lib.lua changed"
     rates: dict[str, list[float]] = {"with": [], "without": []}
     per_job = None
-    for round_ in range(3):
+    client.config_resetstat()
+    for round_ in range(5):
         for variant in ("with", "without"):
             q = Queue(f"idx-{variant}-{round_}", redis=client)
             q.enqueue_many([{"task": "bench.nop"} for _ in range(jobs)])
@@ -100,7 +105,11 @@ def index_cost(client: Any, jobs: int) -> dict[str, Any]:
             if variant == "with" and per_job is None:
                 per_job = commands_per_job(before, command_calls(client), jobs)
     with_rate, without_rate = _median(rates["with"]), _median(rates["without"])
+    stats = client.info("commandstats")
+    usec = {name: stats.get(f"cmdstat_{name}", {}).get("usec_per_call")
+            for name in ("zremrangebyrank", "zadd", "evalsha")}
     return {"jobs": jobs, "claim_ack_per_s_with_index": round(with_rate),
+            "redis_usec_per_call": usec,
             "claim_ack_per_s_without_index": round(without_rate),
             "ratio": round(with_rate / without_rate, 3),
             "commands_per_job": per_job}
@@ -140,25 +149,23 @@ def main(argv: list[str] | None = None) -> int:
                     if time.monotonic() > deadline or web.poll() is not None:
                         raise RuntimeError("forq web did not start") from None
                     time.sleep(0.1)
-            pages = {
-                "overview": "/",
-                "pending, first page": "/queues/{q}/pending",
-                "pending, deep page": "/queues/{q}/pending?offset={deep_pending}",
-                "dead, first page": "/queues/{q}/dead",
-                "dead, last page": "/queues/{q}/dead?offset={deep_dead}",
-                "recently finished": "/queues/{q}/finished",
-                "job page": "/jobs/{q}/{job}",
-                "running now": "/running",
+            small_job = client.zrange("forq:{small}:dead", 0, 0)[0]
+            shared = {"overview": "/", "running now": "/running"}
+            per_queue = {
+                "pending, first page": ("/queues/big/pending", "/queues/small/pending"),
+                "pending, deep page": (f"/queues/big/pending?offset={max(0, args.pending - 50)}",
+                                       "/queues/small/pending"),
+                "dead, first page": ("/queues/big/dead", "/queues/small/dead"),
+                "dead, last page": (f"/queues/big/dead?offset={max(0, args.dead - 50)}",
+                                    "/queues/small/dead"),
+                "recently finished": ("/queues/big/finished", "/queues/small/finished"),
+                "job page": (f"/jobs/big/{dead_id}", f"/jobs/small/{small_job}"),
             }
-            rows = []
-            for label, pattern in pages.items():
-                big = fetch_times(base, pattern.format(
-                    q="big", deep_pending=max(0, args.pending - 50),
-                    deep_dead=max(0, args.dead - 50), job=dead_id), args.repeat)
-                small_job = client.zrange("forq:{small}:dead", 0, 0)[0]
-                small = fetch_times(base, pattern.format(
-                    q="small", deep_pending=0, deep_dead=0, job=small_job), args.repeat)
-                rows.append((label, big, small))
+            paths = list(shared.values()) + [p for pair in per_queue.values() for p in pair]
+            measured = fetch_times(base, paths, args.repeat)
+            rows = [(label, m, None) for label, m in zip(shared, measured, strict=False)]
+            rest = measured[len(shared):]
+            rows += [(label, rest[2 * i], rest[2 * i + 1]) for i, label in enumerate(per_queue)]
         finally:
             web.terminate()
             web.wait(timeout=10)
@@ -170,13 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     print("| page | big queue, ms | small queue, ms | ratio |")
     print("| --- | --- | --- | --- |")
     for label, big, small in rows:
+        if small is None:  # the same page whatever the queues: all of them on it
+            print(f"| {label} (all queues) | {big['median_ms']} / {big['p95_ms']} | | |")
+            continue
         print(f"| {label} | {big['median_ms']} / {big['p95_ms']} | {small['median_ms']} / "
               f"{small['p95_ms']} | {big['median_ms'] / small['median_ms']:.2f}× |")
     print(f"\nrecently-finished index ({cost['jobs']:,} jobs, claim+ack in batches of 500, "
-          f"median of 3): {cost['claim_ack_per_s_with_index']:,} jobs/s with it, "
+          f"median of 5): {cost['claim_ack_per_s_with_index']:,} jobs/s with it, "
           f"{cost['claim_ack_per_s_without_index']:,} without: {cost['ratio']}×")
     print(f"Redis commands per job with it: {cost['commands_per_job']['total']:.1f} "
           f"({cost['commands_per_job']['top']})")
+    print(f"Redis-side µs per call: {cost['redis_usec_per_call']} (zremrangebyrank: only the "
+          "index; zadd: the index and the active set; evalsha: every script)")
     return 0
 
 
