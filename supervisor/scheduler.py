@@ -133,13 +133,13 @@ class Scheduler:
         if not self.schedules:
             return
         seen = time.time()
-        defs = {}
+        defs: dict[str | bytes, str] = {}
         for s in self.schedules:
             nxt = self.next_tick.get(s.name)
             defs[s.name] = json.dumps({
                 "cron": s.cron, "timezone": s.timezone, "queue": s.queue, "task": s.task,
                 "next": nxt.timestamp() if nxt else None, "seen": seen})
-        self.client.hset(SCHEDULE_DEFS, mapping=defs)
+        self.client.hset(SCHEDULE_DEFS, mapping=defs)  # type: ignore[arg-type]
 
     def _fire(self, schedule: ScheduleConfig, tick: dt.datetime) -> None:
         queue = self.queue_for(schedule.queue)
@@ -197,7 +197,8 @@ def schedule_rows(client: redis.Redis, now: float,
                             "task": s.task, "next": nxt, "seen": now}
     else:
         defs, forget = {}, []
-        for name, raw in client.hgetall(SCHEDULE_DEFS).items():
+        for key, raw in client.hgetall(SCHEDULE_DEFS).items():
+            name = str(key)
             try:
                 value = json.loads(raw)
             except ValueError:
@@ -214,7 +215,7 @@ def schedule_rows(client: redis.Redis, now: float,
     rows = []
     for name, value in zip(names, raw_last, strict=True):
         d = defs[name]
-        last, job_id = _last_fired(value)
+        last, job_id = _last_fired(str(value) if value is not None else None)
         seen = _number(d.get("seen")) or now
         rows.append({"name": name, "cron": str(d.get("cron", "")),
                      "timezone": str(d.get("timezone") or "UTC"),

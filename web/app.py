@@ -162,7 +162,7 @@ class Dashboard:
             if len(body) > MAX_FORM_BYTES:
                 return Response("form too large\n", 413, media_type="text/plain")
             form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-            given = (form.get(CSRF_FIELD) or [None])[0]
+            given = next(iter(form.get(CSRF_FIELD) or []), None)
             if not csrf_ok(request.cookies.get(CSRF_COOKIE), given):
                 return Response("refused: missing or wrong CSRF token (reload the page and "
                                 "try again)\n", 403, media_type="text/plain")

@@ -336,7 +336,7 @@ def dead_ids_of_task(client: redis.Redis, queue: str, task: str,
     k = QueueKeys(queue)
     found: list[str] = []
     for start in range(0, TASK_SCAN_CAP, chunk):
-        ids = client.zrange(k.dead, start, start + chunk - 1)
+        ids = [str(i) for i in client.zrange(k.dead, start, start + chunk - 1)]
         if not ids:
             break
         pipe = client.pipeline(transaction=False)

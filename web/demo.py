@@ -24,6 +24,8 @@ from pathlib import Path
 
 from forq import Queue
 from forq.connection import connect
+from forq.testing.redis import RedisServer
+from forq.testing.supervisor import SupervisorProcess, write_config
 from forq.units import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,30 +34,7 @@ SUPERVISORS = {
     "web-1": {"emails": 4, "images": 3},
     "web-2": {"images": 2, "reports": 3},
 }
-CONFIG = """
-[redis]
-url = "{url}"
-
-[supervisor]
-name = "{name}"
-lease_ttl = "10s"
-reaper_interval = "1s"
-drain_timeout = "3s"
-imports = ["forq.examples"]
-job_cgroups = "off"
-
-[defaults]
-timeout = "30s"
-memory_limit = "256MiB"
-max_attempts = 3
-max_crashes = 2
-backoff = {{ base = "2s", factor = 2.0, max = "30s", jitter = 0.2 }}
-
-{queues}
-
-[metrics]
-listen = ""
-
+SCHEDULES = """
 [[schedule]]
 name = "hourly-report"
 cron = "0 * * * *"
@@ -75,10 +54,11 @@ def say(text: str) -> None:
 
 
 def _config(directory: Path, url: str, name: str, queues: dict[str, int]) -> Path:
-    tables = "\n".join(f'[[queue]]\nname = "{q}"\nconcurrency = {n}\n' for q, n in queues.items())
-    path = directory / f"{name}.toml"
-    path.write_text(CONFIG.format(url=url, name=name, queues=tables))
-    return path
+    return write_config(directory / f"{name}.toml", url, queues, name=name,
+                        imports=["forq.examples"], lease_ttl="10s", reaper_interval="1s",
+                        drain_timeout="3s", memory_sample_interval="50ms",
+                        max_crashes=2, backoff='{ base = "2s", factor = 2.0, max = "30s" }',
+                        supervisor_extra='job_cgroups = "off"', extra=SCHEDULES)
 
 
 def produce(url: str, stop: threading.Event, rate: float) -> None:
@@ -149,22 +129,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="save overview.png and running.png here after --warmup, then stop")
     parser.add_argument("--warmup", default="75s", help="traffic before the screenshots (75s)")
     args = parser.parse_args(argv)
-    from tests.redis_server import RedisServer
-
     server = RedisServer().start()
     env = dict(os.environ, PYTHONPATH=str(REPO), FORQ_REDIS_URL=server.url)
     env.pop("FORQ_WEB_TOKEN", None)
     procs: list[subprocess.Popen] = []
+    supervisors: list[SupervisorProcess] = []
     stop = threading.Event()
     workdir = Path(tempfile.mkdtemp(prefix="forq-web-demo-"))
     try:
         for name, queues in SUPERVISORS.items():
-            config = _config(workdir, server.url, name, queues)
-            log = open(workdir / f"{name}.log", "ab")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(config)],
-                env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT))
-        say(f"Redis {server.url}; supervisors {', '.join(SUPERVISORS)} (logs in {workdir})")
+            sup = SupervisorProcess(_config(workdir, server.url, name, queues),
+                                    env={"PYTHONPATH": str(REPO)})
+            supervisors.append(sup.start(wait_ready=False))
+        say(f"Redis {server.url}; supervisors {', '.join(SUPERVISORS)} (logs: "
+            f"{' '.join(str(sup.log_path) for sup in supervisors)})")
         producer = threading.Thread(target=produce, args=(server.url, stop, args.rate),
                                     daemon=True)
         producer.start()
@@ -184,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"dashboard at {url}/  (demo traffic at ~{args.rate:g} jobs/s; Ctrl-C stops)")
         deadline = time.monotonic() + duration if duration else None
         while deadline is None or time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
+            if any(p.poll() is not None for p in procs) or any(
+                    sup.proc is None or sup.proc.poll() is not None for sup in supervisors):
                 say("a demo process exited; stopping")
                 return 1
             time.sleep(0.5)
@@ -193,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stop.set()
+        for sup in supervisors:
+            sup.stop(timeout=10)
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
