@@ -121,11 +121,16 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
         assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
     # every module of every folder that installs (pyproject.toml's package-dir) is in it
     for package, folder in {"forq": "jobs", "forq/supervisor": "supervisor",
-                            "forq/testing": "testing", "forq/lua": "lua"}.items():
+                            "forq/testing": "testing", "forq/lua": "lua",
+                            "forq/web": "web"}.items():
         for path in (REPO / folder).rglob("*.py"):
             inside = f"{package}/{path.relative_to(REPO / folder)}"
             assert inside in names, f"{inside} is missing from the wheel"
     assert "forq/py.typed" in names, "PEP 561: type checkers read forq's annotations"
+    # the dashboard's templates and static files are package data
+    for folder in ("templates", "static"):
+        for path in (REPO / "web" / folder).iterdir():
+            assert f"forq/web/{folder}/{path.name}" in names, f"web/{folder}/{path.name} missing"
     # one import name: nothing installed as a top-level `jobs`, `supervisor` or `forq_lua`
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"forq"}, f"the wheel installs top-level packages {sorted(top)}"

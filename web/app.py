@@ -67,7 +67,6 @@ def _environment() -> jinja2.Environment:
     env.filters["when_ms"] = render.when_ms
     env.filters["bytes"] = _bytes
     env.filters["rate"] = render.rate
-    env.filters["compact"] = render._compact
     env.globals["LISTS"] = data.LISTS
     return env
 

@@ -15,7 +15,6 @@ from typing import Any
 import redis
 
 from forq import Queue, known_queues
-from forq.errors import JobNotFound
 from forq.job import Job
 from forq.keys import QueueKeys
 from forq.supervisor.registry import CHILD_FIELDS, live_supervisors
@@ -254,10 +253,6 @@ def rows(client: redis.Redis, queue: str, entries: Sequence[tuple[str, float]]) 
     return out
 
 
-def queue_names(client: redis.Redis) -> list[str]:
-    return known_queues(client)
-
-
 # -- search and one job ---------------------------------------------------------------
 
 
@@ -316,14 +311,6 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
         "links": links,
         "progress": _progress(f.get("progress")),
     }
-
-
-def find_queue(client: redis.Redis, job_id: str) -> str:
-    """The queue holding `job_id` (one round trip); `JobNotFound` if none."""
-    for hit in search(client, job_id):
-        if hit["match"] == "id":
-            return hit["queue"]
-    raise JobNotFound(f"no job with id {job_id} in any queue")
 
 
 # -- dead letters ---------------------------------------------------------------------
