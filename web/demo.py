@@ -103,7 +103,7 @@ def screenshots(base_url: str, directory: Path) -> list[Path]:
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         context = p.chromium.launch_persistent_context(
             profile, executable_path="/usr/bin/chromium", headless=True, args=flags,
-            viewport={"width": 1400, "height": 800}, device_scale_factor=1)
+            viewport={"width": 1400, "height": 300}, device_scale_factor=1)
         page = context.new_page()
         for name, path in (("overview", "/"), ("running", "/running")):
             page.goto(base_url + path)
