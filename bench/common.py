@@ -192,6 +192,44 @@ def commands_per_job(before: dict[str, int], after: dict[str, int], jobs: int,
     return {"total": sum(per.values()), "top": {k: round(v, 2) for k, v in top.items()}}
 
 
+def redis_cpu_seconds(client: Any) -> float:
+    """CPU seconds the Redis server has used, user + system, all its threads."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+# The same realistic payload for every system of the ceiling benchmark: a mail job's
+# arguments, about 170 bytes of JSON.
+def ceiling_args(i: int) -> list[Any]:
+    return [f"user-{i}@example.com", {"template": "welcome-v3", "locale": "en-GB",
+                                      "vars": {"name": "Ada Lovelace", "plan": "pro",
+                                               "trial_days": 14}}]
+
+
+CEILING_KWARGS = {"campaign": "autumn-2026", "dry_run": False}
+
+
+def redis_cost(client: Any, done: Callable[[], int], n: int, poll_command: str,
+               timeout: float) -> dict[str, Any]:
+    """Watch `done()` (jobs finished so far, one `poll_command` per call) from the first
+    finished job until `n`: the Redis side of those jobs — commands per job (commandstats,
+    those inside scripts included, the polls left out), Redis CPU µs per job (INFO cpu
+    deltas), how busy Redis was, and the rate Redis could carry at one full core."""
+    poll = Counted(done)
+    first = wait_until(poll, timeout, 0.005, "the first job done")
+    t1, calls1, cpu1 = time.perf_counter(), command_calls(client), redis_cpu_seconds(client)
+    last = wait_until(lambda: (c := poll()) >= n and c, timeout, 0.02, f"{n} jobs done")
+    t2, calls2, cpu2 = time.perf_counter(), command_calls(client), redis_cpu_seconds(client)
+    jobs = last - first
+    cpu = cpu2 - cpu1
+    return {"jobs": jobs, "jobs_per_s": jobs / (t2 - t1),
+            "commands_per_job": commands_per_job(calls1, calls2, jobs,
+                                                 {poll_command: poll.calls}),
+            "redis_cpu_us_per_job": cpu / jobs * 1e6,
+            "redis_busy": cpu / (t2 - t1),
+            "redis_ceiling_jobs_per_s": jobs / cpu if cpu > 0 else None}
+
+
 # -- processes --------------------------------------------------------------------------
 
 

@@ -3,9 +3,12 @@ Runs in the peers' venv (bench/.venv-peers) and prints one JSON object.
 
     python bench/peers/driver.py MODE --system SYSTEM --redis redis://127.0.0.1:PORT --db N ...
 
-MODE: enqueue | drain | latency | recovery.
+MODE: enqueue | drain | latency | recovery | ceiling.
 SYSTEM: rq-fork (RQ's forking Worker ×2 processes), rq-simple (SimpleWorker ×2),
-celery (prefork pool, concurrency 2), dramatiq (2 processes × 1 thread).
+celery (prefork pool, concurrency 2), dramatiq (2 processes × 1 thread), bullmq (Node
+workers from bench/peers/bullmq; ceiling mode only).
+`ceiling` (bench/ceiling.py) runs --procs worker processes (BullMQ: --concurrency each,
+Dramatiq: --threads each) over --n pre-enqueued jobs carrying a realistic payload.
 Each call uses its own Redis databases from --db (RQ: N; Celery: N broker, N+1
 results; Dramatiq: N broker, N+1 results) and flushes them first.
 """
@@ -30,11 +33,14 @@ sys.path.insert(0, str(HERE.parent.parent))  # bench.common: stdlib only at impo
 import redis  # noqa: E402
 
 from bench.common import (  # noqa: E402
+    CEILING_KWARGS,
     Counted,
+    ceiling_args,
     command_calls,
     commands_per_job,
     kill_tree,
     percentile,
+    redis_cost,
     rss_bytes,
     summary,
     wait_until,
@@ -223,6 +229,15 @@ class RQFork(Peer):
 class RQSimple(RQFork):
     worker_class = "rq.worker.SimpleWorker"
 
+    def enqueue_ceiling(self, n: int) -> None:
+        import peer_tasks
+        from rq import Queue
+
+        for start in range(0, n, 1000):
+            self.q.enqueue_many([Queue.prepare_data(peer_tasks.noop, args=ceiling_args(i),
+                                                    kwargs=CEILING_KWARGS)
+                                 for i in range(start, min(n, start + 1000))])
+
 
 class CeleryPeer(Peer):
     def dbs(self) -> list[int]:
@@ -289,9 +304,16 @@ class DramatiqPeer(Peer):
         self.app = dramatiq_app
         self.results = redis.Redis.from_url(self.url(1))
 
+    threads = 1
+
     def worker_cmds(self) -> list[list[str]]:
         return [[str(BIN / "dramatiq"), "dramatiq_app", "--processes", str(self.processes),
-                 "--threads", "1", "--queues", "bench"]]
+                 "--threads", str(self.threads), "--queues", "bench"]]
+
+    def enqueue_ceiling(self, n: int) -> None:
+        noop = self.app.noop
+        for i in range(n):
+            noop.send(*ceiling_args(i), **CEILING_KWARGS)
 
     def ready(self) -> bool:
         return self.log_text().count("ready for action") >= self.processes
@@ -322,8 +344,34 @@ class DramatiqPeer(Peer):
         return f"broker: {queued} queued, {acks} unacked"
 
 
+class BullMQPeer(Peer):
+    """BullMQ's Node Worker: --procs processes × --concurrency each (ceiling mode)."""
+
+    poll_command = "zcard"
+    concurrency = 50
+    NODE_DIR = HERE / "bullmq"
+    QUEUE = "ceiling"
+
+    def node(self, *args: str) -> list[str]:
+        return ["node", str(self.NODE_DIR / "ceiling.js"), *args]
+
+    def worker_cmds(self) -> list[list[str]]:
+        return [self.node("work", self.url(), self.QUEUE, str(self.concurrency))
+                for _ in range(self.processes)]
+
+    def ready(self) -> bool:
+        return self.log_text().count("ready") >= self.processes
+
+    def enqueue_ceiling(self, n: int) -> None:
+        subprocess.run(self.node("enqueue", self.url(), self.QUEUE, str(n)), check=True,
+                       timeout=300, cwd=str(self.NODE_DIR))
+
+    def done(self) -> int:
+        return redis.Redis.from_url(self.url()).zcard(f"bull:{self.QUEUE}:completed")
+
+
 SYSTEMS = {"rq-fork": RQFork, "rq-simple": RQSimple, "celery": CeleryPeer,
-           "dramatiq": DramatiqPeer}
+           "dramatiq": DramatiqPeer, "bullmq": BullMQPeer}
 
 
 # -- modes ---------------------------------------------------------------------------------
@@ -395,6 +443,22 @@ def mode_latency(peer: Peer, samples: int) -> dict[str, Any]:
             "max_ms": max(lat), "all_ms": [round(x, 3) for x in lat]}
 
 
+def mode_ceiling(peer: Peer, n: int, procs: int, concurrency: int) -> dict[str, Any]:
+    """The Redis side of `n` pre-enqueued no-op jobs drained by `procs` workers."""
+    peer.processes = procs
+    peer.concurrency = peer.threads = concurrency
+    peer.flush()
+    peer.enqueue_ceiling(n)
+    server = redis.Redis.from_url(peer.url())
+    peer.start()
+    try:
+        res = redis_cost(server, peer.done, n, peer.poll_command, max(120, n / 20))
+    finally:
+        peer.stop()
+    peer.flush()
+    return dict(res, n=n, procs=procs, concurrency=concurrency)
+
+
 def _markers(path: Path) -> list[tuple[int, float]]:
     try:
         text = path.read_text()
@@ -457,7 +521,7 @@ def mode_recovery(peer: Peer, kind: str, reps: int, cap: float) -> dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("enqueue", "drain", "latency", "recovery"))
+    p.add_argument("mode", choices=("enqueue", "drain", "latency", "recovery", "ceiling"))
     p.add_argument("--system", choices=sorted(SYSTEMS), required=True)
     p.add_argument("--redis", required=True, help="redis://127.0.0.1:PORT (no db)")
     p.add_argument("--db", type=int, default=1)
@@ -467,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--kind", choices=("child", "worker"), default="child")
     p.add_argument("--cap", type=float, default=30.0)
+    p.add_argument("--procs", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=1)
     args = p.parse_args(argv)
     workdir = make_workdir()
     peer = SYSTEMS[args.system](args.redis, args.db, workdir)
@@ -477,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
             res = mode_drain(peer, args.n, args.reps)
         elif args.mode == "latency":
             res = mode_latency(peer, args.samples)
+        elif args.mode == "ceiling":
+            res = mode_ceiling(peer, args.n, args.procs, args.concurrency)
         else:
             res = mode_recovery(peer, args.kind, args.reps, args.cap)
     finally:
