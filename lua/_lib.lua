@@ -28,8 +28,11 @@ local function add_history(prefix, id, event, at, extra)
   entry['event'] = event
   entry['at'] = at
   local hkey = job_key(prefix, id) .. ':history'
-  redis.call('RPUSH', hkey, cjson.encode(entry))
-  redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
+  -- RPUSH answers the length: trim only when over the cap (a retried or reclaimed job),
+  -- not on every entry of the common path
+  if redis.call('RPUSH', hkey, cjson.encode(entry)) > HISTORY_CAP then
+    redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
+  end
 end
 
 -- Integer field of a job hash, or `default` when unset.
@@ -69,8 +72,11 @@ local function count(prefix, field, at, n)
   n = n or 1
   redis.call('HINCRBY', prefix .. 'stats', field, n)
   local mkey = prefix .. 'minute:' .. math.floor(at / 60000)
-  redis.call('HINCRBY', mkey, field, n)
-  redis.call('PEXPIRE', mkey, MINUTE_KEEP_MS)
+  -- the window's expiry is set by the field's first count in that minute, not by each
+  -- count (MINUTE_KEEP_MS from then still outlives the minute)
+  if redis.call('HINCRBY', mkey, field, n) == n then
+    redis.call('PEXPIRE', mkey, MINUTE_KEEP_MS)
+  end
 end
 
 -- Tell waiting supervisors there is work: "0" means pending now, otherwise the due time.
@@ -80,15 +86,16 @@ end
 
 -- A job reached succeeded, dead or cancelled: free its idempotency key (or keep it
 -- until `unique_until`), start the record's retention clock, and list it in the capped
--- "recently finished" index (zset by finish time; two commands, O(log n) each).
-local function finish(prefix, id, retention_ms, at)
+-- "recently finished" index (zset by finish time; two commands, O(log n) each). `key` is
+-- the job's idempotency key when the caller has read it already (false: it has none).
+local function finish(prefix, id, retention_ms, at, key)
   local jkey = job_key(prefix, id)
   if retention_ms ~= 0 then
     local fkey = prefix .. 'finished'
     redis.call('ZADD', fkey, at, id)
     redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)
   end
-  local key = redis.call('HGET', jkey, 'key')
+  if key == nil then key = redis.call('HGET', jkey, 'key') end
   if key then
     local ukey = prefix .. 'unique:' .. key
     if redis.call('GET', ukey) == id then
@@ -198,16 +205,23 @@ local function back_to_pending(prefix, id, jkey)
   redis.call('ZADD', prefix .. 'pending', score, id)
 end
 
+-- The fields `succeed` needs, in this order; ack reads them with its token check.
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key'}
+
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
--- job whose completion the parent had already recorded).
-local function succeed(prefix, id, jkey, result, at, source)
+-- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
+-- values when the caller has read them (from index `i`), else nil.
+local function succeed(prefix, id, jkey, result, at, source, f, i)
+  if f == nil then
+    f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
+  end
   redis.call('ZREM', prefix .. 'active', id)
-  redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result)
-  redis.call('HINCRBY', jkey, 'attempts', 1)
+  redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
+    'attempts', (tonumber(f[i]) or 0) + 1)
   redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
   add_history(prefix, id, 'succeeded', at, {source = source})
   count(prefix, 'succeeded', at)
-  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
+  finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false)
 end
 
 -- Enqueue a finished job's follow-ups (decoded specs) in its own queue, linked to it.

@@ -19,9 +19,10 @@
 
 local prefix, queue, id, token, result = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local jkey = job_key(prefix, id)
-if not held(jkey, token) then return 'lost' end
+local f = held(jkey, token, unpack(SUCCEED_FIELDS))
+if not f then return 'lost' end
 local at = now_ms()
-succeed(prefix, id, jkey, result, at, nil)
+succeed(prefix, id, jkey, result, at, nil, f, 3)
 local specs = {}
 for i = 6, #ARGV do specs[#specs + 1] = cjson.decode(ARGV[i]) end
 local woke = enqueue_followups(prefix, queue, id, specs, at) > 0

@@ -20,7 +20,9 @@
     held          1 when max_in_flight held jobs back (a finishing job publishes a wake)
     now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
-  Cost: O(log n) per job leased and per job promoted, whatever the backlog.
+  Cost: O(log n) per job leased and per job promoted, whatever the backlog. Redis
+  commands: about 8 per call and 3 per leased job (HGETALL, one HSET that also writes
+  the policy's limits the job lacks, the history RPUSH); see bench/RESULTS.md.
 ]]
 --@include _lib
 
@@ -31,16 +33,26 @@ local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local at = now_ms()
 
--- 1. promote due scheduled jobs (bounded per call; the rest on the next call)
-local due = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', at, 'LIMIT', 0, 1000)
-for _, id in ipairs(due) do
-  local jkey = job_key(prefix, id)
-  redis.call('ZREM', scheduled_key, id)
-  if redis.call('EXISTS', jkey) == 1 then
-    local score = pending_score(prefix, num_field(jkey, 'priority', 0))
-    redis.call('HSET', jkey, 'state', 'pending', 'score', score)
-    redis.call('ZADD', pending_key, score, id)
+-- 1. promote due scheduled jobs (bounded per call; the rest on the next call). The
+-- earliest one is looked at first: nothing is due on most calls.
+local function earliest()
+  local first = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return -1
+end
+local next_due = earliest()
+if next_due >= 0 and next_due <= at then
+  local due = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', at, 'LIMIT', 0, 1000)
+  for _, id in ipairs(due) do
+    local jkey = job_key(prefix, id)
+    redis.call('ZREM', scheduled_key, id)
+    if redis.call('EXISTS', jkey) == 1 then
+      local score = pending_score(prefix, num_field(jkey, 'priority', 0))
+      redis.call('HSET', jkey, 'state', 'pending', 'score', score)
+      redis.call('ZADD', pending_key, score, id)
+    end
   end
+  next_due = earliest()
 end
 
 -- 2. global limits, shared by every supervisor through these two hashes
@@ -74,45 +86,76 @@ if rate and rate > 0 and want > 0 then
   end
 end
 
--- 3. lease
+-- 3. lease: one HGETALL and one HSET per job; the completion markers, the tokens and
+-- the active-set entries are read or written once for the whole batch
 local out = {}
 local leased = 0
+local pending_left = nil
 local policy = nil
 if ARGV[5] ~= '' then policy = cjson.decode(ARGV[5]) end
-if want > 0 then
-  local popped = redis.call('ZPOPMIN', pending_key, want)
-  for i = 1, #popped, 2 do
-    local id = popped[i]
+local popped = {}
+if want > 0 then popped = redis.call('ZPOPMIN', pending_key, want) end
+local count_popped = #popped / 2
+-- fewer popped than asked: nothing is left pending (unless a follow-up lands below)
+if want > 0 and count_popped < want then pending_left = 0 end
+if count_popped > 0 then
+  local done_keys = {}
+  for i = 1, count_popped do done_keys[i] = prefix .. 'done:' .. popped[2 * i - 1] end
+  local dones = redis.call('MGET', unpack(done_keys))
+  local token = redis.call('INCRBY', prefix .. 'token', count_popped) - count_popped
+  local deadline = at + ttl
+  local active = {}
+  for i = 1, count_popped do
+    local id = popped[2 * i - 1]
     local jkey = job_key(prefix, id)
-    if redis.call('EXISTS', jkey) == 1 then
-      local done = redis.call('GET', prefix .. 'done:' .. id)
-      if done then
-        succeed_recorded(prefix, id, jkey, done, at)
-      else
-        leased = leased + 1
-        local token = redis.call('INCR', prefix .. 'token')
-        local deadline = at + ttl
-        redis.call('HSET', jkey, 'state', 'active', 'owner', owner, 'token', token,
-          'lease_deadline', deadline, 'started_at', at)
-        if policy then
-          local task = redis.call('HGET', jkey, 'task')
-          local p = (policy['tasks'] and policy['tasks'][task]) or policy['defaults'] or {}
-          for f, v in pairs(p) do redis.call('HSETNX', jkey, f, tostring(v)) end
+    token = token + 1
+    local record = redis.call('HGETALL', jkey)
+    if #record == 0 then
+      -- gone (purged or expired): nothing to lease
+    elseif dones[i] then
+      succeed_recorded(prefix, id, jkey, dones[i], at)
+      pending_left = nil -- its follow-ups may be pending now
+    else
+      leased = leased + 1
+      local fields = {}
+      for j = 1, #record, 2 do fields[record[j]] = j end
+      -- strings, so the reply's record reads as HGETALL's would
+      local set = {'state', 'active', 'owner', owner, 'token', tostring(token),
+                   'lease_deadline', tostring(deadline), 'started_at', tostring(at)}
+      if policy then
+        local p = (policy['tasks'] and policy['tasks'][fields['task'] and record[fields['task'] + 1]])
+          or policy['defaults'] or {}
+        for f, v in pairs(p) do
+          if not fields[f] then
+            set[#set + 1] = f
+            set[#set + 1] = tostring(v)
+          end
         end
-        redis.call('ZADD', active_key, deadline, id)
-        add_history(prefix, id, 'claimed', at, {owner = owner, token = token})
-        out[#out + 1] = redis.call('HGETALL', jkey)
       end
+      redis.call('HSET', jkey, unpack(set))
+      -- the reply is the record as it now is: the one read, with what was just set
+      for j = 1, #set, 2 do
+        local at_j = fields[set[j]]
+        if at_j then
+          record[at_j + 1] = set[j + 1]
+        else
+          record[#record + 1] = set[j]
+          record[#record + 1] = set[j + 1]
+        end
+      end
+      active[#active + 1] = deadline
+      active[#active + 1] = id
+      add_history(prefix, id, 'claimed', at, {owner = owner, token = token})
+      out[#out + 1] = record
     end
   end
+  if #active > 0 then redis.call('ZADD', active_key, unpack(active)) end
 end
 if tokens ~= nil then
   redis.call('HSET', bucket_key, 'tokens', tostring(tokens - leased), 'ts', at)
 end
+if pending_left == nil then pending_left = redis.call('ZCARD', pending_key) end
 
-local next_due = -1
-local first = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
-if first[2] then next_due = tonumber(first[2]) end
-local result = {next_due, wait_ms, redis.call('ZCARD', pending_key), held, at}
+local result = {next_due, wait_ms, pending_left, held, at}
 for _, job in ipairs(out) do result[#result + 1] = job end
 return result
