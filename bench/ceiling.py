@@ -5,8 +5,8 @@ it, forq beside BullMQ, RQ and Dramatiq, on one private Redis in one run.
 
 forq: `--procs` processes, each a simulated supervisor with `--slots` slots that does
 what a real one does per round trip, without forking: one pipeline holding a claim for
-its free slots, an extension of every lease it holds when ttl/3 has passed, and the acks
-of the jobs of the previous round (no-op jobs finish at once). BullMQ: `--procs` Node
+its free slots, an extension of every lease it holds when ttl/3 has passed, and one ack
+call for the jobs of the previous round (no-op jobs finish at once). BullMQ: `--procs` Node
 workers of concurrency `--slots`. RQ: `--procs` SimpleWorkers (one job at a time each).
 Dramatiq: `--procs` processes × 8 threads. Every job carries the same realistic payload
 (a mail job's arguments, about 170 bytes of JSON) and is enqueued before the workers
@@ -77,11 +77,13 @@ def simulated_supervisor(url: str, slots: int, start_at: float, out: Any) -> Non
         if held and time.monotonic() - extended >= LEASE_MS / 3000:
             q.extend(list(held.items()), LEASE_MS, client=pipe)
             extended = time.monotonic()
-        for job_id, token in held.items():
-            q.ack(job_id, token, "null", client=pipe)
+        if held:  # as the supervisor's Reporter does: one ack call for the turn's jobs
+            q.ack_many([(job_id, token, "null", ()) for job_id, token in held.items()],
+                       client=pipe)
         replies = pipe.execute()
-        acks = replies[len(replies) - len(held):]
-        assert all(r == "ok" for r in acks), acks
+        if held:
+            acks = Queue.parse_acks(replies[-1])
+            assert acks == ["ok"] * len(held), acks
         done += len(held)
         result = q.parse_claim(replies[0])
         held = {lease.id: lease.token for lease in result.leases}

@@ -69,6 +69,10 @@ class QueueKeys:
         """Pub/sub channel: a message means "work may be claimable now or at <ms>"."""
         return self.prefix + "wake"
 
+    def policy(self, sha: str) -> str:
+        """A job policy, stored once by claim under the sha1 of its JSON (forq.policy)."""
+        return f"{self.prefix}policy:{sha}"
+
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 

@@ -20,6 +20,7 @@ from forq.errors import JobNotFound, QueueFull
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
 from forq.pipelines import run_plan
+from forq.policy import fill, flatten, policy_sha
 from forq.scripts import Scripts
 from forq.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
@@ -66,6 +67,8 @@ class Queue:
         # durable enqueues (WAIT): None = the client's setting (topology.set_durability)
         self.min_replicas = min_replicas
         self.wait_timeout = wait_timeout
+        self._claim_policy = ""  # the policy JSON of the last claim, for parse_claim
+        self._policies: dict[str, dict[str, str]] = {}  # sha -> stored policy (immutable)
 
     # -- producing ---------------------------------------------------------------
 
@@ -125,7 +128,19 @@ class Queue:
 
     def get(self, job_id: str) -> Job:
         """The job's current record and history; `JobNotFound` if it does not exist."""
-        return Job.from_record(self, *self._run(plans.get(self.keys, job_id)))
+        record, history = self._run(plans.get(self.keys, job_id))
+        if record.get("policy"):
+            fill(record, self._stored_policy(record["policy"]))
+        return Job.from_record(self, record, history)
+
+    def _stored_policy(self, sha: str) -> dict[str, str]:
+        """The policy claim stored under `sha` (named by content: cached for good)."""
+        if sha not in self._policies:
+            flat = self.redis.hgetall(self.keys.policy(sha))
+            if not flat:
+                return {}
+            self._policies[sha] = flat
+        return self._policies[sha]
 
     def stats(self) -> dict[str, Any]:
         """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
@@ -189,12 +204,24 @@ class Queue:
               client: Any = None) -> Any:
         """Lease up to `count` jobs to `owner` (see lua/claim.lua). With a pipeline as
         `client`, queues the call (parse the reply with `parse_claim`)."""
+        self._claim_policy = policy
         reply = self.scripts.run(tr.claim_call(self.keys, owner, count, lease_ttl_ms, policy),
                                  client)
         return client if client is not None else self.parse_claim(reply)
 
     def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:
-        return tr.parse_claim(reply, self)
+        return tr.parse_claim([*reply[:5], *(self._with_policy(flat) for flat in reply[5:])],
+                              self)
+
+    def _with_policy(self, flat: Sequence[str]) -> list[str]:
+        """A claimed record with the limits it lacks from its policy (forq.policy)."""
+        record = dict(zip(flat[::2], flat[1::2], strict=False))
+        sha = record.get("policy")
+        if not sha:
+            return list(flat)
+        mine = self._claim_policy and sha == policy_sha(self._claim_policy)
+        fill(record, flatten(self._claim_policy) if mine else self._stored_policy(sha))
+        return [part for pair in record.items() for part in pair]
 
     def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,
                client: Any = None) -> Any:
@@ -211,6 +238,16 @@ class Queue:
         reply = self.scripts.run(tr.ack_call(self.keys, job_id, token, result_json, followups),
                                  client)
         return client if client is not None else tr.parse_lease_reply(reply)
+
+    def ack_many(self, acks: Sequence[tuple[str, str, str, Sequence[Mapping[str, Any]]]],
+                 client: Any = None) -> Any:
+        """Ack several jobs in one script call: (job id, token, result JSON, same-queue
+        follow-up specs) each. Returns "ok"/"lost" per job; with a pipeline, queues the
+        call (`parse_acks` reads its reply)."""
+        reply = self.scripts.run(tr.ack_many_call(self.keys, acks), client)
+        return client if client is not None else tr.parse_acks(reply)
+
+    parse_acks = staticmethod(tr.parse_acks)
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
              client: Any = None) -> Any:

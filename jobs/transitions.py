@@ -175,9 +175,24 @@ def parse_extend(reply: Sequence[Any]) -> ExtendResult:
 
 def ack_call(keys: QueueKeys, job_id: str, token: str, result_json: str,
              followups: Sequence[Mapping[str, Any]] = ()) -> ScriptCall:
-    return ScriptCall("ack", (keys.active, keys.pending, keys.scheduled),
-                      (keys.prefix, keys.queue, job_id, token, result_json,
-                       *(json.dumps(f) for f in followups)))
+    return ack_many_call(keys, [(job_id, token, result_json, followups)])
+
+
+def ack_many_call(keys: QueueKeys,
+                  acks: Sequence[tuple[str, str, str, Sequence[Mapping[str, Any]]]]
+                  ) -> ScriptCall:
+    """One ack call for several jobs of a queue: (job id, token, result JSON, same-queue
+    follow-up specs) each; the script answers per job (`parse_acks`)."""
+    args: list[str | int] = [keys.prefix, keys.queue]
+    for job_id, token, result_json, followups in acks:
+        args += [job_id, token, result_json, len(followups),
+                 *(json.dumps(f) for f in followups)]
+    return ScriptCall("ack", (keys.active, keys.pending, keys.scheduled), tuple(args))
+
+
+def parse_acks(reply: Any) -> list[LeaseReply]:
+    """ack's answer per job: a call for one job answers a string, for several a list."""
+    return [parse_lease_reply(r) for r in ([reply] if isinstance(reply, str) else reply)]
 
 
 def parse_lease_reply(reply: Any) -> LeaseReply:

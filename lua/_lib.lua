@@ -22,17 +22,21 @@ local function job_key(prefix, id)
   return prefix .. 'job:' .. id
 end
 
+-- Append one encoded entry to a job's history. RPUSH answers the length: trim only when
+-- over the cap (a retried or reclaimed job), not on every entry of the common path.
+local function push_history(prefix, id, entry)
+  local hkey = job_key(prefix, id) .. ':history'
+  if redis.call('RPUSH', hkey, entry) > HISTORY_CAP then
+    redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
+  end
+end
+
 -- Append one entry to a job's history: event name, time (ms), and any extra fields.
 local function add_history(prefix, id, event, at, extra)
   local entry = extra or {}
   entry['event'] = event
   entry['at'] = at
-  local hkey = job_key(prefix, id) .. ':history'
-  -- RPUSH answers the length: trim only when over the cap (a retried or reclaimed job),
-  -- not on every entry of the common path
-  if redis.call('RPUSH', hkey, cjson.encode(entry)) > HISTORY_CAP then
-    redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
-  end
+  push_history(prefix, id, cjson.encode(entry))
 end
 
 -- Integer field of a job hash, or `default` when unset.
@@ -60,6 +64,41 @@ local function num_field(jkey, field, default)
   local v = redis.call('HGET', jkey, field)
   if v then return tonumber(v) end
   return default
+end
+
+-- The job policy: the limits (timeout_ms, max_attempts, max_crashes, backoff_*, ...) a
+-- supervisor applies where the producer set none. Stored once per distinct policy, as
+-- the hash `prefix .. "policy:" .. sha1(policy JSON)` with a field NAME for the default
+-- and NAME:TASK for a task's own; a job names its policy in its `policy` field, set by
+-- its first claim (so, as a producer's own limits, it never changes under the job).
+local function policy_key(prefix, sha)
+  return prefix .. 'policy:' .. sha
+end
+
+-- A job's limits, named by the keys of `defaults`, as numbers: the job's own field,
+-- else its policy's (the task's, then the default), else the value in `defaults`.
+-- One HMGET, two when the policy is read.
+local function job_limits(prefix, jkey, defaults)
+  local names = {}
+  for name in pairs(defaults) do names[#names + 1] = name end
+  local f = redis.call('HMGET', jkey, 'policy', 'task', unpack(names))
+  local out, ask, missing = {}, {}, {}
+  for i, name in ipairs(names) do
+    out[name] = tonumber(f[i + 2])
+    if out[name] == nil and f[1] then
+      missing[#missing + 1] = name
+      ask[#ask + 1] = name .. ':' .. tostring(f[2])
+      ask[#ask + 1] = name
+    end
+  end
+  if #missing > 0 then
+    local p = redis.call('HMGET', policy_key(prefix, f[1]), unpack(ask))
+    for k, name in ipairs(missing) do out[name] = tonumber(p[2 * k - 1] or p[2 * k]) end
+  end
+  for name, default in pairs(defaults) do
+    if out[name] == nil then out[name] = default end
+  end
+  return out
 end
 
 local function pending_score(prefix, priority)
@@ -210,8 +249,9 @@ local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key'}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
--- values when the caller has read them (from index `i`), else nil.
-local function succeed(prefix, id, jkey, result, at, source, f, i)
+-- values when the caller has read them (from index `i`), else nil; `uncounted`: the
+-- caller counts the success (ack counts a whole batch at once).
+local function succeed(prefix, id, jkey, result, at, source, f, i, uncounted)
   if f == nil then
     f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
   end
@@ -219,8 +259,12 @@ local function succeed(prefix, id, jkey, result, at, source, f, i)
   redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
     'attempts', (tonumber(f[i]) or 0) + 1)
   redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
-  add_history(prefix, id, 'succeeded', at, {source = source})
-  count(prefix, 'succeeded', at)
+  if source then
+    add_history(prefix, id, 'succeeded', at, {source = source})
+  else
+    push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
+  end
+  if not uncounted then count(prefix, 'succeeded', at) end
   finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false)
 end
 

@@ -10,8 +10,11 @@
   ARGV[2]  supervisor id (lease owner)
   ARGV[3]  N, the most jobs to lease
   ARGV[4]  lease ttl (ms)
-  ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "" — fills
-           every limit the producer left unset, so fail/expire/reclaim read one record
+  ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "": the
+           limits for what the producer left unset. Stored once as the hash
+           forq:{q}:policy:<sha1 of ARGV[5]> (see policy_key in _lib); a job's first
+           claim names it in the job's `policy` field and copies just `result_ttl_ms`,
+           which every ack needs, into the job; fail and reclaim read the rest from it
 
   Returns {next_due_ms, wait_ms, pending_left, held, now_ms, job1, job2, ...}
     next_due_ms   earliest scheduled run-at, or -1
@@ -20,9 +23,10 @@
     held          1 when max_in_flight held jobs back (a finishing job publishes a wake)
     now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
+    (the policy's limits are not in it: the caller has the policy)
   Cost: O(log n) per job leased and per job promoted, whatever the backlog. Redis
-  commands: about 8 per call and 3 per leased job (HGETALL, one HSET that also writes
-  the policy's limits the job lacks, the history RPUSH); see bench/RESULTS.md.
+  commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
+  see bench/RESULTS.md.
 ]]
 --@include _lib
 
@@ -91,8 +95,6 @@ end
 local out = {}
 local leased = 0
 local pending_left = nil
-local policy = nil
-if ARGV[5] ~= '' then policy = cjson.decode(ARGV[5]) end
 local popped = {}
 if want > 0 then popped = redis.call('ZPOPMIN', pending_key, want) end
 local count_popped = #popped / 2
@@ -103,8 +105,33 @@ if count_popped > 0 then
   for i = 1, count_popped do done_keys[i] = prefix .. 'done:' .. popped[2 * i - 1] end
   local dones = redis.call('MGET', unpack(done_keys))
   local token = redis.call('INCRBY', prefix .. 'token', count_popped) - count_popped
-  local deadline = at + ttl
+  local deadline = tostring(at + ttl)
+  local at_s = tostring(at)
   local active = {}
+  -- the policy: stored once, decoded once a call for the jobs' result_ttl_ms
+  local policy, policy_sha = nil, nil
+  if ARGV[5] ~= '' then
+    policy_sha = redis.sha1hex(ARGV[5])
+    policy = cjson.decode(ARGV[5])
+    local pkey = policy_key(prefix, policy_sha)
+    if redis.call('EXISTS', pkey) == 0 then
+      local flat = {}
+      for name, v in pairs(policy['defaults'] or {}) do
+        flat[#flat + 1] = name
+        flat[#flat + 1] = tostring(v)
+      end
+      for task, limits in pairs(policy['tasks'] or {}) do
+        for name, v in pairs(limits) do
+          flat[#flat + 1] = name .. ':' .. task
+          flat[#flat + 1] = tostring(v)
+        end
+      end
+      if #flat > 0 then redis.call('HSET', pkey, unpack(flat)) end
+    end
+  end
+  -- a history entry without a table to encode: only the owner needs JSON quoting
+  local claimed = '{"event":"claimed","at":' .. at_s .. ',"owner":' .. cjson.encode(owner)
+    .. ',"token":' 
   for i = 1, count_popped do
     local id = popped[2 * i - 1]
     local jkey = job_key(prefix, id)
@@ -120,15 +147,18 @@ if count_popped > 0 then
       local fields = {}
       for j = 1, #record, 2 do fields[record[j]] = j end
       -- strings, so the reply's record reads as HGETALL's would
-      local set = {'state', 'active', 'owner', owner, 'token', tostring(token),
-                   'lease_deadline', tostring(deadline), 'started_at', tostring(at)}
-      if policy then
-        local p = (policy['tasks'] and policy['tasks'][fields['task'] and record[fields['task'] + 1]])
-          or policy['defaults'] or {}
-        for f, v in pairs(p) do
-          if not fields[f] then
-            set[#set + 1] = f
-            set[#set + 1] = tostring(v)
+      local token_s = tostring(token)
+      local set = {'state', 'active', 'owner', owner, 'token', token_s,
+                   'lease_deadline', deadline, 'started_at', at_s}
+      if policy and not fields['policy'] then
+        set[#set + 1] = 'policy'
+        set[#set + 1] = policy_sha
+        if not fields['result_ttl_ms'] then
+          local task = fields['task'] and record[fields['task'] + 1]
+          local p = (policy['tasks'] and policy['tasks'][task]) or policy['defaults'] or {}
+          if p['result_ttl_ms'] then
+            set[#set + 1] = 'result_ttl_ms'
+            set[#set + 1] = tostring(p['result_ttl_ms'])
           end
         end
       end
@@ -145,7 +175,7 @@ if count_popped > 0 then
       end
       active[#active + 1] = deadline
       active[#active + 1] = id
-      add_history(prefix, id, 'claimed', at, {owner = owner, token = token})
+      push_history(prefix, id, claimed .. token_s .. '}')
       out[#out + 1] = record
     end
   end

@@ -29,7 +29,9 @@ if not f then return {'lost', 0, 0} end
 if f[3] and mode == 'retry' then mode = 'cancel' end -- a requested cancel is not retried
 local at = now_ms()
 local attempts = redis.call('HINCRBY', jkey, 'attempts', 1)
-local max_attempts = num_field(jkey, 'max_attempts', 5)
+local limits = job_limits(prefix, jkey, {max_attempts = 5, backoff_base_ms = 1000,
+  backoff_factor = 2, backoff_max_ms = 600000, backoff_jitter = 0.2})
+local max_attempts = limits.max_attempts
 local decoded = cjson.decode(err)
 local reason = decoded['reason'] or decoded['message'] or 'error'
 redis.call('ZREM', active_key, id)
@@ -55,10 +57,8 @@ elseif mode == 'fatal' or attempts >= max_attempts then
   slot_freed(prefix)
   return {'dead', 0, attempts}
 end
-local base = num_field(jkey, 'backoff_base_ms', 1000)
-local factor = num_field(jkey, 'backoff_factor', 2)
-local cap = num_field(jkey, 'backoff_max_ms', 600000)
-local jitter = num_field(jkey, 'backoff_jitter', 0.2)
+local base, factor = limits.backoff_base_ms, limits.backoff_factor
+local cap, jitter = limits.backoff_max_ms, limits.backoff_jitter
 local delay = math.min(cap, base * factor ^ (attempts - 1))
 delay = math.floor(delay * (1 + jitter * (2 * r - 1)))
 local run_at = at + delay

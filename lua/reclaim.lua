@@ -45,7 +45,7 @@ for _, id in ipairs(expired) do
       local f = redis.call('HMGET', jkey, 'owner', 'token', 'last_crash')
       local reason = f[3] or ('lease expired (owner ' .. tostring(f[1]) .. ')')
       local crashes = redis.call('HINCRBY', jkey, 'crashes', 1)
-      local max_crashes = num_field(jkey, 'max_crashes', default_max)
+      local max_crashes = job_limits(prefix, jkey, {max_crashes = default_max}).max_crashes
       redis.call('HDEL', jkey, 'last_crash')
       count(prefix, 'crashed', at)
       if crashes >= max_crashes then

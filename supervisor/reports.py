@@ -45,8 +45,48 @@ class Reporter:
         self.min_replicas = min_replicas  # [redis].min_replicas: WAIT after the reports
         self.wait_ms = wait_ms
 
+    def send_batch(self, pipe: Any, batch: list[Pending]) -> list[tuple[int, int, int, int]]:
+        """Queue every item's transition on `pipe`, the acks of one queue together in one
+        ack call after the batch's other commands (so what must land before an ack — a
+        completion record, follow-ups to other queues — still does). Returns, per item,
+        where its replies will be, for `answer_batch`."""
+        self._acks = {}
+        spans: list[tuple[int, int, str | None, int]] = []
+        try:
+            for item in batch:
+                start = len(pipe.command_stack)
+                self.send(pipe, item)
+                group = self._acks.get(item.child.queue)
+                if group and group[-1][0] is item:  # its ack waits for the queue's call
+                    spans.append((start, len(pipe.command_stack), item.child.queue,
+                                  len(group) - 1))
+                else:
+                    spans.append((start, len(pipe.command_stack), None, -1))
+        finally:
+            acks, self._acks = self._acks, None
+        ack_at = {}
+        for name, group in acks.items():
+            ack_at[name] = len(pipe.command_stack)
+            self.queue_for(name).ack_many([ack for _, *ack in group], client=pipe)
+        return [(start, end, ack_at[name] if name else -1, position)
+                for start, end, name, position in spans]
+
+    def answer_batch(self, batch: list[Pending], spans: list[tuple[int, int, int, int]],
+                     replies: list[Any]) -> None:
+        """`answered` for each item of a `send_batch`, with its own ack's answer last."""
+        for item, (start, end, ack_at, position) in zip(batch, spans, strict=True):
+            mine = replies[start:end]
+            if ack_at >= 0:
+                reply = replies[ack_at]
+                mine.append(reply if isinstance(reply, Exception)
+                            else Queue.parse_acks(reply)[position])
+            self.answered(item, mine)
+
+    _acks: dict[str, list[tuple[Any, ...]]] | None = None
+
     def send(self, pipe: Any, item: Pending) -> None:
-        """Queue `item`'s transition (and what goes with it) on `pipe`."""
+        """Queue `item`'s transition (and what goes with it) on `pipe` (inside
+        `send_batch`, an ack waits for the batch's one ack call of its queue)."""
         child, outcome, token = item.child, item.outcome, item.token
         q = self.queue_for(child.queue)
         job_id = child.job_id
@@ -64,7 +104,11 @@ class Reporter:
                 # with the same-queue follow-ups: if this ack is lost, the reclaim that
                 # finds the completion enqueues them instead
                 q.record_done(job_id, outcome.result_json, ttl, same, client=pipe)
-            q.ack(job_id, token, outcome.result_json, same, client=pipe)
+            if self._acks is None:
+                q.ack(job_id, token, outcome.result_json, same, client=pipe)
+            else:
+                self._acks.setdefault(child.queue, []).append(
+                    (item, job_id, token, outcome.result_json, same))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe)
         elif outcome.kind is Kind.EXPIRE:

@@ -382,11 +382,7 @@ class Supervisor:
         # claims first: a global max_in_flight still counts our finished jobs, so the
         # ack's wake-up lets every supervisor race fairly for the freed slot
         asks = self.claimer.send(pipe, self.config) if claiming else []
-        spans = []
-        for item in batch:
-            start = len(pipe.command_stack)
-            self.reporter.send(pipe, item)
-            spans.append((start, len(pipe.command_stack)))
+        spans = self.reporter.send_batch(pipe, batch)
         # a crash reported now is reclaimed in the same trip, not a reaper tick later
         reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
         self.reaper.send(pipe, reap)
@@ -403,8 +399,7 @@ class Supervisor:
             return
         self._redis_worked()
         replies = self.reporter.check_waits(batch, replies, waits)
-        for item, (start, end) in zip(batch, spans, strict=True):
-            self.reporter.answered(item, replies[start:end])
+        self.reporter.answer_batch(batch, spans, replies)
         for offset, name in enumerate(asks):
             self.claimer.answered(name, replies[offset], sent_at)
         for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):

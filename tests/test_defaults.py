@@ -9,14 +9,24 @@ from forq.defaults import JOB_POLICY
 from forq.scripts import TRANSITIONS, source
 from forq.supervisor.config import BUILTIN_POLICY
 
-# a script's fallback for a job field it finds missing: num_field(jkey, 'name', default)
+# a script's fallback for a job field it finds missing: num_field(jkey, 'name', default),
+# or a `name = default` entry of job_limits(prefix, jkey, {...}) (limits a policy may set)
 _FALLBACK = re.compile(r"num_field\(\w+, '(\w+)', ([0-9.]+)\)")
+_LIMITS = re.compile(r"job_limits\(\w+, \w+, \{([^}]*)\}\)")
+_ENTRY = re.compile(r"(\w+) = ([0-9.]+)")
+
+
+def _fallbacks(text: str) -> list[tuple[str, str]]:
+    found = _FALLBACK.findall(text)
+    for entries in _LIMITS.findall(text):
+        found += _ENTRY.findall(entries)
+    return found
 
 
 def test_every_lua_fallback_is_the_default_of_forq_defaults():
     found = {}
     for name in TRANSITIONS:
-        for field, value in _FALLBACK.findall(source(name)):
+        for field, value in _fallbacks(source(name)):
             if field in JOB_POLICY:
                 found[field] = float(value)
                 assert float(value) == JOB_POLICY[field], (name, field, value)

@@ -260,6 +260,57 @@ def test_claim_policy_fills_unset_limits_but_never_overrides(queue):
     assert int(leases["plain"].job.fields["max_attempts"]) == 3
 
 
+def test_policy_is_stored_once_and_read_by_fail_and_reclaim(queue, r):
+    """The policy lives in one hash per distinct policy; a job stores only its name (and
+    the result_ttl_ms every ack needs), and the first claim's policy stays the job's."""
+    first = json.dumps({"defaults": {"max_attempts": 2, "backoff_base_ms": 60_000,
+                                     "backoff_factor": 1, "backoff_max_ms": 60_000,
+                                     "backoff_jitter": 0, "result_ttl_ms": 5_000},
+                        "tasks": {"t.crashy": {"max_crashes": 1}}})
+    later = json.dumps({"defaults": {"max_attempts": 9, "backoff_base_ms": 1}, "tasks": {}})
+    queue.enqueue("t.plain", job_id="plain")
+    queue.enqueue("t.crashy", job_id="crashy")
+    leases = {lease.id: lease for lease in queue.claim(OWNER, 5, LONG, first).leases}
+    stored = r.hgetall(queue.keys.job("plain"))
+    assert "max_attempts" not in stored and "backoff_base_ms" not in stored
+    assert stored["result_ttl_ms"] == "5000" and stored["policy"]
+    assert r.hgetall(queue.keys.policy(stored["policy"]))["max_crashes:t.crashy"] == "1"
+    # fail reads the backoff from the stored policy: a retry a minute later
+    out = queue.fail("plain", leases["plain"].token, {"message": "boom"})
+    assert out.outcome == "retry"
+    assert 59_000 <= out.run_at_ms - int(queue.get("plain").fields["finished_at"]) <= 60_000
+    # reclaim reads the task's max_crashes from it: one crash is the end
+    queue.expire("crashy", leases["crashy"].token, "killed by SIGKILL")
+    assert queue.reclaim("reaper:1")[:2] == (0, 1)
+    assert queue.get("crashy").state == "dead"
+    # a later claim under another policy leaves the job's policy (and its limits) alone
+    r.zadd(queue.keys.scheduled, {"plain": 0})
+    again = claim_one(queue, policy=later)
+    assert again.job.fields["max_attempts"] == 2 and r.hget(
+        queue.keys.job("plain"), "policy") == stored["policy"]
+    assert queue.fail("plain", again.token, {"message": "boom"}).outcome == "dead"
+
+
+def test_ack_many_acks_each_job_by_its_own_token(queue, r):
+    """One ack call for several jobs: each is fenced alone, a stale one changes nothing,
+    follow-ups go with their own job, and the counters count what succeeded."""
+    for name in ("a", "b", "c"):
+        queue.enqueue("t.x", job_id=name)
+    leases = {lease.id: lease for lease in queue.claim(OWNER, 3, LONG).leases}
+    answers = queue.ack_many([
+        ("a", leases["a"].token, '"A"', ()),
+        ("b", "stale-token", '"B"', ()),
+        ("c", leases["c"].token, '"C"', [{"id": "c-next", "task": "t.next"}]),
+    ])
+    assert answers == ["ok", "lost", "ok"]
+    assert queue.get("a").state == "succeeded" and queue.get("a").fields["result"] == '"A"'
+    assert queue.get("b").state == "active" and "result" not in queue.get("b").fields
+    assert queue.get("c-next").fields["parent"] == "c"
+    assert events(queue.get("c")) == ["enqueued", "claimed", "succeeded"]
+    assert r.hget(queue.keys.stats, "succeeded") == "2"
+    assert queue.ack_many([("b", leases["b"].token, "null", ())]) == ["ok"]
+
+
 def test_claim_respects_max_in_flight(queue):
     queue.enqueue_many({"task": "t.x"} for _ in range(5))
     queue.set_limits(max_in_flight=2)
