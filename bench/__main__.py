@@ -1,5 +1,5 @@
-"""`python -m bench`: forq beside RQ, Celery and Dramatiq and beside the machine's limits,
-in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
+"""`python -m bench`: forq beside RQ, Celery, Dramatiq and BullMQ and beside the machine's
+limits, in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
 
     .venv/bin/python -m bench                 # full run (about 7 minutes)
     .venv/bin/python -m bench --quick         # smaller N, fewer repetitions (about 2.5 minutes)
@@ -7,7 +7,8 @@ in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
     .venv/bin/python -m bench --only e2e,latency
 
 The peers run from their own venv, bench/.venv-peers, created on first use (pip:
-rq, celery[redis], dramatiq[redis]). forq runs from the interpreter running this.
+rq, celery[redis], dramatiq[redis]); BullMQ from bench/peers/bullmq (`npm ci` there on
+first use). forq runs from the interpreter running this.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from bench.common import (
 from bench.peers import venv
 from forq.supervisor import terminal
 
-SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale")
+SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling")
 
 
 class Sizes:
@@ -58,6 +59,9 @@ class Sizes:
         self.recovery_cap = 15.0 if quick else 60.0
         self.backlogs = [1000, 100_000] + ([1_000_000] if with_1m else [])
         self.scale_supervisor_jobs = 300 if quick else 1000
+        # the Redis ceiling: jobs per system and round (RQ's 8 SimpleWorkers are slow)
+        self.ceiling_jobs = 4000 if quick else 10_000
+        self.ceiling_reps = 1 if quick else 2
 
 
 def run_driver(mode: str, system: str, redis_base: str, db: int, **options: Any) -> dict:
@@ -256,8 +260,16 @@ def section_scale(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                          sup_jobs=sz.scale_supervisor_jobs, private=True)
 
 
+def section_ceiling(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
+    from bench import ceiling
+
+    return ceiling.measure(ctx["url"], ctx["redis_base"], sz.ceiling_jobs, procs=8, slots=50,
+                           reps=sz.ceiling_reps)
+
+
 RUNNERS = {"limits": section_limits, "enqueue": section_enqueue, "e2e": section_e2e,
-           "latency": section_latency, "recovery": section_recovery, "scale": section_scale}
+           "latency": section_latency, "recovery": section_recovery, "scale": section_scale,
+           "ceiling": section_ceiling}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -157,16 +157,23 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(url: str, redis_base: str, n: int, procs: int, slots: int, reps: int,
             systems: tuple[str, ...] = ("forq", *PEERS)) -> dict[str, Any]:
+    from bench.peers import venv
+
+    if "bullmq" in systems and not venv.ensure_node(log):
+        systems = tuple(s for s in systems if s != "bullmq")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     forq = ForqCeiling(url)
     for i in range(reps):
         for system in systems:
             log(f"ceiling: round {i + 1}/{reps}: {system}, {n} jobs, {procs} processes ...")
+            jobs = max(1, n // 5) if system == "rq-simple" else n  # RQ is slow
             if system == "forq":
-                runs[system].append(forq.run(n, procs, slots))
+                runs[system].append(forq.run(jobs, procs, slots))
             else:
-                runs[system].append(peer_ceiling(system, redis_base, n, procs, slots))
-    out = {s: merge(r) for s, r in runs.items() if r}
+                runs[system].append(peer_ceiling(system, redis_base, jobs, procs, slots))
+    out: dict[str, Any] = {s: merge(r) for s, r in runs.items() if r}
+    if "bullmq" in out:
+        out["bullmq_version"] = venv.bullmq_version()
     base = out.get("bullmq", {}).get("redis_ceiling_jobs_per_s", {}).get("median")
     if base and "forq" in out:
         out["forq_vs_bullmq"] = out["forq"]["redis_ceiling_jobs_per_s"]["median"] / base
@@ -177,7 +184,7 @@ def render(res: dict[str, Any]) -> str:
     rows = ["| system | workers | commands/job | Redis CPU µs/job | ceiling, jobs/s (1 Redis core) "
             "| measured jobs/s (Redis busy) |", "| --- | --- | --- | --- | --- | --- |"]
     for system, r in res.items():
-        if not isinstance(r, dict):
+        if not isinstance(r, dict) or "procs" not in r:
             continue
         workers = f"{r['procs']} × {r['concurrency']}"
         us, ceil, rate = (r["redis_cpu_us_per_job"], r["redis_ceiling_jobs_per_s"],

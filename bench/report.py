@@ -95,6 +95,22 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         r1 = big["claim_ack_1"] / small["claim_ack_1"]
         out.append((f"claim+ack at {label} backlog ≥ 80% of 1k", "≥ 0.80",
                     f"{r100:.2f} (claim 100) / {r1:.2f} (claim 1)", min(r100, r1) >= 0.8))
+    ceil = s.get("ceiling") or {}
+    forq_c, bull_c = ceil.get("forq"), ceil.get("bullmq")
+    if forq_c:
+        cmds = forq_c["commands_per_job"]["median"]
+        out.append(("Redis commands per job (claim, extend, ack; 8 × 50 slots)", "≤ 15",
+                    f"{cmds:.1f}", cmds <= 15))
+        us = forq_c["redis_cpu_us_per_job"]["median"]
+        peer = (f"; BullMQ {bull_c['redis_cpu_us_per_job']['median']:.1f} µs in this run"
+                if bull_c else "")
+        out.append(("Redis CPU per job (8 × 50 slots)", "≤ 29 µs (BullMQ's in #18)",
+                    f"{us:.1f} µs{peer}", us <= 29))
+    if forq_c and bull_c:
+        ratio = ceil["forq_vs_bullmq"]
+        out.append(("Redis ceiling ≥ BullMQ's (jobs per Redis CPU second)", "≥ 1.0×",
+                    f"{ratio:.2f}× ({n(forq_c['redis_ceiling_jobs_per_s']['median'])} vs "
+                    f"{n(bull_c['redis_ceiling_jobs_per_s']['median'])} jobs/s)", ratio >= 1))
     return out
 
 
@@ -364,6 +380,30 @@ def render(res: dict[str, Any]) -> str:
                           "supervisor draining its top (rate, RSS)"], rows))
         out.append("")
 
+    if "ceiling" in s:
+        from bench.ceiling import render as render_ceiling
+
+        c = s["ceiling"]
+        out.append("## The Redis ceiling: one shard, many supervisors\n")
+        out.append("No-op jobs with a realistic payload (a mail job's arguments, ≈ 170 bytes of "
+                   "JSON), all enqueued first, drained by 8 worker processes on one Redis: forq "
+                   "as 8 simulated supervisors of 50 slots (what a supervisor sends per round "
+                   "trip — a claim for its free slots, the extension of its leases every ttl/3, "
+                   "one ack call for the jobs done — without forking), BullMQ "
+                   f"{c.get('bullmq_version') or ''} as 8 Node workers of concurrency 50, RQ as "
+                   "8 SimpleWorkers, Dramatiq as 8 processes × 8 threads. Per job, between the "
+                   "first finished job and the last: commands Redis ran (INFO commandstats, "
+                   "those inside scripts included) and Redis CPU (INFO cpu, user + sys). The "
+                   "**ceiling** is jobs per Redis CPU second: the rate one shard carries when "
+                   "Redis has a core of its own. Here the clients share 2 cores with Redis, so "
+                   "the measured rates stay far below it.\n")
+        out.append(render_ceiling(c))
+        rows = [[system, ", ".join(f"{k} {v}" for k, v in list(d["commands_top"].items())[:8])]
+                for system, d in c.items() if isinstance(d, dict) and "commands_top" in d]
+        out.append("")
+        out.append(table(["system", "most frequent commands per job"], rows))
+        out.append("")
+
     out.append(FINDINGS)
     out.append(METHOD)
     return "\n".join(out)
@@ -373,7 +413,9 @@ METHOD = """
 ## How to run, and what is where
 
 `.venv/bin/python -m bench` (full, about 7 minutes), `--quick` (about 2.5 minutes),
-`--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, latency, recovery, scale),
+`--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, latency, recovery, scale,
+ceiling), `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
+`--slots`, `--only forq,bullmq`),
 `--no-profile`. `.venv/bin/python -m bench.supervisor` gives the supervisor's own
 figures (issue 3) alone. The peers run from `bench/.venv-peers` (created on first use
 with pip), each worker as its own CLI would start it (`rq worker -w ...`,

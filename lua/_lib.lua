@@ -249,13 +249,13 @@ local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key'}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
--- values when the caller has read them (from index `i`), else nil; `uncounted`: the
--- caller counts the success (ack counts a whole batch at once).
-local function succeed(prefix, id, jkey, result, at, source, f, i, uncounted)
+-- values when the caller has read them (from index `i`), else nil; `batched`: the
+-- caller removes the job from `active` and counts the success, for a whole batch at once.
+local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
   if f == nil then
     f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
   end
-  redis.call('ZREM', prefix .. 'active', id)
+  if not batched then redis.call('ZREM', prefix .. 'active', id) end
   redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
     'attempts', (tonumber(f[i]) or 0) + 1)
   redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
@@ -264,7 +264,7 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, uncounted)
   else
     push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
   end
-  if not uncounted then count(prefix, 'succeeded', at) end
+  if not batched then count(prefix, 'succeeded', at) end
   finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false)
 end
 

@@ -22,7 +22,8 @@
 local prefix, queue = ARGV[1], ARGV[2]
 local at = nil
 local answers = {}
-local succeeded, woke = 0, false
+local done = {} -- ids that succeeded, to leave `active` in one ZREM
+local woke = false
 local i = 3
 while i <= #ARGV do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -34,7 +35,7 @@ while i <= #ARGV do
   else
     at = at or now_ms()
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
-    succeeded = succeeded + 1
+    done[#done + 1] = id
     if n > 0 then
       local specs = {}
       for k = 1, n do specs[k] = cjson.decode(ARGV[i + 3 + k]) end
@@ -47,8 +48,9 @@ while i <= #ARGV do
   end
   i = i + 4 + n
 end
-if succeeded > 0 then
-  count(prefix, 'succeeded', at, succeeded)
+if #done > 0 then
+  redis.call('ZREM', KEYS[1], unpack(done))
+  count(prefix, 'succeeded', at, #done)
   if not woke then slot_freed(prefix) end
 end
 if #answers == 1 then return answers[1] end

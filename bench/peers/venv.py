@@ -8,6 +8,7 @@ change of it reinstalls.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,28 @@ def versions() -> dict[str, str]:
             "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'arq', 'redis')}))")
     out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+BULLMQ = Path(__file__).resolve().parent / "bullmq"
+
+
+def ensure_node(log=print) -> bool:
+    """BullMQ for the ceiling benchmark: `npm ci` from the committed lockfile on first
+    use. False (and a log line) when this machine has no node or npm."""
+    if (BULLMQ / "node_modules" / "bullmq").exists():
+        return True
+    if not (shutil.which("node") and shutil.which("npm")):
+        log("no node/npm on this machine: the ceiling benchmark runs without BullMQ")
+        return False
+    log(f"installing BullMQ into {BULLMQ} (npm ci) ...")
+    subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=str(BULLMQ), check=True,
+                   stdout=subprocess.DEVNULL)
+    return True
+
+
+def bullmq_version() -> str | None:
+    try:
+        return json.loads((BULLMQ / "node_modules" / "bullmq" / "package.json").read_text())[
+            "version"]
+    except OSError:
+        return None
