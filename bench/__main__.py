@@ -39,7 +39,7 @@ from bench.common import (
 from bench.peers import venv
 from forq.supervisor import terminal
 
-SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling")
+SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling", "leases")
 
 
 class Sizes:
@@ -62,6 +62,7 @@ class Sizes:
         # the Redis ceiling: jobs per system and round (RQ's 8 SimpleWorkers are slow)
         self.ceiling_jobs = 4000 if quick else 10_000
         self.ceiling_reps = 1 if quick else 2
+        self.lease_jobs = 300 if quick else 1000  # sleeping jobs held by one supervisor
 
 
 def run_driver(mode: str, system: str, redis_base: str, db: int, **options: Any) -> dict:
@@ -267,9 +268,16 @@ def section_ceiling(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                            reps=sz.ceiling_reps)
 
 
+def section_leases(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
+    from bench import leases
+
+    log(f"leases: one supervisor holding {sz.lease_jobs} sleeping jobs ...")
+    return leases.measure(ctx["url"], sz.lease_jobs, lease_ttl=6.0, window=12.0)
+
+
 RUNNERS = {"limits": section_limits, "enqueue": section_enqueue, "e2e": section_e2e,
            "latency": section_latency, "recovery": section_recovery, "scale": section_scale,
-           "ceiling": section_ceiling}
+           "ceiling": section_ceiling, "leases": section_leases}
 
 
 def main(argv: list[str] | None = None) -> int:

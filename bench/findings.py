@@ -136,7 +136,8 @@ the client overlap.
 
 `lua/claim.lua` applies the queue policy with one `HSETNX` per field: 11 of the 41 Redis
 commands per job. Redis CPU is ≈ 0.25 ms per job in all, so not a bottleneck today; one
-`HMGET` of the policy's fields and one `HSET` of the missing ones would do.
+`HMGET` of the policy's fields and one `HSET` of the missing ones would do. (Fixed in
+issue 18 another way: the policy is stored once per queue; see Findings II.)
 
 ### What the peers' figures mean
 
@@ -150,4 +151,88 @@ default); Dramatiq's Redis broker re-queues a dead worker's messages only after
 commands, so minutes on an idle queue). Dramatiq's main process also stops every worker
 when one worker process dies, so killing the process running a job acts like killing the
 whole worker. Celery's prefork pool (no fork per job) is the fastest at draining no-ops.
+"""
+
+# Issue 18 (Performance II), written by hand on 2026-12-01 while other work loaded the
+# machine (load average 8–16 on 2 cores): the Redis-side figures are per job and were
+# compared within one run; absolute times are inflated by the load.
+FINDINGS_18 = """
+## Findings II (issue 18): the Redis cost per job, and a supervisor holding 1,000 leases
+
+### The profile
+
+`python -m bench.ceiling` before the fixes (8 simulated supervisors × 50 slots, 10,000
+jobs, load ≈ 3): forq **36.3 commands and 76 µs of Redis CPU per job** — HSETNX 10.6
+(the claim wrote the policy into every job, one field at a time), PEXPIRE 3, HINCRBY 3,
+HGET 3, LTRIM 2, RPUSH 2, HSET 2, and one EVALSHA + TIME + HMGET + HEXISTS + ZREM per ack.
+BullMQ 5.81 in the same session: 23.6 commands, 49.5 µs; Dramatiq 11.7 and 68 µs; RQ
+SimpleWorker 57 and 462 µs.
+
+`perf record` of redis-server during a claim-only and an ack-only phase (20,000 jobs,
+batches of 50) gave a flat profile: hash lookups (`dictFind`, `dictSdsKeyCompare`: keys
+and the command table), number-to-string formatting (`__printf_fp`, `hack_digit`,
+`__mpn_divrem`: Lua's `tostring`, cjson, numbers passed to `HSET`), the Lua VM, reply
+building. So the scripts were measured by variants instead (Redis CPU per job, claim only,
+batches of 50): 38.8 µs as they were; 23.8 µs without the policy (11 fields written and
+returned per job, each number formatted); 29.4 µs without the history entry (a table
+built and `cjson.encode`d per job); 29.8 µs without returning the records. For ack (one
+call per job): 26–34 µs, of which **10–14 µs remain when the script returns right after
+its token check** — the call itself (EVALSHA, KEYS/ARGV conversion, the `_lib` functions
+defined anew on every call) is a third to a half of an ack.
+
+### The fixes, in order (each measured by `python -m bench.ceiling`)
+
+1. **claim: one HGETALL and one HSET per job**, the rest per call: `EXISTS` replaced by the
+   HGETALL the reply needs; the done markers of the batch in one `MGET`, its tokens in one
+   `INCRBY`, its leases in one `ZADD`; the scheduled set looked at once (`ZRANGE 0 0`) and
+   searched only when something is due; `ZCARD pending` only when the pop was not short;
+   history trimmed only when over its cap (`RPUSH` answers the length); the minute
+   window's expiry set by its first count. ack reads what `succeed` needs in its token
+   check's `HMGET`, and writes `attempts` in its `HSET`. 36.3 → 15.1 commands per job.
+2. **The policy stored once per distinct policy** (`forq:{q}:policy:<sha1 of its JSON>`, a
+   hash; `forq/policy.py`), named by the job's first claim (its `policy` field; a
+   producer's own limits stay in the job and win). The job carries only `result_ttl_ms`,
+   which every ack needs; fail and reclaim read the rest through `job_limits`, the claim
+   reply and `Queue.get` show every limit as before. Claim's history entry is built as a
+   string. Claim: 38.8 → 19–24 µs per job.
+3. **One ack call per queue per loop turn** (`Queue.ack_many`; the Reporter's
+   `send_batch` puts a turn's acks after its other commands, so a completion record or a
+   follow-up to another queue still lands before its ack): the call's fixed cost, `TIME`,
+   the counters, `slot_freed` and the `ZREM` from `active` are paid once per batch.
+   15.1 → 9.3 commands per job; 57 → 31–37 µs of Redis CPU per job, while BullMQ took
+   61–63 µs in the same runs (load 12–14): forq's ceiling ≈ 1.8–2.0× BullMQ's.
+
+What is left per job at 8 × 50: HGETALL, HSET, RPUSH (claim); HMGET, HSET, HDEL, RPUSH,
+PEXPIRE of the record and of its history (ack). Keeping the history in the job's hash
+would save three more, but `forq job`, the chaos checker and tests read the history list.
+
+**A supervisor with few slots** (concurrency 2, the end-to-end table) claims and acks one
+job per call, so the per-call commands count in full: 44 → 24 commands per job (claim
+≈ 13, ack ≈ 12). The ≤ 15 target holds where Redis is the limit — many supervisors with
+many slots — not for a lone supervisor with two.
+
+### A supervisor holding 1,000 leases (`python -m bench.leases`)
+
+1,000 sleeping jobs, concurrency 1,000, lease ttl 6 s, fork server on, RSS sampling:
+before, **all 1,000 leases ran out while their children were being started**: one claim
+leased all 1,000 at once, starting them took 19 s on the loaded machine, and the loop
+could not extend anything meanwhile; the supervisor's own reaper reclaimed them and
+fenced the children. Now a claim leases at most 32 (`CLAIM_BATCH`) and a full batch
+claims again without waiting: none ran out, the earliest lease kept ≥ 63% of its ttl.
+Once running, the supervisor used **30% of a core, 77% of it RSS sampling** (py-spy:
+`tree_rss`, 1,000 process trees every 50 ms); lease extension was 0.6%. Now at most 64
+children are sampled per tick, in turn (each every 0.8 s at 1,000 children; time limits
+are still checked for all on every tick, and the address-space rlimit stays the backstop
+between samples): **4.1% of a core, supervisor RSS 42 MiB** (fork server 20 MiB).
+
+### The child's steps between fork and the handler (measured, not trimmed)
+
+200 forks of a process the fork server's size, each step timed in the child (p50, load
+≈ 12): fork to the child's first line 1.38 ms; PDEATHSIG 0.08; `_isolate` (setsid,
+signals, close_range, stdin) 1.00; title 0.015; `_sandbox` 0.14; `_limit` (rlimits,
+oom_score_adj, nice) 0.29; the handler and its report 0.19 ms. The same calls in a
+process that did not just fork take microseconds (close_range 2 µs, the signal resets 7
+µs, stdin 4 µs, oom_score_adj 12 µs): the child pays copy-on-write faults on its first
+touches of the fork server's memory, not the steps themselves. Pre-forking one child per
+idle slot (finding 5 below) takes fork and set-up out of the pick-up path; it is not done.
 """

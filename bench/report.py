@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from bench.findings import FINDINGS
+from bench.findings import FINDINGS, FINDINGS_18
 
 NAMES = {"forq": "forq (supervisor, concurrency 2)", "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
@@ -111,6 +111,20 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         out.append(("Redis ceiling ≥ BullMQ's (jobs per Redis CPU second)", "≥ 1.0×",
                     f"{ratio:.2f}× ({n(forq_c['redis_ceiling_jobs_per_s']['median'])} vs "
                     f"{n(bull_c['redis_ceiling_jobs_per_s']['median'])} jobs/s)", ratio >= 1))
+    held = s.get("leases")
+    if held:
+        jobs = held["jobs"]
+        cpu = held["supervisor_cpu_share"]
+        out.append((f"{jobs:,} leases held: supervisor CPU", "< 5% of a core",
+                    f"{cpu:.1%} (ttl {held['lease_ttl_s']:g} s, memory sampled every "
+                    f"{held['memory_sample_interval_s'] * 1000:g} ms)", cpu < 0.05))
+        slack = held["lease_slack_min"]
+        out.append((f"{jobs:,} leases extended within ttl/3", "earliest lease ≥ 2/3 ttl left "
+                    "(≥ 1/3 at worst)", f"{slack:.0%} of the ttl; {held['reclaimed']} ran out",
+                    slack is not None and slack >= 1 / 3 and held["reclaimed"] == 0))
+        out.append((f"supervisor RSS at {jobs:,} running children", "≤ 60 MiB",
+                    f"{mib(held['supervisor_rss'])} (fork server {mib(held['fork_server_rss'])})",
+                    held["supervisor_rss"] <= 60 * 2**20))
     return out
 
 
@@ -404,6 +418,7 @@ def render(res: dict[str, Any]) -> str:
         out.append(table(["system", "most frequent commands per job"], rows))
         out.append("")
 
+    out.append(FINDINGS_18)
     out.append(FINDINGS)
     out.append(METHOD)
     return "\n".join(out)
@@ -414,8 +429,9 @@ METHOD = """
 
 `.venv/bin/python -m bench` (full, about 7 minutes), `--quick` (about 2.5 minutes),
 `--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, latency, recovery, scale,
-ceiling), `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
-`--slots`, `--only forq,bullmq`),
+ceiling, leases), `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
+`--slots`, `--only forq,bullmq`), `python -m bench.leases` for one supervisor holding
+1,000 leases,
 `--no-profile`. `.venv/bin/python -m bench.supervisor` gives the supervisor's own
 figures (issue 3) alone. The peers run from `bench/.venv-peers` (created on first use
 with pip), each worker as its own CLI would start it (`rq worker -w ...`,

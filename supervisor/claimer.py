@@ -18,6 +18,11 @@ from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.redis_health import RedisHealth
 from forq.supervisor.wakeups import Wakeups
 
+# Jobs leased per claim, at most: their leases run from the claim, and the children are
+# started one after another before the loop can extend anything, so a claim of 1,000
+# (concurrency 1000) let the last leases expire before their children were running.
+CLAIM_BATCH = 32
+
 
 class Claimer:
     def __init__(self, owner: str, queue_for: Callable[[str], Queue], children: Children,
@@ -34,18 +39,19 @@ class Claimer:
         """A claim on `pipe` for each served queue with free slots; returns their names."""
         asks = []
         for qc in config.queues:
-            free = self.children.free(qc.name, qc.concurrency)
+            free = min(self.children.free(qc.name, qc.concurrency), CLAIM_BATCH)
             if free > 0:
                 self.queue_for(qc.name).claim(self.owner, free, self.leases.ttl_ms,
                                               self.policies[qc.name], client=pipe)
                 asks.append(qc.name)
         return asks
 
-    def answered(self, name: str, reply: Any, sent_at: float) -> None:
-        """Start the leased jobs; arm a wake-up for what is not due yet."""
+    def answered(self, name: str, reply: Any, sent_at: float) -> bool:
+        """Start the leased jobs; arm a wake-up for what is not due yet. True when the
+        claim came back full (CLAIM_BATCH): claim again at once."""
         if isinstance(reply, Exception):
             self.health.failed("claim", reply)
-            return
+            return False
         result = self.queue_for(name).parse_claim(reply)
         for lease in result.leases:
             self.children.start(name, lease, sent_at)
@@ -53,3 +59,4 @@ class Claimer:
             self.wakeups.claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
         if result.rate_wait_ms > 0:
             self.wakeups.claim_at(name, result.rate_wait_ms / 1000)
+        return len(result.leases) == CLAIM_BATCH

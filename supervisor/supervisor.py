@@ -254,7 +254,8 @@ class Supervisor:
             self.fencer.unproven()
             if self.want_claim or self.outbox:
                 self._sync()
-            self.loop.run_once(cap=1.0)
+            # a full claim batch asks for more: run what is due, but do not wait
+            self.loop.run_once(cap=0.0 if self.want_claim and self.health.ready() else 1.0)
         self._shutdown()
         return 0
 
@@ -401,7 +402,8 @@ class Supervisor:
         replies = self.reporter.check_waits(batch, replies, waits)
         self.reporter.answer_batch(batch, spans, replies)
         for offset, name in enumerate(asks):
-            self.claimer.answered(name, replies[offset], sent_at)
+            if self.claimer.answered(name, replies[offset], sent_at):
+                self.want_claim = True  # a full batch: there may be more, and free slots
         for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):
             self.reaper.answered(name, reply)
 

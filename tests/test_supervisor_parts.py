@@ -143,6 +143,45 @@ def test_the_reporter_says_whether_a_failure_was_retried_or_dead(queue, r):
         assert reporter.answered(item, pipe.execute(raise_on_error=False)) == expected
 
 
+def test_the_reporter_sends_a_turns_acks_in_one_call_each_answered_alone(queue, r):
+    keeper = LeaseKeeper(30.0)
+    reporter = Reporter(lambda name: queue, keeper, Metrics(name="t"))
+    items = []
+    for n in range(3):
+        lease = lease_of(queue)
+        token = "stale" if n == 1 else lease.token
+        items.append(Pending(child_of(lease, queue=queue.name),
+                             Outcome(Kind.ACK, "succeeded", result_json=str(n)), token))
+    pipe = r.pipeline(transaction=False)
+    spans = reporter.send_batch(pipe, items)
+    assert len(pipe.command_stack) == 1  # one ack call for the three
+    seen = []
+    reporter.answered = lambda item, replies: seen.append((item.token, replies[-1]))
+    reporter.answer_batch(items, spans, pipe.execute(raise_on_error=False))
+    assert [answer for _, answer in seen] == ["ok", "lost", "ok"]
+    assert queue.get(items[2].child.job_id).fields["result"] == "2"
+
+
+# -- LimitPolice ---------------------------------------------------------------------------
+
+def test_memory_samples_per_tick_are_capped_and_every_child_gets_its_turn(queue):
+    from forq.supervisor.limits import SAMPLES_PER_TICK, LimitPolice
+
+    lease = lease_of(queue)
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(SAMPLES_PER_TICK + 36)]
+    try:
+        children = [child_of(lease, pid=p.pid) for p in procs]
+        police = LimitPolice(lambda child: None)
+        police.tick(children)
+        assert sum(1 for c in children if c.peak_rss > 0) == SAMPLES_PER_TICK
+        police.tick(children)
+        assert all(c.peak_rss > 0 for c in children)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 # -- Timers, EventLoop, Wakeups ---------------------------------------------------------
 
 def test_timers_run_in_due_order_and_a_cancelled_one_never_runs():
