@@ -131,7 +131,7 @@ if count_popped > 0 then
   end
   -- a history entry without a table to encode: only the owner needs JSON quoting
   local claimed = '{"event":"claimed","at":' .. at_s .. ',"owner":' .. cjson.encode(owner)
-    .. ',"token":' 
+    .. ',"token":'
   for i = 1, count_popped do
     local id = popped[2 * i - 1]
     local jkey = job_key(prefix, id)

@@ -44,6 +44,8 @@ class Reporter:
         self.metrics = metrics
         self.min_replicas = min_replicas  # [redis].min_replicas: WAIT after the reports
         self.wait_ms = wait_ms
+        # inside send_batch: each queue's acks, (item, *ack_many's tuple), sent together
+        self._acks: dict[str, list[tuple[Any, ...]]] | None = None
 
     def send_batch(self, pipe: Any, batch: list[Pending]) -> list[tuple[int, int, int, int]]:
         """Queue every item's transition on `pipe`, the acks of one queue together in one
@@ -81,8 +83,6 @@ class Reporter:
                 mine.append(reply if isinstance(reply, Exception)
                             else Queue.parse_acks(reply)[position])
             self.answered(item, mine)
-
-    _acks: dict[str, list[tuple[Any, ...]]] | None = None
 
     def send(self, pipe: Any, item: Pending) -> None:
         """Queue `item`'s transition (and what goes with it) on `pipe` (inside
