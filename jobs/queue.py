@@ -139,7 +139,7 @@ class Queue:
             flat = self.redis.hgetall(self.keys.policy(sha))
             if not flat:
                 return {}
-            self._policies[sha] = flat
+            self._policies[sha] = {str(k): str(v) for k, v in flat.items()}
         return self._policies[sha]
 
     def stats(self) -> dict[str, Any]:

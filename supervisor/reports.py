@@ -26,6 +26,8 @@ from forq.supervisor.running import RunningChild
 
 log = logging.getLogger("forq.supervisor")
 
+AckArgs = tuple[str, str, str, list[dict[str, Any]]]  # Queue.ack_many's: id, token, result, follow-ups
+
 
 @dataclass
 class Pending:
@@ -44,8 +46,8 @@ class Reporter:
         self.metrics = metrics
         self.min_replicas = min_replicas  # [redis].min_replicas: WAIT after the reports
         self.wait_ms = wait_ms
-        # inside send_batch: each queue's acks, (item, *ack_many's tuple), sent together
-        self._acks: dict[str, list[tuple[Any, ...]]] | None = None
+        # inside send_batch: each queue's acks, (item, ack_many's tuple), sent together
+        self._acks: dict[str, list[tuple[Pending, AckArgs]]] | None = None
 
     def send_batch(self, pipe: Any, batch: list[Pending]) -> list[tuple[int, int, int, int]]:
         """Queue every item's transition on `pipe`, the acks of one queue together in one
@@ -69,7 +71,7 @@ class Reporter:
         ack_at = {}
         for name, group in acks.items():
             ack_at[name] = len(pipe.command_stack)
-            self.queue_for(name).ack_many([ack for _, *ack in group], client=pipe)
+            self.queue_for(name).ack_many([ack for _, ack in group], client=pipe)
         return [(start, end, ack_at[name] if name else -1, position)
                 for start, end, name, position in spans]
 
@@ -108,7 +110,7 @@ class Reporter:
                 q.ack(job_id, token, outcome.result_json, same, client=pipe)
             else:
                 self._acks.setdefault(child.queue, []).append(
-                    (item, job_id, token, outcome.result_json, same))
+                    (item, (job_id, token, outcome.result_json, same)))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe)
         elif outcome.kind is Kind.EXPIRE:
