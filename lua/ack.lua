@@ -20,37 +20,44 @@
 --@include _lib
 
 local prefix, queue = ARGV[1], ARGV[2]
-local at = nil
 local answers = {}
-local done = {} -- ids that succeeded, to leave `active` in one ZREM
-local woke = false
+local held_jobs = {} -- {id, jkey, result, fields, first follow-up's ARGV index, count}
 local i = 3
 while i <= #ARGV do
-  local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local id, token = ARGV[i], ARGV[i + 1]
   local n = tonumber(ARGV[i + 3])
   local jkey = job_key(prefix, id)
   local f = held(jkey, token, unpack(SUCCEED_FIELDS))
-  if not f then
-    answers[#answers + 1] = 'lost'
+  if f then
+    held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 4, n}
+    answers[#answers + 1] = 'ok'
   else
-    at = at or now_ms()
+    answers[#answers + 1] = 'lost'
+  end
+  i = i + 4 + n
+end
+if #held_jobs > 0 then
+  -- the batch leaves `active` first, in one ZREM: a write that a full Redis (maxmemory,
+  -- noeviction) still allows, and a script that has written may go on, so acks land in
+  -- a full Redis as each single ack did (chaos's redis_full fault)
+  local ids = {}
+  for k, job in ipairs(held_jobs) do ids[k] = job[1] end
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  local at = now_ms()
+  local woke = false
+  for _, job in ipairs(held_jobs) do
+    local id, jkey, result, f, first, n = unpack(job)
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
-    done[#done + 1] = id
     if n > 0 then
       local specs = {}
-      for k = 1, n do specs[k] = cjson.decode(ARGV[i + 3 + k]) end
+      for k = 1, n do specs[k] = cjson.decode(ARGV[first + k - 1]) end
       if enqueue_followups(prefix, queue, id, specs, at) > 0 then woke = true end
       -- they are enqueued now: the copy an idempotent job's completion record keeps for a
       -- lost ack (see succeed_recorded) is no longer needed
       redis.call('DEL', prefix .. 'done-followups:' .. id)
     end
-    answers[#answers + 1] = 'ok'
   end
-  i = i + 4 + n
-end
-if #done > 0 then
-  redis.call('ZREM', KEYS[1], unpack(done))
-  count(prefix, 'succeeded', at, #done)
+  count(prefix, 'succeeded', at, #held_jobs)
   if not woke then slot_freed(prefix) end
 end
 if #answers == 1 then return answers[1] end

@@ -311,6 +311,21 @@ def test_ack_many_acks_each_job_by_its_own_token(queue, r):
     assert queue.ack_many([("b", leases["b"].token, "null", ())]) == ["ok"]
 
 
+def test_a_batch_of_acks_lands_in_a_full_redis(queue, r):
+    """maxmemory reached (noeviction): the batch leaves `active` first, a write a full
+    Redis allows, and the script may go on writing, as a single ack always could."""
+    for name in ("a", "b"):
+        queue.enqueue("t.x", job_id=name)
+    leases = queue.claim(OWNER, 2, LONG).leases
+    r.config_set("maxmemory", max(1, int(r.info("memory")["used_memory"]) // 2))
+    try:
+        answers = queue.ack_many([(lease.id, lease.token, "null", ()) for lease in leases])
+    finally:
+        r.config_set("maxmemory", 0)
+    assert answers == ["ok", "ok"]
+    assert queue.get("a").state == queue.get("b").state == "succeeded"
+
+
 def test_claim_respects_max_in_flight(queue):
     queue.enqueue_many({"task": "t.x"} for _ in range(5))
     queue.set_limits(max_in_flight=2)
