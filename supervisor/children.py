@@ -16,7 +16,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-from forq import registry
 from forq.queue import Lease
 from forq.supervisor import tracing
 from forq.supervisor.launch import Launcher
@@ -74,7 +73,7 @@ class Children:
                                                   reason="lease ran out before the start"),
                                    lease.token))
             return
-        if registry.lookup(job.task) is None:
+        if self.spawner.known(job.task) is None:
             log.warning("job %s: unknown task %r: dead", job.id, job.task)
             why = f"unknown task {job.task!r}"
             outcome = Outcome(Kind.FAIL, "dead", mode=FailMode.FATAL, reason=why,

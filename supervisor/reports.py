@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forq import Queue, registry, topology
+from forq import Queue, topology
 from forq.defaults import IDEMPOTENCY_TTL_MS
 from forq.keys import QueueKeys
 from forq.supervisor import tracing
+from forq.supervisor.fork.tasks import TaskInfo
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.outcomes import Kind, Metric, Outcome
@@ -48,6 +49,8 @@ class Reporter:
         self.wait_ms = wait_ms
         # inside send_batch: each queue's acks, (item, ack_many's tuple), sent together
         self._acks: dict[str, list[tuple[Pending, AckArgs]]] | None = None
+        # a task's registration (`idempotent=True`), as the fork server reported it
+        self.task_info: Callable[[str], TaskInfo | None] = lambda _task: None
 
     def send_batch(self, pipe: Any, batch: list[Pending]) -> list[tuple[int, int, int, int]]:
         """Queue every item's transition on `pipe`, the acks of one queue together in one
@@ -100,7 +103,7 @@ class Reporter:
                 specs = [f for f in outcome.followups if f["queue"] == other]
                 self.queue_for(other).send_specs(specs, pipe)
             fields = child.lease.job.fields
-            task = registry.lookup(child.task)
+            task = self.task_info(child.task)
             if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
                 ttl = int(fields.get("idempotency_ttl_ms") or IDEMPOTENCY_TTL_MS)
                 # with the same-queue follow-ups: if this ack is lost, the reclaim that

@@ -1,8 +1,11 @@
 """Spawner: fork each job's child, and report each child's end, whoever forked it.
 
-Children are forked by the lean fork server (`fork/`), or by the supervisor itself when
-`[supervisor].fork_server` is off, when the fork server cannot start, or after it was
-lost more than `MAX_LOSSES` times in a minute (a crash loop must not stop the jobs).
+Children are forked by the lean fork server (`fork/`), the only process that imports
+the handler modules; the supervisor never runs handler code, and learns which tasks
+exist from the fork server (`tasks`). When `[supervisor].fork_server` is off, when the
+fork server cannot start, or after it was lost more than `MAX_LOSSES` times in a minute
+(a crash loop must not stop the jobs), each child is a fresh interpreter exec'd by the
+supervisor (`fork.oneshot`), never a fork of it: its memory holds the Redis password.
 Either way the end of a child reaches `on_exit(child, status, peak_rss, cause)` from
 the event loop: the fork server's exit report, or the child's pidfd becoming readable.
 
@@ -23,7 +26,8 @@ from collections.abc import Callable, Iterable
 
 from forq.queue import Lease
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.client import ForkServer, ForkServerError, spawn
+from forq.supervisor.fork.client import ForkServer, ForkServerError, ForkServerFatal, Launch, spawn
+from forq.supervisor.fork.tasks import TaskInfo
 from forq.supervisor.loop import EventLoop
 from forq.supervisor.running import KillReason, RunningChild
 
@@ -45,29 +49,68 @@ class Spawner:
         self.retiring: list[ForkServer] = []
         self.losses: list[float] = []  # monotonic times
         self.given_up = False
-        self.imports: list[str] = []
+        self.launch = Launch()
         self.enabled = False
+        # the registered tasks, from the last fork server that started (None: not known,
+        # every task is forked and a child of an unknown one reports it)
+        self.tasks: dict[str, TaskInfo] | None = None
         self.accepting = True  # False once draining: a lost server is not replaced
 
-    def configure(self, enabled: bool, imports: list[str]) -> None:
-        """At start and on reload: a change of `imports` needs a new fork server."""
-        changed = enabled != self.enabled or (enabled and imports != self.imports)
-        self.enabled, self.imports = enabled, list(imports)
-        if changed and self.server is not None:
-            self._retire()
-        if changed or self.server is None:
+    def configure(self, enabled: bool, launch: Launch) -> None:
+        """At start and on reload: a change of what it imports, as whom or with which
+        environment needs a new fork server (and a new task table). Raises
+        ForkServerFatal if the new one cannot start for a reason a retry would meet
+        again (a handler module that does not import): then nothing changed."""
+        if enabled == self.enabled and launch == self.launch:
             self.start()
+            return
+        new = self._new_server(launch)  # ForkServerFatal escapes: nothing changed yet
+        self.enabled, self.launch = enabled, launch
+        if self.server is not None:
+            self._retire()
+        if new is None:
+            return
+        self.tasks = new.tasks
+        if enabled:
+            self._take(new)
+        else:  # asked for the task table only: each child is exec'd alone
+            new.close()
+
+    def _new_server(self, launch: Launch) -> ForkServer | None:
+        try:
+            return ForkServer(launch)
+        except ForkServerFatal:
+            raise
+        except ForkServerError as exc:
+            log.error("fork server did not start (%s); starting each job's child alone "
+                      "instead", exc)
+            return None
+
+    def known(self, task: str) -> TaskInfo | None:
+        """The task's registration, if the handler modules register it. With no table
+        (no fork server ever started) every task counts as known: its child says."""
+        if self.tasks is None:
+            return TaskInfo(task)
+        return self.tasks.get(task)
+
+    def task_info(self, task: str) -> TaskInfo | None:
+        return self.tasks.get(task) if self.tasks is not None else None
 
     def start(self) -> None:
-        """Start the fork server; if it cannot start, children are forked here."""
+        """Start the fork server; if it cannot start, children are exec'd alone."""
         if not self.enabled or self.server is not None or self.given_up:
             return
         try:
-            server = ForkServer(self.imports)
-        except ForkServerError as exc:
-            log.error("fork server did not start (%s); forking job children from the "
-                      "supervisor instead", exc)
+            server = self._new_server(self.launch)
+        except ForkServerFatal as exc:  # it imported at start: a module changed on disk
+            log.error("fork server did not start (%s); starting each job's child alone "
+                      "instead", exc)
             return
+        if server is not None:
+            self.tasks = server.tasks
+            self._take(server)
+
+    def _take(self, server: ForkServer) -> None:
         self.server = server
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
         log.info("fork server started in pid %d", server.pid)
@@ -89,7 +132,7 @@ class Spawner:
             if server.pending_exits:  # other children's exits read while waiting
                 self.loop.timers.schedule(0, functools.partial(self._dispatch_exits, server))
             return child
-        child = spawn(lease, spec, title=title, timeout=timeout)
+        child = spawn(lease, spec, title=title, timeout=timeout, launch=self.launch)
         self.loop.add_reader(child.pidfd, lambda _f, _m: self._reap_here(child))
         return child
 
@@ -183,8 +226,8 @@ class Spawner:
         now = time.monotonic()
         self.losses = [t for t in self.losses if now - t < 60] + [now]
         if len(self.losses) > MAX_LOSSES:
-            log.error("fork server lost %d times in a minute: forking job children from the "
-                      "supervisor from now on", len(self.losses))
+            log.error("fork server lost %d times in a minute: starting each job's child "
+                      "alone from now on", len(self.losses))
             self.given_up = True
             return
         if self.accepting:

@@ -17,8 +17,6 @@ spec and cgroup), `LeaseKeeper` + `Fencer`, `LimitPolice`, `Reporter`, `Schedule
 from __future__ import annotations
 
 import dataclasses
-import gc
-import importlib
 import json
 import logging
 import os
@@ -30,7 +28,6 @@ from collections.abc import Callable
 import redis
 
 from forq import Queue
-from forq import registry as tasks
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
 from forq.supervisor import cgroups, redis_checks, status, tracing
@@ -38,6 +35,8 @@ from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
 from forq.supervisor.fencing import Fencer
+from forq.supervisor.fork.client import ForkServerFatal, Launch
+from forq.supervisor.fork.environment import fork_server_env
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
@@ -93,6 +92,7 @@ class Supervisor:
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
+        self.reporter.task_info = self.spawner.task_info  # the fork server's task table
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
                                self.wakeups, self.health)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
@@ -164,12 +164,17 @@ class Supervisor:
                             config.redis_url_source)
             config = dataclasses.replace(config, redis_url=old.redis_url,
                                          redis_url_source=old.redis_url_source)
+        try:
+            self.spawner.configure(config.fork_server, self._launch(config))
+        except ForkServerFatal as exc:
+            log.error("reload refused, keeping the old config: the new fork server did not "
+                      "start: %s%s", exc, renamed_hint(exc.module))
+            return
         self._apply_config(config)
         try:
             tracing.configure(config.tracing)
         except tracing.TracingUnavailable as exc:
             log.error("reload: %s; job spans off", exc)
-        self.spawner.configure(config.fork_server, config.imports)
         self.scheduler.replace(config.schedules)
         self._push_limits()
         if not self.draining:
@@ -180,22 +185,19 @@ class Supervisor:
 
     # -- start and stop ---------------------------------------------------------------
 
-    def preload(self) -> None:
-        """Import handler modules once, then freeze the heap: each child then starts
-        with its handlers loaded, and its garbage collector never walks (and so never
-        copies) the parent's objects."""
-        for name in self.config.imports:
-            importlib.import_module(name)
-        tasks.preload_runtime()
-        gc.collect()
-        gc.freeze()
+    def _launch(self, config: Config) -> Launch:
+        """What the fork server imports, as whom, and its scrubbed environment: the
+        supervisor never imports handler modules itself."""
+        env = fork_server_env(os.environ, config.sandbox.env_allow,
+                              [config.redis_password, config.redis_url])
+        return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())))
 
-    def _preload_or_say_why(self) -> bool:
+    def _start_forking(self) -> bool:
         try:
-            self.preload()
-        except ImportError as exc:
-            log.error("cannot import a handler module of [supervisor].imports in %s: %s%s",
-                      self.config.path, exc, renamed_hint(str(getattr(exc, "name", "") or "")))
+            self.spawner.configure(self.config.fork_server, self._launch(self.config))
+        except ForkServerFatal as exc:
+            log.error("the fork server did not start ([supervisor].imports and [sandbox] of "
+                      "%s): %s%s", self.config.path, exc, renamed_hint(exc.module))
             return False
         return True
 
@@ -207,7 +209,7 @@ class Supervisor:
                       "\"required\" in %s)", exc, self.config.path)
             self.loop.close()
             return 1
-        if not self._preload_or_say_why():
+        if not self._start_forking():
             self.loop.close()
             return 2
         try:
@@ -216,7 +218,6 @@ class Supervisor:
             log.error("%s (%s)", exc, self.config.path)
             self.loop.close()
             return 1
-        self.spawner.configure(self.config.fork_server, self.config.imports)
         log.info("supervisor %s (%s) starting: queues %s; memory limits by %s",
                  self.name, self.id,
                  ", ".join(f"{q.name}×{q.concurrency}" for q in self.config.queues),

@@ -59,7 +59,7 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
                  appendfsync: str = "everysec", workdir: str | os.PathLike[str] | None = None,
-                 logfile: str = "") -> None:
+                 logfile: str = "", requirepass: str = "") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -74,15 +74,17 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.logfile = logfile
+        self.requirepass = requirepass  # clients must AUTH with it (`url` carries it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_db(0)
 
     def url_db(self, db: int) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        auth = f":{self.requirepass}@" if self.requirepass else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
     @property
     def pid(self) -> int | None:
@@ -94,6 +96,8 @@ class RedisServer:
                 "--dir", self.dir, "--save", "", "--daemonize", "no",
                 "--appendonly", "yes" if self.appendonly else "no",
                 "--appendfsync", self.appendfsync]
+        if self.requirepass:
+            args += ["--requirepass", self.requirepass]
         args += (["--logfile", self.logfile, "--loglevel", "notice"] if self.logfile
                  else ["--loglevel", "warning"])
         # a session of its own: a Ctrl-C meant for the harness never reaches it

@@ -13,7 +13,7 @@ import pytest
 
 from forq import Queue
 from forq.supervisor.fork.client import REPLY_TIMEOUT
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_job
 from tests.supervisors import (
     SupervisorProcess,
     children_of,
@@ -137,10 +137,15 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
 
 
 @pytest.mark.timeout(60)
-def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
+def test_fork_server_off_starts_each_child_alone(tmp_path, redis_url, queue):
+    """Exec'd, not forked: the child holds none of the supervisor's memory, and imports
+    the handler modules itself (redis is among its modules only if a handler imports it)."""
     sup = start(tmp_path, redis_url, queue, supervisor_extra="fork_server = false")
     try:
-        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        done = queue.enqueue("tests.lineage").wait(timeout=10)
+        assert done["ppid"] == sup.pid and done["redis"] is False, done
+        job = queue.enqueue("tests.nope")
+        assert wait_job(queue, job.id, ("dead",)).error["type"] == "UnknownTask"
         assert not fork_servers_of(sup.pid)
     finally:
         sup.stop()
@@ -149,8 +154,8 @@ def test_fork_server_off_forks_from_the_supervisor(tmp_path, redis_url, queue):
 
 
 @pytest.mark.timeout(60)
-def test_a_fork_server_that_cannot_start_leaves_the_supervisor_forking(tmp_path, redis_url,
-                                                                       queue):
+def test_a_fork_server_that_cannot_start_leaves_children_started_alone(tmp_path, redis_url,
+                                                                        queue):
     sup = start(tmp_path, redis_url, queue,
                 imports=("forq.examples", "tests.tasks", "tests.fs_poison"))
     try:
@@ -183,7 +188,8 @@ def test_a_fork_server_that_stops_answering_is_replaced(tmp_path, redis_url, que
 
 @pytest.mark.timeout(60)
 def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
-    """Lost more than 5 times in a minute: the supervisor forks job children itself."""
+    """Lost more than 5 times in a minute: each job's child is started alone (exec'd by
+    the supervisor, never a fork of it)."""
     sup = start(tmp_path, redis_url, queue)
     try:
         killed: list[int] = []
@@ -195,7 +201,7 @@ def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
             killed.append(server)
             wait_for(lambda s=server: f"fork server {s} lost" in sup.log(), timeout=10,
                      message=f"fork server {server} lost")
-        wait_for(lambda: "lost 6 times in a minute: forking job children from the supervisor"
+        wait_for(lambda: "lost 6 times in a minute: starting each job's child alone"
                  in sup.log(), timeout=10, message="the supervisor to give up")
         assert not [p for p in fork_servers_of(sup.pid) if p not in killed]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid

@@ -7,13 +7,27 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pwd
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from forq import Queue
 from forq.supervisor.fork.messages import MessageReader, encode
+from forq.testing.redis import RedisServer
+from forq.testing.system_python import Unavailable, venv_python
 from tests.helpers import wait_for, wait_job
-from tests.supervisors import SupervisorProcess, write_config
+from tests.supervisors import (
+    REPO,
+    TEST_IMPORTS,
+    SupervisorProcess,
+    fork_servers_of,
+    write_config,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,3 +205,80 @@ def test_a_supervisor_survives_a_thousand_jobs_writing_garbage(tmp_path, redis_u
         assert_serving(sup, queue)
     finally:
         sup.stop()
+
+
+# -- the supervisor never runs handler code; no secret reaches a job ------------------
+
+PASSWORD = "s3cret-redis-pw"
+
+
+@pytest.fixture(scope="module")
+def system_python() -> str:
+    """A venv that `nobody` can run (this machine's own Python may be under /root)."""
+    try:
+        return str(venv_python(REPO))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def locked_redis():
+    """A Redis that wants a password; the supervisor gets it from FORQ_REDIS_PASSWORD."""
+    with RedisServer(requirepass=PASSWORD) as server:
+        yield server
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user may write to (pytest's tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="forq-hostile-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_locked(tmp_path, locked_redis, shared_dir, *, command=None, extra=""):
+    """A supervisor on the password-protected Redis, importing tests.hostile_import
+    (whose top-level code logs where it runs to shared_dir/imports)."""
+    url = f"redis://127.0.0.1:{locked_redis.port}/0"
+    config = write_config(tmp_path / "forq.toml", url, {"locked": 2},
+                          imports=(*TEST_IMPORTS, "tests.hostile_import"), extra=extra)
+    env = {"FORQ_REDIS_PASSWORD": PASSWORD, "FORQ_TEST_IMPORT_LOG": str(shared_dir / "imports")}
+    return SupervisorProcess(config, env=env, command=command).start()
+
+
+def assert_no_secret_reachable(sup, locked_redis):
+    queue = Queue("locked", url=locked_redis.url)
+    imports = [json.loads(line) for line in (Path(sup.env["FORQ_TEST_IMPORT_LOG"])
+                                             .read_text().splitlines())]
+    # module top-level code ran once, in the fork server, which never had the password
+    assert [i["pid"] for i in imports] == fork_servers_of(sup.pid), (imports, sup.log())
+    assert not any(i["password"] for i in imports), imports
+    seen = queue.enqueue("hostile.find_secrets", PASSWORD).wait(timeout=20)
+    assert not any(seen.values()), seen
+    assert queue.enqueue("hostile.reach_redis", locked_redis.port).wait(timeout=20) is False
+    return imports
+
+
+def test_handler_modules_run_only_in_the_fork_server_which_has_no_password(
+        tmp_path, locked_redis, shared_dir):
+    sup = run_locked(tmp_path, locked_redis, shared_dir)
+    try:
+        assert_no_secret_reachable(sup, locked_redis)
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_with_run_as_handler_modules_are_imported_as_that_user(
+        tmp_path, locked_redis, shared_dir, system_python):
+    sup = run_locked(tmp_path, locked_redis, shared_dir,
+                     command=[system_python, "-m", "forq.supervisor.cli"],
+                     extra='[sandbox]\nrun_as = "nobody"\n')
+    try:
+        imports = assert_no_secret_reachable(sup, locked_redis)
+        assert [i["uid"] for i in imports] == [pwd.getpwnam("nobody").pw_uid]
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()

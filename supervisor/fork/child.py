@@ -19,6 +19,7 @@ from typing import Any
 
 from forq import registry
 from forq.supervisor.cgroups import JOIN_FAILED
+from forq.supervisor.fork import sandbox
 from forq.supervisor.fork.messages import ERROR_CAPS, encode
 
 PR_SET_PDEATHSIG = 1
@@ -51,6 +52,9 @@ class ChildSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     cgroup: str = ""  # the job's own cgroup v2 directory, joined first (supervisor/cgroups.py)
     traceparent: str = ""  # the handler span's, when the supervisor traces (supervisor/tracing.py)
+    # handler modules the child imports itself, after its sandbox: only for a child
+    # exec'd alone (`oneshot`); a fork server's children have them preloaded
+    imports: list[str] = field(default_factory=list)
 
 
 def _find_prctl() -> Any:
@@ -129,15 +133,8 @@ def _sandbox(spec: ChildSpec) -> None:
     for name in _SYSTEMD_VARS:
         os.environ.pop(name, None)
     os.environ.update(spec.extra_env)
-    if spec.run_as:
-        import pwd
-
-        user = pwd.getpwnam(spec.run_as)
-        os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-        os.environ["HOME"] = user.pw_dir
-        os.environ["USER"] = os.environ["LOGNAME"] = user.pw_name
+    if spec.run_as:  # already done by the fork server; here for a child exec'd alone
+        sandbox.drop_to(spec.run_as)
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -169,7 +166,7 @@ def encode_report(spec: ChildSpec, run: Any) -> bytes:
             raise LookupError(f"unknown task {spec.task!r}")
         result = run(task, spec.args, spec.kwargs)
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
-        fatal = isinstance(exc, registry.NonRetryable)
+        fatal = task is None or isinstance(exc, registry.NonRetryable)
         return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})
     try:
         result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
@@ -184,6 +181,22 @@ def encode_report(spec: ChildSpec, run: Any) -> bytes:
         return encode({"t": "result", "ok": False, "error": err, "fatal": True})
     return ('{"t":"result","ok":true,"result":' + result_json + ',"followups":'
             + json.dumps(ctx.followups, separators=(",", ":")) + "}\n").encode()
+
+
+def _import(modules: list[str]) -> bytes:
+    """Import the handler modules (a child exec'd alone); a failure is the job's fatal
+    error, reported like any other."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 — handler code, reported
+            err = _error(exc)
+            err["reason"] = f"cannot import handler module {name}: {err['reason']}"[
+                :ERROR_CAPS["reason"]]
+            return encode({"t": "result", "ok": False, "error": err, "fatal": True})
+    return b""
 
 
 def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -208,7 +221,7 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> N
             pass
         _sandbox(spec)
         _limit(spec)
-        report = encode_report(spec, _call)
+        report = _import(spec.imports) or encode_report(spec, _call)
         view = memoryview(report)
         while view:
             written = os.write(fd, view)

@@ -1,11 +1,11 @@
 """Forking job children: through the fork server (`ForkServer`, the supervisor's end of
 `python -m forq.supervisor.fork.server`), or from the supervisor itself (`spawn`) when
-there is none. Either way the supervisor gets a `RunningChild` back at once."""
+there is none (a fresh interpreter per job). Either way the supervisor gets a
+`RunningChild` back at once."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -18,38 +18,89 @@ import time
 from typing import Any
 
 from forq.queue import Lease
-from forq.supervisor.fork.child import ChildSpec, run_child
+from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.protocol import fds_of, send
+from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
+from forq.supervisor.fork.tasks import parse as parse_tasks
 from forq.supervisor.running import RunningChild
 
 log = logging.getLogger("forq.supervisor")
 
 
-def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float) -> RunningChild:
-    """Fork one child for `lease`; the parent returns at once with its handles."""
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How job processes are started: what the fork server (or a child exec'd alone)
+    imports, as whom, and with which environment (`environment.fork_server_env`)."""
+
+    imports: tuple[str, ...] = ()
+    run_as: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def settings(self) -> str:
+        return json.dumps({"path": sys.path, "imports": list(self.imports),
+                           "run_as": self.run_as})
+
+
+def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
+          launch: Launch) -> RunningChild:
+    """Start one child for `lease` without a fork server: a fresh interpreter, exec'd
+    (never a fork of the supervisor, whose memory holds the Redis password and
+    connection), that imports the handler modules itself after its sandbox is set up.
+    The parent returns at once with its handles."""
+    spec = dataclasses.replace(spec, imports=list(launch.imports))
     read_fd, write_fd = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
+    memfd = os.memfd_create("forq-spec", 0)
+    try:
+        data = memoryview(json.dumps({"spec": dataclasses.asdict(spec), "title": title,
+                                      "parent": os.getpid()}).encode())
+        while data:
+            data = data[os.write(memfd, data):]
+        os.lseek(memfd, 0, os.SEEK_SET)
+        env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "forq.supervisor.fork.oneshot"], env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_DUP2, write_fd, 3)])
+    except BaseException:
         os.close(read_fd)
-        run_child(spec, write_fd, parent, title)
-    os.close(write_fd)
-    flags = fcntl.fcntl(read_fd, fcntl.F_GETFL)
-    fcntl.fcntl(read_fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        raise
+    finally:
+        os.close(write_fd)
+        os.close(memfd)
+    os.set_blocking(read_fd, False)
     os.set_inheritable(read_fd, False)
     pidfd = os.pidfd_open(pid)
     now = time.monotonic()
     return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout)
 
 
+def pid_of(pidfd: int) -> int:
+    """The pid a pidfd refers to, in our pid namespace (from the kernel, not from
+    whoever sent us the pidfd)."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise OSError(f"fd {pidfd} is not a pidfd")
+
 
 class ForkServerError(Exception):
     """The fork server is gone, or did not answer: it must be replaced."""
 
 
+class ForkServerFatal(ForkServerError):
+    """The fork server could not start for a reason a new one would meet again (a
+    handler module that does not import, `run_as` without the privilege): exit 2.
+    `module` names the module that failed, if one did."""
+
+    def __init__(self, why: str, module: str = "") -> None:
+        super().__init__(why)
+        self.module = module
+
+
 # a request bigger than this (a spec with a large payload) goes through a memfd
 _INLINE_MAX = 60 * 1024
 READY_TIMEOUT = 30.0  # start-up: it imports the handler modules
+READY_MAX = 1 << 21  # its first message carries the task table
 # one fork (about a millisecond when it works): the supervisor's loop waits for it, so a
 # fork server that stops answering must not stall lease extension for long
 REPLY_TIMEOUT = 3.0
@@ -62,17 +113,17 @@ class ForkServer:
     (`pending_exits`: pid, status, peak RSS in bytes, whether it killed the child for its
     fencing deadline) for the supervisor's loop."""
 
-    def __init__(self, imports: list[str]) -> None:
-        self.imports = list(imports)
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+        self.tasks: dict[str, TaskInfo] = {}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
         # our import path, which it adopts before importing them
-        env = dict(os.environ, FORQ_FORKSERVER_PATH=json.dumps(sys.path))
+        env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "forq.supervisor.fork.server", str(theirs.fileno()),
-                 ",".join(self.imports)],
+                [sys.executable, "-m", "forq.supervisor.fork.server", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         except OSError as exc:
             ours.close()
@@ -84,9 +135,18 @@ class ForkServer:
         self.pending_exits: list[tuple[int, int, int, bool]] = []
         self.closed = False
         try:
-            message, _ = self._receive(READY_TIMEOUT)
+            message, fds = self._receive(READY_TIMEOUT, READY_MAX)
+            for fd in fds:
+                os.close(fd)
+            if "fatal" in message:
+                raise ForkServerFatal(str(message["fatal"])[:4000],
+                                      str(message.get("module", ""))[:300])
             if "ready" not in message:
-                raise ForkServerError(f"unexpected first message {message!r}")
+                raise ForkServerError(f"unexpected first message {str(message)[:200]}")
+            try:
+                self.tasks = parse_tasks(message.get("tasks"))
+            except BadTaskTable as exc:
+                raise ForkServerError(f"bad task table: {exc}") from None
         except ForkServerError:
             self.close()
             raise
@@ -94,16 +154,18 @@ class ForkServer:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def _receive(self, timeout: float | None) -> tuple[dict[str, Any], list[int]]:
+    def _receive(self, timeout: float | None,
+                 size: int = 65536) -> tuple[dict[str, Any], list[int]]:
         """One message (waiting up to `timeout`, None: not at all); raises
-        ForkServerError on EOF, on a timeout, or on garbage."""
+        ForkServerError on EOF, on a timeout, or on garbage: the fork server runs
+        handler modules' top-level code, so what it says is checked like a child's."""
         if timeout is not None:
             ready, _, _ = select.select([self.sock], [], [], timeout)
             if not ready:
                 raise ForkServerError(f"no answer in {timeout:g}s")
         try:
-            data, ancillary, _flags, _ = self.sock.recvmsg(
-                65536, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT)
+            data, ancillary, flags, _ = self.sock.recvmsg(
+                size, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT)
         except BlockingIOError:
             raise
         except OSError as exc:
@@ -119,15 +181,21 @@ class ForkServer:
             raise ForkServerError("it closed its socket" if code is None
                                   else f"it ended: {describe_status_code(code)}")
         try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise ValueError("message too long")
             message = json.loads(data)
-        except ValueError as exc:
+            if not isinstance(message, dict):
+                raise ValueError(f"not an object: {type(message).__name__}")
+            if "exit" in message:
+                exit_ = (message["exit"], message["status"], message["maxrss"])
+                if not all(type(v) is int and 0 <= v < 1 << 40 for v in exit_):
+                    raise ValueError(f"bad exit report {str(message)[:200]}")
+                self.pending_exits.append((exit_[0], exit_[1], exit_[2] * 1024,
+                                           message.get("fenced") is True))
+        except (ValueError, KeyError, RecursionError) as exc:
             for fd in fds:
                 os.close(fd)
-            raise ForkServerError(f"garbled message: {exc}") from exc
-        if "exit" in message:
-            self.pending_exits.append((int(message["exit"]), int(message["status"]),
-                                       int(message["maxrss"]) * 1024,
-                                       message.get("fenced") is True))
+            raise ForkServerError(f"garbled message: {str(exc)[:200]}") from None
         return message, fds
 
     def drain(self) -> None:
@@ -180,17 +248,22 @@ class ForkServer:
                     pidfd = fds[0]
                     for fd in fds[1:]:
                         os.close(fd)
+                    try:  # the kernel's word for which process it is, not the message's
+                        pid = pid_of(pidfd)
+                    except (OSError, ValueError) as exc:
+                        os.close(pidfd)
+                        raise ForkServerError(f"no pidfd with its fork reply: {exc}") from None
                     break
                 for fd in fds:
                     os.close(fd)
                 if "error" in reply:
-                    raise OSError(f"fork server: {reply['error']}")
+                    raise OSError(f"fork server: {str(reply['error'])[:500]}")
         except BaseException:
             os.close(read_fd)
             raise
         os.set_blocking(read_fd, False)
         now = time.monotonic()
-        return RunningChild(lease, spec, int(reply["pid"]), pidfd, read_fd, now, now + timeout,
+        return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout,
                             server=self.pid)
 
     def fence(self, deadlines: list[tuple[int, float]]) -> None:

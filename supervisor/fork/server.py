@@ -1,13 +1,15 @@
 """The fork server: a lean process that forks job children for the supervisor.
 
-    python -m forq.supervisor.fork.server FD IMPORTS
+    python -m forq.supervisor.fork.server FD      (settings in $FORQ_FORKSERVER, JSON)
 
 Started by the supervisor at start-up, exec'd fresh so it does not share the
-supervisor's 37 MiB heap (redis, metrics, the event loop): it imports only what a child
-needs — `forq.registry`, `forq.supervisor.fork.child`, setproctitle and the configured handler
-modules (IMPORTS, comma-separated) — then freezes its heap. A fork from it is cheaper
-for both sides, and the supervisor, which no longer forks, takes no copy-on-write
-faults from its children.
+supervisor's 37 MiB heap (redis, metrics, the event loop) and holds nothing of it: no
+Redis connection, no config, no password (its environment is scrubbed before the exec,
+`environment.py`). It is the only process that imports the handler modules — their
+top-level code is handler code — and it drops to `[sandbox].run_as` *before* importing
+them. It then tells the supervisor which tasks exist (`tasks.py`), freezes its heap,
+and forks each job's child. A fork from it is cheaper for both sides, and the
+supervisor, which no longer forks, takes no copy-on-write faults from its children.
 
 FD is its end of a SOCK_SEQPACKET socketpair; `protocol` describes the messages.
 
@@ -29,6 +31,7 @@ import time
 from typing import Any
 
 from forq import registry
+from forq.supervisor.fork import sandbox, tasks
 from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
@@ -45,6 +48,7 @@ class Server:
         self.fenced: set[int] = set()
 
     def serve(self) -> None:
+        table = tasks.describe(registry.registered())
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -52,7 +56,7 @@ class Server:
         # the supervisor decides when jobs stop; a terminal's ^C reaches the whole group
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        self.tell({"ready": self.me})
+        self.tell({"ready": self.me, "tasks": table})
         while True:
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
@@ -181,6 +185,15 @@ class Server:
             os.close(pidfd)
 
 
+def _fail(sock: socket.socket, why: str, module: str = "") -> None:
+    """Start-up failed: say why in one message (the supervisor logs it and exits 2)."""
+    try:
+        send(sock, {"fatal": why[:4000], "module": module[:300]})
+    except OSError:
+        pass
+    os._exit(2)
+
+
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
@@ -189,13 +202,25 @@ def main(argv: list[str]) -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != supervisor_pid:
         os._exit(0)
+    settings = json.loads(os.environ.pop("FORQ_FORKSERVER", "{}"))
     # the supervisor's import path, so handler modules resolve as they did there
-    path = os.environ.pop("FORQ_FORKSERVER_PATH", None)
-    if path:
-        sys.path[:] = json.loads(path)
-    imports = [name for name in (argv[1] if len(argv) > 1 else "").split(",") if name]
-    for name in imports:
-        importlib.import_module(name)
+    if settings.get("path"):
+        sys.path[:] = settings["path"]
+    try:
+        sandbox.prepare()  # what a child needs later and a dropped user may not reach
+        if settings.get("run_as"):
+            sandbox.drop_to(settings["run_as"])
+    except (OSError, KeyError) as exc:
+        _fail(sock, f"cannot switch to [sandbox].run_as {settings['run_as']!r}: "
+                    f"{getattr(exc, 'strerror', None) or exc} (the supervisor runs as uid "
+                    f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)")
+    for name in settings.get("imports", []):
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 — any failure of handler code at import
+            failed = str(getattr(exc, "name", "") or "") if isinstance(exc, ImportError) else ""
+            _fail(sock, f"cannot import handler module {name}: {type(exc).__name__}: {exc}",
+                  failed or name)
     registry.preload_runtime()
     try:
         import setproctitle
