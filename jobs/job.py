@@ -123,6 +123,11 @@ class Job:
         return _loads(self.fields.get("error"))
 
     @property
+    def output(self) -> str:
+        """The tail of the last run's stdout and stderr (the supervisor keeps a few KiB)."""
+        return self.fields.get("output") or ""
+
+    @property
     def reason(self) -> str | None:
         """Why the job is where it is: the dead reason, else the last error message."""
         if self.fields.get("dead_reason"):
@@ -147,6 +152,7 @@ class Job:
             "result": self.result,
             "error": self.error,
             "reason": self.reason,
+            "output": self.output,
             "history": self.history,
         }
         for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",

@@ -262,6 +262,12 @@ class Queue:
         reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason), client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
+    def set_output(self, job_id: str, token: str, output: str, client: Any = None) -> Any:
+        """Keep the tail of a job's output in its record while `token` holds its lease
+        ("ok"), or "lost"; queued before the transition that reports its end."""
+        reply = self.scripts.run(tr.output_call(self.keys, job_id, token, output), client)
+        return client if client is not None else tr.parse_lease_reply(reply)
+
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""
         reply = self.scripts.run(tr.release_call(self.keys, job_id, token, reason), client)

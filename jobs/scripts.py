@@ -62,6 +62,7 @@ class Scripts:
         self.cancel: Script = register(source("cancel"))
         self.requeue_dead: Script = register(source("requeue_dead"))
         self.purge_dead: Script = register(source("purge_dead"))
+        self.output: Script = register(source("output"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     from forq.queue import Queue
 
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
-                     "release", "cancel", "requeue_dead", "purge_dead"]
+                     "release", "cancel", "requeue_dead", "purge_dead", "output"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000
 
 FailMode = Literal["retry", "fatal", "cancel"]
-LeaseReply = Literal["ok", "lost"]  # ack, expire, release
+LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,12 @@ def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str) -> Script
 
 def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain") -> ScriptCall:
     return ScriptCall("release", (keys.active, keys.pending), (keys.prefix, job_id, token, reason))
+
+
+def output_call(keys: QueueKeys, job_id: str, token: str, output: str) -> ScriptCall:
+    """Not a state change: the tail of a finished child's output, kept in its record
+    while the lease is held (sent just before the transition that reports its end)."""
+    return ScriptCall("output", (keys.active,), (keys.prefix, job_id, token, output))
 
 
 def reclaim_call(keys: QueueKeys, reclaimer: str, default_max_crashes: int = 3,

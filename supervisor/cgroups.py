@@ -153,21 +153,29 @@ class JobCgroups:
                 _write(f"{base}/cgroup.subtree_control", "+memory")
         except OSError as exc:
             raise CgroupsUnavailable(f"cannot set up {base}: {exc.strerror or exc}") from exc
+        if "pids" in controllers:  # [sandbox].max_processes as pids.max, where it can be
+            try:
+                if "pids" not in _read(f"{base}/cgroup.subtree_control").split():
+                    _write(f"{base}/cgroup.subtree_control", "+pids")
+            except OSError:
+                pass
         cgroups = cls(base)
         cgroups._leftovers = [f"{base}/{name}" for name in os.listdir(base)
                               if name.startswith("job-")]  # a previous supervisor's
         cgroups.sweep()
         return cgroups
 
-    def create(self, job_id: str, memory_limit: int) -> str:
+    def create(self, job_id: str, memory_limit: int, max_processes: int = 0) -> str:
         """A new cgroup for one child of `job_id`, limited to `memory_limit` bytes
-        (0: no limit, accounting only). Returns its directory."""
+        (0: no limit, accounting only) and `max_processes` (0: none; where the pids
+        controller is delegated). Returns its directory."""
         self._made += 1
         path = f"{self.base}/job-{_UNSAFE.sub('_', job_id)[:80]}.{self._made}"
         os.mkdir(path)
         try:
             _write(f"{path}/memory.max", str(memory_limit) if memory_limit > 0 else "max")
-            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1"),
+                                ("pids.max", str(max_processes or "max"))):
                 try:
                     _write(f"{path}/{name}", value)
                 except FileNotFoundError:  # no swap accounting; an old kernel

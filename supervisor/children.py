@@ -96,6 +96,8 @@ class Children:
         self.running[queue] += 1
         self.leases.add(queue, job.id, lease.token, sent_at)
         self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
+        if child.output >= 0:
+            self.loop.add_reader(child.output, lambda _f, _m: self._on_output(child))
         waited = None
         if f.get("started_at"):
             waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
@@ -116,6 +118,14 @@ class Children:
                             child.reader.violation or "result too large")
                 child.stop(KillReason.PROTOCOL, grace=0)
 
+    def _on_output(self, child: RunningChild) -> None:
+        if child.output < 0:  # closed earlier in this loop turn (the child ended)
+            return
+        if not child.out.read(child.output):  # EOF: every process of the job closed it
+            self.loop.remove_reader(child.output)
+            os.close(child.output)
+            child.output = -1
+
     def ended(self, child: RunningChild, status: int, peak_rss: int, cause: str = "") -> None:
         """A child was reaped (here, or by the fork server, which killed its group first).
         `cause`: what is known beyond its status, said in the reason of a crash."""
@@ -132,6 +142,9 @@ class Children:
             job_cgroups.remove(child.spec.cgroup)
         else:
             child.peak_rss = max(child.peak_rss, peak_rss)
+        if child.output >= 0:
+            self.loop.remove_reader(child.output)
+            child.close_output()
         os.close(child.pidfd)
         os.close(child.pipe)
         self.by_job.pop(child.job_id, None)

@@ -60,6 +60,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "QueueConfig",
+    "PROTECTIONS",
     "SandboxConfig",
     "ScheduleConfig",
     "check_config_main",
@@ -99,8 +100,14 @@ _POLICY_KEYS = (
     "backoff",
 )
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
-_QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight")
-_SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files")
+_QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
+               "network")
+_SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files", "namespaces", "network",
+                 "private_tmp", "tmp_size", "max_processes", "max_output_bytes", "require")
+_NETWORKS = ("host", "none")
+# what `[sandbox].require` may name (supervisor/protections.py says which are on)
+PROTECTIONS = ("run_as", "scrubbed_env", "secrets", "namespaces", "network", "private_tmp",
+               "max_processes", "job_cgroups")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -167,6 +174,7 @@ class QueueConfig:
     nice: int = 10
     rate_limit: tuple[float, float] | None = None
     max_in_flight: int | None = None
+    network: str | None = None  # "none" or "host"; None: [sandbox].network
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,13 @@ class SandboxConfig:
     run_as: str | None = None
     env_allow: tuple[str, ...] | None = None
     max_open_files: int | None = None
+    namespaces: bool = False  # PID, mount and IPC namespaces per job (fork/namespaces.py)
+    network: str = "host"  # "none": each job in a network namespace with only loopback
+    private_tmp: bool = False  # a size-capped tmpfs per job on /tmp and /dev/shm
+    tmp_size: int = 64 << 20
+    max_processes: int = 256  # per job
+    max_output_bytes: int = 1 << 20  # stdout + stderr logged per job; the rest dropped
+    require: tuple[str, ...] = ()  # protections the supervisor refuses to start without
 
 
 @dataclass(frozen=True)
@@ -268,6 +283,7 @@ class Config:
     redis_url_source: str = ""
     # [redis].allow_eviction: run on a Redis whose maxmemory-policy may delete keys
     redis_allow_eviction: bool = False
+    redis_password_file: str | None = None  # resolved; jobs must not read it
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -526,6 +542,9 @@ def _url_source(doc: Mapping[str, Any], shown: str, env: Mapping[str, str]) -> s
     if "url" in doc.get("redis", {}):
         return f"[redis].url in {shown}"
     return f"the default: no [redis].url in {shown}"
+def _password_file(doc: Mapping[str, Any], base_dir: Path) -> str | None:
+    name = doc.get("redis", {}).get("password_file")
+    return str(base_dir / os.path.expanduser(name)) if isinstance(name, str) else None
 
 
 def _replication(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -634,6 +653,8 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                     if max_in_flight is None
                     else _int(max_in_flight, f"{prefix}.max_in_flight", 1)
                 ),
+                network=(None if "network" not in table
+                         else _choice(table["network"], f"{prefix}.network", _NETWORKS)),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)
@@ -671,7 +692,25 @@ def _sandbox(doc: Mapping[str, Any]) -> SandboxConfig:
     max_open_files = table.get("max_open_files")
     if max_open_files is not None:
         max_open_files = _int(max_open_files, "[sandbox].max_open_files", 16)
-    return SandboxConfig(run_as=run_as, env_allow=env_allow, max_open_files=max_open_files)
+    flags = {}
+    for key in ("namespaces", "private_tmp"):
+        flags[key] = table.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise _expected(f"[sandbox].{key}", "true or false", flags[key])
+    require = tuple(_string_list(table.get("require", []), "[sandbox].require",
+                                 "protection names"))
+    for name in require:
+        if name not in PROTECTIONS:
+            raise _Invalid(f"[sandbox].require: unknown protection {json.dumps(name)}; "
+                           f"expected some of {', '.join(PROTECTIONS)}")
+    return SandboxConfig(
+        run_as=run_as, env_allow=env_allow, max_open_files=max_open_files,
+        network=_choice(table.get("network", "host"), "[sandbox].network", _NETWORKS),
+        tmp_size=_size(table.get("tmp_size", "64MiB"), "[sandbox].tmp_size", minimum=1 << 20),
+        max_processes=_int(table.get("max_processes", 256), "[sandbox].max_processes", 0),
+        max_output_bytes=_size(table.get("max_output_bytes", "1MiB"),
+                               "[sandbox].max_output_bytes"),
+        require=require, **flags)
 
 
 def _schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
@@ -860,6 +899,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
                             _JOB_CGROUPS),
         tracing=_tracing(doc),
         redis_url_source=_url_source(doc, shown, env),
+        redis_password_file=_password_file(doc, base_dir),
         **_replication(doc),
     )
     # job_policy() of a queue not served here is [defaults] + task overrides.

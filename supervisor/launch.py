@@ -24,11 +24,13 @@ class Launcher:
         self.config = config
         self.cgroups = cgroups
         self.cgroups_failed = False  # a cgroup could not be made or joined: no more of them
+        self.namespaces_ok = False  # the fork server's probe: jobs can have namespaces
 
     def spec(self, queue: str, lease: Lease) -> ChildSpec:
         job, f = lease.job, lease.job.fields
         qc = next((q for q in self.config.queues if q.name == queue), None)
         sandbox = self.config.sandbox
+        network = qc.network if qc and qc.network else sandbox.network
         return ChildSpec(
             job_id=job.id, queue=queue, task=job.task, args=job.args, kwargs=job.kwargs,
             attempts=job.attempts, crashes=job.crashes,
@@ -39,6 +41,14 @@ class Launcher:
             run_as=sandbox.run_as,
             env_allow=list(sandbox.env_allow) if sandbox.env_allow is not None else None,
             max_open_files=sandbox.max_open_files,
+            max_output_bytes=sandbox.max_output_bytes,
+            # no network or a private /tmp needs namespaces of its own
+            namespaces=self.namespaces_ok and (sandbox.namespaces or network == "none"
+                                               or sandbox.private_tmp),
+            network=network,
+            private_tmp=sandbox.private_tmp,
+            tmp_bytes=sandbox.tmp_size,
+            max_processes=sandbox.max_processes,
         )
 
     @staticmethod
@@ -46,12 +56,21 @@ class Launcher:
         """The job's time limit, in seconds."""
         return int(lease.job.fields.get("timeout_ms") or TIMEOUT_MS) / 1000
 
+    def wants_namespaces(self) -> tuple[bool, bool] | None:
+        """What the fork server should try at start (network none, private /tmp), or
+        None if no job of this config gets namespaces."""
+        sb = self.config.sandbox
+        network = sb.network == "none" or any(q.network == "none" for q in self.config.queues)
+        if sb.namespaces or network or sb.private_tmp:
+            return network, sb.private_tmp
+        return None
+
     def cgroup(self, job_id: str, memory_limit: int) -> str:
         """A fresh cgroup for the job's child ("" when per-job cgroups are off)."""
         if self.cgroups is None or self.cgroups_failed:
             return ""
         try:
-            return self.cgroups.create(job_id, memory_limit)
+            return self.cgroups.create(job_id, memory_limit, self.config.sandbox.max_processes)
         except OSError as exc:
             log.error("job %s: cannot create its cgroup in %s (%s); memory limits by RSS "
                       "sampling from now on", job_id, self.cgroups.base, exc.strerror or exc)

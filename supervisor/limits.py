@@ -56,8 +56,18 @@ class LimitPolice:
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
                 child.peak_rss = max(child.peak_rss, JobCgroups.usage(child.spec.cgroup))
                 continue
-            rss = memory.tree_rss(child.pid)
+            pids = memory.tree_pids(child.pid)
+            rss = sum(memory.rss(p) for p in pids)
             child.peak_rss = max(child.peak_rss, rss)
+            most = child.spec.max_processes
+            if most and len(pids) > most + 1 and child.kill_reason is None:
+                # +1: the waiter of a job in its own PID namespace. Where the kernel
+                # enforces the limit (RLIMIT_NPROC in the job's user namespace, pids.max)
+                # it is never reached; elsewhere this is the limit, after the fact
+                log.info("job %s %s: %d processes, over max_processes %d, killing",
+                         child.job_id, child.task, len(pids), most)
+                child.stop(KillReason.PROCESSES, f"{len(pids)} > {most}", grace=0)
+                continue
             limit = child.spec.memory_limit
             if limit and rss > limit and child.kill_reason is None:
                 log.info("job %s %s: memory %d MiB over its limit %d MiB, killing",

@@ -19,7 +19,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
-def _rss(pid: int) -> int:
+def rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE
@@ -60,4 +60,4 @@ def tree_pids(pid: int) -> list[int]:
 
 def tree_rss(pid: int) -> int:
     """Bytes resident in `pid` and its descendants (0 once they are gone)."""
-    return sum(_rss(p) for p in tree_pids(pid))
+    return sum(rss(p) for p in tree_pids(pid))

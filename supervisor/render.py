@@ -120,6 +120,10 @@ def job(job: Job) -> str:
             lines.extend("    " + line for line in tb.splitlines())
     elif error is not None:
         row("error", _compact(error))
+    if job.output:
+        lines.append("  output (stdout and stderr, the last few KiB)")
+        lines.extend("    " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+                     for line in job.output.splitlines())
 
     lines.append("  history")
     if not job.history:

@@ -95,6 +95,9 @@ class Reporter:
         child, outcome, token = item.child, item.outcome, item.token
         q = self.queue_for(child.queue)
         job_id = child.job_id
+        output = child.out.record()
+        if output:  # before the transition: it needs the lease still held
+            q.set_output(job_id, token, output, client=pipe)
         if outcome.kind is Kind.ACK:
             same = [f for f in outcome.followups if f["queue"] == child.queue]
             # other queues' follow-ups first (deterministic ids, so a re-run adds none):

@@ -21,6 +21,7 @@ from forq.queue import Lease
 from forq.supervisor.cgroups import kill_all
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import RESULT_OVERHEAD, MessageReader, Report
+from forq.supervisor.output import OutputReader
 
 log = logging.getLogger("forq.supervisor")
 
@@ -33,6 +34,7 @@ class KillReason(str, Enum):
     CANCELLED = "cancelled"  # `forq cancel`
     RELEASED = "released"  # drain: the lease goes back, nothing counted
     PROTOCOL = "protocol"  # it wrote something that is not a valid message
+    PROCESSES = "processes"  # more processes than [sandbox].max_processes (sampled)
 
     def __str__(self) -> str:
         return self.value
@@ -55,9 +57,21 @@ class RunningChild:
     pipe_open: bool = True
     server: int = 0  # the pid of the fork server that forked it (0: forked here)
     oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
+    output: int = -1  # the read end of its stdout and stderr (-1: none)
+    out: OutputReader = field(init=False)
 
     def __post_init__(self) -> None:
         self.reader = MessageReader(self.spec.job_id, self.spec.max_result_bytes + RESULT_OVERHEAD)
+        self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
+
+    def close_output(self) -> None:
+        """Read what is left of its output (its processes are gone, or will be)."""
+        if self.output < 0:
+            return
+        self.out.read(self.output)
+        self.out.finish()
+        os.close(self.output)
+        self.output = -1
 
     @property
     def forked_by_server(self) -> bool:

@@ -54,6 +54,8 @@ class Spawner:
         # the registered tasks, from the last fork server that started (None: not known,
         # every task is forked and a child of an unknown one reports it)
         self.tasks: dict[str, TaskInfo] | None = None
+        # why jobs cannot have namespaces of their own ("" they can; None: not asked)
+        self.namespaces_problem: str | None = None
         self.accepting = True  # False once draining: a lost server is not replaced
 
     def configure(self, enabled: bool, launch: Launch) -> None:
@@ -70,7 +72,7 @@ class Spawner:
             self._retire()
         if new is None:
             return
-        self.tasks = new.tasks
+        self.tasks, self.namespaces_problem = new.tasks, new.namespaces_problem
         if enabled:
             self._take(new)
         else:  # asked for the task table only: each child is exec'd alone
@@ -107,13 +109,27 @@ class Spawner:
                       "instead", exc)
             return
         if server is not None:
-            self.tasks = server.tasks
+            self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
             self._take(server)
 
     def _take(self, server: ForkServer) -> None:
         self.server = server
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
+        self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
         log.info("fork server started in pid %d", server.pid)
+
+    def _on_output(self, server: ForkServer) -> None:
+        if server.output < 0:  # closed earlier in this loop turn (the server was lost)
+            return
+        if not server.read_output():
+            self.loop.remove_reader(server.output)
+            os.close(server.output)
+            server.output = -1
+
+    def _unwatch(self, server: ForkServer) -> None:
+        self.loop.remove_reader(server.sock)
+        if server.output >= 0:
+            self.loop.remove_reader(server.output)
 
     def spawn(self, lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
               fence_at: float | None = None) -> RunningChild:
@@ -150,7 +166,7 @@ class Spawner:
     def close(self) -> None:
         for server in [*self.retiring, self.server]:
             if server is not None:
-                self.loop.remove_reader(server.sock)
+                self._unwatch(server)
                 server.close()
         self.server, self.retiring = None, []
 
@@ -187,7 +203,7 @@ class Spawner:
                 self.on_exit(child, status, peak, "")
         if server in self.retiring and not self._of(server):
             self.retiring.remove(server)
-            self.loop.remove_reader(server.sock)
+            self._unwatch(server)
             server.close()
             log.info("old fork server %d stopped", server.pid)
 
@@ -199,11 +215,11 @@ class Spawner:
         if self._of(server):
             self.retiring.append(server)
         else:
-            self.loop.remove_reader(server.sock)
+            self._unwatch(server)
             server.close()
 
     def _lost(self, server: ForkServer, exc: Exception) -> None:
-        self.loop.remove_reader(server.sock)
+        self._unwatch(server)
         self._dispatch_exits(server)  # the exits it reported before it went
         orphans = self._of(server)
         server.close()

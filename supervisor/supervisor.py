@@ -30,7 +30,7 @@ import redis
 from forq import Queue
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
-from forq.supervisor import cgroups, redis_checks, status, tracing
+from forq.supervisor import cgroups, protections, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
@@ -190,7 +190,8 @@ class Supervisor:
         supervisor never imports handler modules itself."""
         env = fork_server_env(os.environ, config.sandbox.env_allow,
                               [config.redis_password, config.redis_url])
-        return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())))
+        return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
+                      probe=Launcher(config).wants_namespaces())
 
     def _start_forking(self) -> bool:
         try:
@@ -201,6 +202,20 @@ class Supervisor:
             return False
         return True
 
+    def _say_protections(self) -> bool:
+        """The start-up line of which protections are on and off, and why; False (exit
+        2) if `[sandbox].require` names one that is off."""
+        self.launcher.namespaces_ok = self.spawner.namespaces_problem == ""
+        found = protections.assess(self.config, namespaces_problem=self.spawner.namespaces_problem,
+                                   job_cgroups=self.launcher.cgroups is not None,
+                                   password_file=self.config.redis_password_file)
+        log.info("%s", protections.line(found, self.config.sandbox.max_output_bytes))
+        off = protections.missing(self.config, found)
+        for p in off:
+            log.error("refusing to start: [sandbox].require in %s names %s, which is off: %s",
+                      self.config.path, p.name, p.detail)
+        return not off
+
     def run(self) -> int:
         try:  # before the fork server starts: it must live in the supervisor's own cgroup
             self.launcher.cgroups, memory_mode = cgroups.probe(self.config.job_cgroups)
@@ -209,7 +224,7 @@ class Supervisor:
                       "\"required\" in %s)", exc, self.config.path)
             self.loop.close()
             return 1
-        if not self._start_forking():
+        if not self._start_forking() or not self._say_protections():
             self.loop.close()
             return 2
         try:

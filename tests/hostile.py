@@ -70,3 +70,152 @@ def reach_redis(port: int):
             if sock.recv(4096).startswith((b"+OK", b"+PONG")):
                 return True
     return False
+
+
+@task("hostile.escape")
+def escape(marker: str, then: str = "return"):
+    """Leave a process behind: fork, `setsid`, fork again, and exec a long sleep named
+    `marker`; then return, sleep past the time limit ("hang") or wait to be killed."""
+    import time
+
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", [marker, "3600"])
+        os._exit(0)
+    time.sleep(0.2)
+    if then == "hang":
+        time.sleep(3600)
+    return "left one behind"
+
+
+@task("hostile.hog_outside")
+def hog_outside(mib: int, marker: str):
+    """Hold `mib` MiB in a double-forked, `setsid` grandchild; return at once."""
+    import time
+
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            block = bytearray(mib << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            import setproctitle
+
+            setproctitle.setproctitle(marker)
+            time.sleep(3600)
+        os._exit(0)
+    time.sleep(3)
+    return "held memory elsewhere"
+
+
+@task("hostile.fork_bomb")
+def fork_bomb(n: int):
+    """Start `n` processes that sleep; return how many could be started."""
+    import time
+
+    started = 0
+    for _ in range(n):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        started += 1
+    time.sleep(1)  # long enough to be sampled
+    return started
+
+
+@task("hostile.prowl")
+def prowl(supervisor_pid: int):
+    """Look for other jobs and the supervisor, and try to harm them: what it found and
+    what worked."""
+    import signal
+
+    me = os.getpid()
+    found = {"jobs": [], "killed": [], "supervisor": {}}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if cmdline.startswith(b"forq: job"):
+            found["jobs"].append(cmdline.decode(errors="replace"))
+            try:
+                os.kill(int(name), signal.SIGKILL)
+                found["killed"].append(int(name))
+            except OSError:
+                pass
+    sup = found["supervisor"]
+    sup["in /proc"] = os.path.exists(f"/proc/{supervisor_pid}/cmdline")
+    for what, attempt in (("signal", lambda: os.kill(supervisor_pid, 0)),
+                          ("pidfd", lambda: os.close(os.pidfd_open(supervisor_pid))),
+                          ("environ", lambda: open(f"/proc/{supervisor_pid}/environ").close()),
+                          ("mem", lambda: open(f"/proc/{supervisor_pid}/mem", "rb").close())):
+        try:
+            attempt()
+            sup[what] = True
+        except OSError:
+            sup[what] = False
+    return found
+
+
+@task("hostile.dial")
+def dial(port: int):
+    """Reach 127.0.0.1:`port` (Redis, outside), and a listener of its own on loopback."""
+    import socket
+
+    out = {}
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        out["outside"] = True
+    except OSError:
+        out["outside"] = False
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=2).close()
+        out["loopback"] = True
+    out["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+    return out
+
+
+@task("hostile.fill_tmp")
+def fill_tmp(marker: str, size: int):
+    """Leave `marker` in /tmp and try to write `size` bytes there."""
+    with open(f"/tmp/{marker}", "w") as f:
+        f.write("left behind")
+    try:
+        with open(f"/tmp/{marker}.big", "wb") as f:
+            chunk = b"x" * (1 << 20)
+            for _ in range(size >> 20):
+                f.write(chunk)
+        return "wrote it all"
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+
+
+@task("hostile.shout")
+def shout(lines: int, size: int = 0, truncate: bool = False):
+    """Print `lines` numbered lines, then `size` bytes more to stdout (a flood);
+    `truncate`: first try to empty whatever file stdout is."""
+    import sys
+
+    if truncate:
+        try:
+            os.ftruncate(1, 0)
+        except OSError as exc:
+            print(f"ftruncate refused: {exc.strerror}")
+    for i in range(lines):
+        print(f"line {i} \x1b[31mred\x1b[0m")
+    sys.stdout.flush()
+    chunk = b"y" * 65536 + b"\n"
+    while size > 0:
+        size -= os.write(1, chunk[:size])
+    print("the end", file=sys.stderr)
+    return "shouted"

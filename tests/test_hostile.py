@@ -11,9 +11,13 @@ import os
 import pwd
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from forq import Queue
@@ -254,6 +258,11 @@ def assert_no_secret_reachable(sup, locked_redis):
     # module top-level code ran once, in the fork server, which never had the password
     assert [i["pid"] for i in imports] == fork_servers_of(sup.pid), (imports, sup.log())
     assert not any(i["password"] for i in imports), imports
+    # what it printed is logged as the fork server's; the log was not truncated
+    wait_for(lambda: "output: hostile_import loaded" in sup.log(), timeout=10,
+             message="the module's print in the log")
+    for server in fork_servers_of(sup.pid):  # so it cannot truncate the log: a pipe
+        assert [os.readlink(f"/proc/{server}/fd/{fd}")[:5] for fd in (1, 2)] == ["pipe:"] * 2
     seen = queue.enqueue("hostile.find_secrets", PASSWORD).wait(timeout=20)
     assert not any(seen.values()), seen
     assert queue.enqueue("hostile.reach_redis", locked_redis.port).wait(timeout=20) is False
@@ -281,4 +290,257 @@ def test_with_run_as_handler_modules_are_imported_as_that_user(
         assert [i["uid"] for i in imports] == [pwd.getpwnam("nobody").pw_uid]
     finally:
         sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+# -- a job's processes end with the job, and all count ------------------------------
+
+NAMESPACES = "[sandbox]\nnamespaces = true\n"
+
+
+def processes_named(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info["cmdline"] and proc.info["cmdline"][0] == marker:
+            found.append(proc.pid)
+    return found
+
+
+def forq_cli(*args: str, redis_url: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", *args, "--redis",
+                           redis_url], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def start_sup(tmp_path, redis_url, queue, extra="", concurrency=2, **options):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: concurrency},
+                          extra=extra, **options)
+    return SupervisorProcess(config).start()
+
+
+@pytest.mark.parametrize("then", ["return", "hang"])
+def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, then):
+    """Double fork + setsid leaves a process outside the job's process group: it still
+    dies when the job succeeds, or is killed at its time limit."""
+    marker = f"forq-escapee-{queue.name}"
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    try:
+        job = queue.enqueue("hostile.escape", marker, then, timeout="1s", max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == ("succeeded" if then == "return" else "dead"), done.history
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+        for pid in processes_named(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue):
+    marker = f"forq-escapee-{queue.name}"
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    try:
+        queue.enqueue("hostile.escape", marker, "hang")
+        wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
+        sup.kill()
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+        for pid in processes_named(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue):
+    """300 MiB held by a setsid grandchild under a 100 MiB limit (RSS sampling)."""
+    marker = f"forq-hog-{queue.name}"
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES, memory_limit="100MiB")
+    try:
+        job = queue.enqueue("hostile.hog_outside", 300, marker, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "memory limit exceeded" in done.reason, done.history
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_a_fork_bomb_is_stopped_at_max_processes(tmp_path, redis_url, queue):
+    """As root no RLIMIT_NPROC holds: the sampler counts the job's processes."""
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES + "max_processes = 20\n",
+                    memory_limit="1GiB")
+    try:
+        job = queue.enqueue("hostile.fork_bomb", 200, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "too many processes" in done.reason, done.history
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+# -- jobs cannot see or signal each other or the supervisor ---------------------------
+
+def prowl_beside_a_victim(sup, queue):
+    victim = queue.enqueue("tests.lineage", 3)
+    wait_for(lambda: queue.get(victim.id).state == "active", timeout=20, message="victim")
+    found = queue.enqueue("hostile.prowl", sup.pid).wait(timeout=20)
+    assert victim.wait(timeout=20)["pid"], queue.get(victim.id).history  # unharmed
+    assert sup.proc.poll() is None
+    return found
+
+
+def test_without_namespaces_a_root_job_finds_and_kills_another(tmp_path, redis_url, queue):
+    """The attack, shown: what namespaces take away (the victim is counted a crash)."""
+    sup = start_sup(tmp_path, redis_url, queue)
+    try:
+        victim = queue.enqueue("tests.lineage", 5, max_crashes=1)
+        wait_for(lambda: queue.get(victim.id).state == "active", timeout=20, message="victim")
+        found = queue.enqueue("hostile.prowl", sup.pid).wait(timeout=20)
+        assert found["killed"] and found["supervisor"]["pidfd"], found
+        assert wait_job(queue, victim.id, ("dead",)).crashes == 1
+    finally:
+        sup.stop()
+
+
+def test_with_namespaces_a_job_sees_no_other_process(tmp_path, redis_url, queue):
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    try:
+        found = prowl_beside_a_victim(sup, queue)
+        assert found == {"jobs": [], "killed": [], "supervisor": {
+            "in /proc": False, "signal": False, "pidfd": False, "environ": False,
+            "mem": False}}, found
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+# -- network and /tmp ------------------------------------------------------------------
+
+def test_network_none_leaves_loopback_only(tmp_path, redis_url, queue):
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    sup = start_sup(tmp_path, redis_url, queue, queue_extra='network = "none"\n')
+    try:
+        seen = queue.enqueue("hostile.dial", port).wait(timeout=20)
+        assert seen == {"outside": False, "loopback": True, "interfaces": ["lo"]}, seen
+    finally:
+        sup.stop()
+
+
+def test_private_tmp_is_the_jobs_own_and_capped(tmp_path, redis_url, queue):
+    marker = f"forq-tmp-{queue.name}"
+    sup = start_sup(tmp_path, redis_url, queue,
+                    '[sandbox]\nprivate_tmp = true\ntmp_size = "8MiB"\n')
+    try:
+        said = queue.enqueue("hostile.fill_tmp", marker, 32 << 20).wait(timeout=20)
+        assert said == "refused: No space left on device", said
+        assert not os.path.exists(f"/tmp/{marker}")
+    finally:
+        sup.stop()
+
+
+# -- output: captured, capped, attributed ----------------------------------------------
+
+def test_output_is_logged_with_the_job_id_and_its_tail_kept(tmp_path, redis_url, queue):
+    sup = start_sup(tmp_path, redis_url, queue)
+    try:
+        job = queue.enqueue("hostile.shout", 3)
+        assert job.wait(timeout=20) == "shouted"
+        log = sup.log()
+        for i in range(3):  # escaped: a job cannot colour, or forge, a log line
+            assert f"job {job.id} output: line {i} \\x1b[31mred\\x1b[0m" in log, log
+        assert f"job {job.id} output: the end" in log
+        output = queue.get(job.id).output
+        assert output.startswith("line 0 \x1b[31mred") and output.endswith("the end\n"), output
+        shown = forq_cli("job", job.id, redis_url=redis_url)
+        assert "output" in shown and "line 2" in shown, shown
+    finally:
+        sup.stop()
+
+
+def test_an_output_flood_is_capped_and_counted(tmp_path, redis_url, queue):
+    """200 MB to stdout grows the supervisor's log by at most max_output_bytes."""
+    sup = start_sup(tmp_path, redis_url, queue, '[sandbox]\nmax_output_bytes = "64KiB"\n')
+    try:
+        before = sup.log_path.stat().st_size
+        job = queue.enqueue("hostile.shout", 1, 200 << 20)
+        assert job.wait(timeout=60) == "shouted"
+        wait_for(lambda: "dropped over max_output_bytes" in sup.log(), timeout=10,
+                 message="the count of dropped bytes")
+        assert sup.log_path.stat().st_size - before < 256 << 10
+        assert queue.get(job.id).output.endswith("the end\n")
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_truncating_stdout_leaves_the_supervisors_log_alone(tmp_path, redis_url, queue):
+    sup = start_sup(tmp_path, redis_url, queue)
+    try:
+        size = sup.log_path.stat().st_size
+        job = queue.enqueue("hostile.shout", 1, 0, True)
+        assert job.wait(timeout=20) == "shouted"
+        assert sup.log_path.stat().st_size >= size
+        assert "ftruncate refused: Invalid argument" in queue.get(job.id).output
+    finally:
+        sup.stop()
+
+
+# -- the start-up line; [sandbox].require ---------------------------------------------
+
+def test_the_start_up_line_names_what_is_on_and_off(tmp_path, redis_url, queue):
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES + 'network = "none"\n')
+    try:
+        line = next(ln for ln in sup.log().splitlines() if "sandbox: on:" in ln)
+        assert "a PID, mount and IPC namespace per job" in line, line
+        assert f"no network but loopback for queue(s) {queue.name}" in line, line
+        assert "off: run_as (jobs run as the supervisor's user (root)" in line, line
+    finally:
+        sup.stop()
+
+
+def test_require_refuses_to_start_without_a_protection(tmp_path, redis_url, queue):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1},
+                          extra='[sandbox]\nrequire = ["run_as", "namespaces"]\n')
+    proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "run", "--config",
+                           str(config)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "FORQ_REDIS_URL"})
+    assert proc.returncode == 2, proc.stderr
+    assert "refusing to start: [sandbox].require" in proc.stderr
+    assert "names run_as, which is off" in proc.stderr and "names namespaces" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_the_full_sandbox_as_an_unprivileged_user(tmp_path, redis_url, queue, system_python):
+    """run_as, and every namespace in a user namespace of the job's own: the kernel
+    holds max_processes (RLIMIT_NPROC counts that namespace alone), no job sees another,
+    escapees die with their job, no network, a private /tmp."""
+    marker = f"forq-escapee-{queue.name}"
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    # RSS sampling counts the pages 20 forks share 20 times: room for that
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                          memory_limit="1GiB", extra="""
+[sandbox]
+run_as = "nobody"
+namespaces = true
+network = "none"
+private_tmp = true
+max_processes = 20
+require = ["run_as", "namespaces", "network", "private_tmp", "max_processes"]
+""")
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        assert "RLIMIT_NPROC in the job's user namespace" in sup.log(), sup.log()
+        started = queue.enqueue("hostile.fork_bomb", 200).wait(timeout=30)
+        assert 10 < started < 20, started
+        found = prowl_beside_a_victim(sup, queue)
+        assert not found["jobs"] and not any(found["supervisor"].values()), found
+        assert queue.enqueue("hostile.escape", marker).wait(timeout=20)
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+        seen = queue.enqueue("hostile.dial", port).wait(timeout=20)
+        assert not seen["outside"] and seen["loopback"], seen
+        assert "wrote it all" == queue.enqueue("hostile.fill_tmp", marker, 1 << 20).wait()
+        assert not os.path.exists(f"/tmp/{marker}")
+    finally:
+        sup.stop()
+        for pid in processes_named(marker):
+            os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in sup.log(), sup.log()

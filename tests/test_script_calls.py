@@ -29,6 +29,7 @@ CALLS = {
     "cancel": tr.cancel_call(KEYS, "a"),
     "requeue_dead": tr.requeue_dead_call(KEYS, ["a", "b"], 100),
     "purge_dead": tr.purge_dead_call(KEYS, None, 100),
+    "output": tr.output_call(KEYS, "a", "1", "printed\n"),
 }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from forq import registry
 from forq.supervisor.cgroups import JOIN_FAILED
-from forq.supervisor.fork import sandbox
+from forq.supervisor.fork import namespaces, sandbox
 from forq.supervisor.fork.messages import ERROR_CAPS, encode
 
 PR_SET_PDEATHSIG = 1
@@ -55,6 +55,13 @@ class ChildSpec:
     # handler modules the child imports itself, after its sandbox: only for a child
     # exec'd alone (`oneshot`); a fork server's children have them preloaded
     imports: list[str] = field(default_factory=list)
+    max_output_bytes: int = 1 << 20  # stdout + stderr logged, the rest dropped and counted
+    # [sandbox].namespaces: PID, mount and IPC namespaces of its own (`namespaces`)
+    namespaces: bool = False
+    network: str = "host"  # "none": a network namespace with only loopback
+    private_tmp: bool = False  # a tmpfs of its own on /tmp and /dev/shm
+    tmp_bytes: int = 64 << 20
+    max_processes: int = 0  # RLIMIT_NPROC in its own user namespace (0: not set)
 
 
 def _find_prctl() -> Any:
@@ -88,8 +95,10 @@ def _join_cgroup(path: str) -> None:
         os._exit(JOIN_FAILED)
 
 
-def _isolate(spec: ChildSpec, result_fd: int) -> int:
-    """Detach from the supervisor's signals, fds and session. Returns the new pipe fd."""
+def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1) -> int:
+    """Detach from the supervisor's signals, fds and session. Returns the new pipe fd.
+    stdout and stderr become `output_fd` (a pipe the supervisor reads), never the
+    supervisor's own log."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
@@ -97,6 +106,9 @@ def _isolate(spec: ChildSpec, result_fd: int) -> int:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # keep only stdio and the result pipe (moved to fd 3): a handler never holds the
     # supervisor's Redis connection, metrics socket or another child's pipe
+    if output_fd >= 0:
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
     if result_fd != 3:
         os.dup2(result_fd, 3, inheritable=False)
     os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -199,18 +211,38 @@ def _import(modules: list[str]) -> bytes:
     return b""
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _enter_namespaces(spec: ChildSpec) -> bytes:
+    """Returns in the job's namespaces (see `namespaces`) with b"", or with the report
+    of why they could not be made (a failure of the job, retried)."""
+    try:
+        namespaces.enter(network=spec.network == "none", private_tmp=spec.private_tmp,
+                         tmp_bytes=spec.tmp_bytes, max_processes=spec.max_processes)
+    except OSError as exc:
+        reason = f"sandbox not set up: {exc.strerror or exc}"[:ERROR_CAPS["reason"]]
+        err = {"type": "SandboxError", "message": reason, "traceback": "", "reason": reason}
+        return encode({"t": "result", "ok": False, "error": err, "fatal": False})
+    return b""
+
+
 def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> Any:
     return task.call(args, kwargs)
 
 
-def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> None:
+def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
+              output_fd: int = -1) -> None:
     """The child's whole life. Never returns."""
     code = 0
     try:
         _die_with_parent(parent_pid)
         # its own process group and default signals first: joining a cgroup can wait for
         # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
-        fd = _isolate(spec, result_fd)
+        fd = _isolate(spec, result_fd, output_fd)
         if spec.cgroup:
             _join_cgroup(spec.cgroup)
         try:
@@ -219,13 +251,15 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str) -> N
             setproctitle.setproctitle(title)
         except Exception:  # noqa: BLE001 — a missing title must not fail the job
             pass
+        if spec.namespaces:
+            problem = _enter_namespaces(spec)
+            if problem:
+                _write_all(fd, problem)
+                os._exit(0)
         _sandbox(spec)
         _limit(spec)
         report = _import(spec.imports) or encode_report(spec, _call)
-        view = memoryview(report)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, report)
     except BaseException:  # noqa: BLE001
         code = 71  # the parent sees an exit without a report: a crash, reclaimed
     finally:

@@ -22,6 +22,7 @@ from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.protocol import fds_of, send
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
+from forq.supervisor.output import OutputReader
 from forq.supervisor.running import RunningChild
 
 log = logging.getLogger("forq.supervisor")
@@ -35,10 +36,14 @@ class Launch:
     imports: tuple[str, ...] = ()
     run_as: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
+    probe: tuple[bool, bool] | None = None
 
     def settings(self) -> str:
+        probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
+                                                         self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as})
+                           "run_as": self.run_as, "probe": probe})
 
 
 def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
@@ -49,6 +54,7 @@ def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
     The parent returns at once with its handles."""
     spec = dataclasses.replace(spec, imports=list(launch.imports))
     read_fd, write_fd = os.pipe()
+    out_r, out_w = os.pipe()
     memfd = os.memfd_create("forq-spec", 0)
     try:
         data = memoryview(json.dumps({"spec": dataclasses.asdict(spec), "title": title,
@@ -59,18 +65,22 @@ def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
         env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
         pid = os.posix_spawn(
             sys.executable, [sys.executable, "-m", "forq.supervisor.fork.oneshot"], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_DUP2, write_fd, 3)])
+            file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                          (os.POSIX_SPAWN_DUP2, out_w, 2), (os.POSIX_SPAWN_DUP2, write_fd, 3)])
     except BaseException:
         os.close(read_fd)
+        os.close(out_r)
         raise
     finally:
         os.close(write_fd)
+        os.close(out_w)
         os.close(memfd)
-    os.set_blocking(read_fd, False)
-    os.set_inheritable(read_fd, False)
+    for fd in (read_fd, out_r):
+        os.set_blocking(fd, False)
+        os.set_inheritable(fd, False)
     pidfd = os.pidfd_open(pid)
     now = time.monotonic()
-    return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout)
+    return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout, output=out_r)
 
 
 def pid_of(pidfd: int) -> int:
@@ -101,6 +111,7 @@ class ForkServerFatal(ForkServerError):
 _INLINE_MAX = 60 * 1024
 READY_TIMEOUT = 30.0  # start-up: it imports the handler modules
 READY_MAX = 1 << 21  # its first message carries the task table
+OUTPUT_CAP = 1 << 20  # what a fork server prints, logged over its life
 # one fork (about a millisecond when it works): the supervisor's loop waits for it, so a
 # fork server that stops answering must not stall lease extension for long
 REPLY_TIMEOUT = 3.0
@@ -116,20 +127,30 @@ class ForkServer:
     def __init__(self, launch: Launch) -> None:
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
+        self.namespaces_problem: str | None = None  # "" they work; None: not tried
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
         # our import path, which it adopts before importing them
         env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
+        # its stdout and stderr (what handler modules print at import) are read like a
+        # job's: never the supervisor's own log, which it could truncate
+        out_r, out_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "forq.supervisor.fork.server", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=out_w, env=env)
         except OSError as exc:
             ours.close()
+            os.close(out_r)
             raise ForkServerError(f"cannot start: {exc}") from exc
         finally:
             theirs.close()
+            os.close(out_w)
+        os.set_blocking(out_r, False)
+        self.output = out_r
+        self.out = OutputReader("", "", OUTPUT_CAP, who=f"fork server {self.proc.pid}")
         self.sock = ours
         self.pid = self.proc.pid
         self.pending_exits: list[tuple[int, int, int, bool]] = []
@@ -143,6 +164,8 @@ class ForkServer:
                                       str(message.get("module", ""))[:300])
             if "ready" not in message:
                 raise ForkServerError(f"unexpected first message {str(message)[:200]}")
+            if "namespaces" in message:
+                self.namespaces_problem = str(message["namespaces"])[:500]
             try:
                 self.tasks = parse_tasks(message.get("tasks"))
             except BadTaskTable as exc:
@@ -214,17 +237,18 @@ class ForkServer:
         `fence` moves that deadline on."""
         data = json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
         read_fd, write_fd = os.pipe()
+        out_r, out_w = os.pipe()  # the child's stdout and stderr
         memfd = -1
         try:
             if len(data) + len(title) < _INLINE_MAX:
                 message: dict[str, Any] = {"title": title, "spec": json.loads(data)}
-                fds = [write_fd]
+                fds = [write_fd, out_w]
             else:
                 memfd = os.memfd_create("forq-spec", os.MFD_CLOEXEC)
                 view = memoryview(data.encode())
                 while view:
                     view = view[os.write(memfd, view):]
-                message, fds = {"title": title, "memfd": True}, [write_fd, memfd]
+                message, fds = {"title": title, "memfd": True}, [write_fd, out_w, memfd]
             if fence_at is not None:
                 message["fence_at"] = fence_at
             try:
@@ -233,9 +257,11 @@ class ForkServer:
                 raise ForkServerError(f"socket: {exc}") from exc
         except BaseException:
             os.close(read_fd)
+            os.close(out_r)
             raise
         finally:
             os.close(write_fd)
+            os.close(out_w)
             if memfd >= 0:
                 os.close(memfd)
         try:
@@ -253,6 +279,13 @@ class ForkServer:
                     except (OSError, ValueError) as exc:
                         os.close(pidfd)
                         raise ForkServerError(f"no pidfd with its fork reply: {exc}") from None
+                    if pid == -1 and type(reply["pid"]) is int and reply["pid"] > 0:
+                        # already exited and reaped: the pid names it in the exit report,
+                        # and is never signalled (its pidfd says it exited)
+                        pid = reply["pid"]
+                    if pid <= 0:
+                        os.close(pidfd)
+                        raise ForkServerError(f"a fork reply without a live child: {reply}"[:300])
                     break
                 for fd in fds:
                     os.close(fd)
@@ -260,11 +293,17 @@ class ForkServer:
                     raise OSError(f"fork server: {str(reply['error'])[:500]}")
         except BaseException:
             os.close(read_fd)
+            os.close(out_r)
             raise
         os.set_blocking(read_fd, False)
+        os.set_blocking(out_r, False)
         now = time.monotonic()
         return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout,
-                            server=self.pid)
+                            server=self.pid, output=out_r)
+
+    def read_output(self) -> bool:
+        """Log what it printed; False at EOF."""
+        return self.output >= 0 and self.out.read(self.output)
 
     def fence(self, deadlines: list[tuple[int, float]]) -> None:
         """New fencing deadlines (pid, monotonic time) for its children. Never blocks:
@@ -292,6 +331,11 @@ class ForkServer:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             log.error("fork server %d did not die", self.pid)
+        if self.output >= 0:
+            self.out.read(self.output)
+            self.out.finish()
+            os.close(self.output)
+            self.output = -1
 
 
 def describe_status_code(code: int) -> str:

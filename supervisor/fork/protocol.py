@@ -3,17 +3,21 @@
 One SOCK_SEQPACKET socketpair; every message is one JSON datagram, file descriptors
 travel beside it (SCM_RIGHTS):
 
-* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the result pipe's
-  write end attached; a spec too big for one datagram travels in a memfd attached
-  second, and the message says {"title": ..., "memfd": true}.
-  The request may carry "fence_at": the child's first fencing deadline (below).
+* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the write ends of
+  the result pipe and of the output pipe (the child's stdout and stderr) attached; a
+  spec too big for one datagram travels in a memfd attached third, and the message
+  says {"title": ..., "memfd": true}. The request may carry "fence_at": the child's
+  first fencing deadline (below).
 * supervisor → server: {"fence": [[pid, fence_at], ...]} after each confirmed lease
   extension: each child's new fencing deadline. Unknown pids are ignored.
-* server → supervisor: {"ready": pid} once, after start-up; {"pid": pid} with the
-  child's pidfd attached (opened before the server could reap it); {"error": text} if
-  the fork failed; {"exit": pid, "status": wait status, "maxrss": KiB} when it has
-  SIGKILLed the child's process group and reaped it, with "fenced": true if it killed
-  the child for its fencing deadline.
+* server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}} once,
+  after start-up, or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
+  with the child's pidfd attached (opened before the server could reap it; the
+  supervisor takes the pid from the pidfd); {"error": text} if the fork failed;
+  {"exit": pid, "status": wait status, "maxrss": KiB} when it has SIGKILLed the
+  child's process group and reaped it, with "fenced": true if it killed the child for
+  its fencing deadline. The fork server runs handler modules' top-level code: the
+  supervisor checks all of this as untrusted input (`client`).
 
 Fencing deadlines are CLOCK_MONOTONIC seconds (`time.monotonic()`, one clock for every
 process on the machine): the moment until which the supervisor can prove the child's

@@ -34,3 +34,29 @@ def drop_to(user_name: str) -> None:
     os.setresuid(user.pw_uid, user.pw_uid, user.pw_uid)
     os.environ["HOME"] = user.pw_dir
     os.environ["USER"] = os.environ["LOGNAME"] = user.pw_name
+
+
+def probe_namespaces(network: bool, private_tmp: bool) -> str:
+    """Set up a job's namespaces once, in a throwaway child, as every job will: "" if
+    that works, else why not (said at start-up; jobs then run without them)."""
+    from forq.supervisor.fork import namespaces
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        why = ""
+        try:
+            namespaces.enter(network=network, private_tmp=private_tmp, tmp_bytes=1 << 20,
+                             max_processes=0)
+        except OSError as exc:
+            why = str(exc.strerror or exc)
+        os.write(write_fd, why.encode()[:500])
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        why_bytes = f.read(1000)
+    _, status = os.waitpid(pid, 0)
+    if not why_bytes and status != 0:
+        return f"the probe ended with status {status}"
+    return why_bytes.decode(errors="replace")

@@ -47,7 +47,7 @@ class Server:
         self.fence_at: dict[int, float] = {}
         self.fenced: set[int] = set()
 
-    def serve(self) -> None:
+    def serve(self, namespaces_problem: str | None = None) -> None:
         table = tasks.describe(registry.registered())
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -56,7 +56,10 @@ class Server:
         # the supervisor decides when jobs stop; a terminal's ^C reaches the whole group
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        self.tell({"ready": self.me, "tasks": table})
+        ready: dict[str, Any] = {"ready": self.me, "tasks": table}
+        if namespaces_problem is not None:
+            ready["namespaces"] = namespaces_problem  # "" when they work
+        self.tell(ready)
         while True:
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
@@ -134,26 +137,27 @@ class Server:
 
     def request(self) -> None:
         try:
-            data, ancillary, flags, _ = self.sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(8))
+            data, ancillary, flags, _ = self.sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(12))
         except (ConnectionResetError, BrokenPipeError):
             os._exit(0)
         fds = fds_of(ancillary)
         if not data:  # the supervisor is gone (or closed us): the children go too
             os._exit(0)
         result_fd = fds[0] if fds else -1
+        output_fd = fds[1] if len(fds) > 1 else -1
         try:
             message = json.loads(data)
             if isinstance(message, dict) and "fence" in message and not fds:
                 self.update_fences(message["fence"])
                 return
             if message.get("memfd"):
-                message["spec"] = json.loads(read_memfd(fds[1]))
+                message["spec"] = json.loads(read_memfd(fds[2]))
             spec = ChildSpec(**message["spec"])
             title = message["title"]
             fence_at = message.get("fence_at")
             if fence_at is not None and not isinstance(fence_at, (int, float)):
                 raise ValueError("fence_at is not a number")
-            if result_fd < 0 or flags & socket.MSG_TRUNC:
+            if output_fd < 0 or flags & socket.MSG_TRUNC:
                 raise ValueError("malformed request")
         except (ValueError, TypeError, KeyError, IndexError, OSError) as exc:
             for fd in fds:
@@ -167,14 +171,16 @@ class Server:
             pid = os.fork()
         except OSError as exc:
             os.close(result_fd)
+            os.close(output_fd)
             self.tell({"error": f"fork failed: {exc}"})
             return
         if pid == 0:  # the child: never returns
             self.sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            run_child(spec, result_fd, self.me, title)
+            run_child(spec, result_fd, self.me, title, output_fd)
         os.close(result_fd)
+        os.close(output_fd)
         self.children.add(pid)
         if fence_at is not None:
             self.fence_at[pid] = float(fence_at)
@@ -214,6 +220,9 @@ def main(argv: list[str]) -> None:
         _fail(sock, f"cannot switch to [sandbox].run_as {settings['run_as']!r}: "
                     f"{getattr(exc, 'strerror', None) or exc} (the supervisor runs as uid "
                     f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)")
+    # before any handler code: can this user give a job namespaces of its own?
+    probe = settings.get("probe")
+    problem = sandbox.probe_namespaces(**probe) if probe else None
     for name in settings.get("imports", []):
         try:
             importlib.import_module(name)
@@ -232,7 +241,7 @@ def main(argv: list[str]) -> None:
         pass
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
-    Server(sock, supervisor_pid).serve()
+    Server(sock, supervisor_pid).serve(problem)
 
 
 if __name__ == "__main__":
