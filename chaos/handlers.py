@@ -79,10 +79,13 @@ def _end(job: str, x: str, outcome: str) -> None:
 
 
 def _execute(kind: str, body, *, fail_times: int = 0, crash_times: int = 0,
-             fatal: bool = False, idempotent: bool = False) -> dict:
+             fatal: bool = False, idempotent: bool = False, garbage: bool = False) -> dict:
     x, ctx = _start(kind)
     if crash_times and ctx.crashes < crash_times:
         _end(ctx.id, x, "crash")
+        if garbage:  # a malformed message on the result pipe: a crash of this job only
+            os.write(3, b'{"t": "result", "ok": "surely"}\n\xff\x00')
+            os._exit(0)
         os._exit(13)  # no result: the parent reports a crash
     if fatal:
         _end(ctx.id, x, "fatal")
@@ -145,6 +148,30 @@ def idem(ms: float = 200, crash_times: int = 0):
 @task("chaos.fatal")
 def fatal():
     return _execute("fatal", lambda: None, fatal=True)
+
+
+def _escape() -> None:
+    """Leave a process behind, out of the job's process group (double fork, setsid)."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["chaos-escapee", "1"])
+        os._exit(0)
+
+
+def _flood() -> None:
+    line = b"chaos flood " + b"z" * 1000 + b"\n"
+    for _ in range(256):  # 256 KiB, over max_output_bytes
+        os.write(1, line)
+
+
+@task("chaos.hostile")
+def hostile(attack: str = "garbage", crash_times: int = 1):
+    """A job that does harm: leaves an escapee, floods its output, or writes garbage to
+    its result pipe (`crash_times` times, then succeeds)."""
+    body = {"escapee": _escape, "flood": _flood}.get(attack, lambda: None)
+    return _execute("hostile", body, crash_times=crash_times if attack == "garbage" else 0,
+                    garbage=True)
 
 
 @task("chaos.memhog")

@@ -238,4 +238,6 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
         drain_timeout=ms(drain_timeout), memory_sample_interval="25ms",
         max_attempts=max_attempts, max_crashes=max_crashes,
         backoff='{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }',
-        supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"')
+        supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"',
+        # hostile jobs flood their output: a little of it is logged, the rest counted
+        extra='[sandbox]\nmax_output_bytes = "8KiB"\n')

@@ -20,7 +20,7 @@ from .context import QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.36,
+    "quick": 0.30,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -28,6 +28,7 @@ MIX = {
     "idem": 0.16,
     "idem-option": 0.06,
     "fatal": 0.04,
+    "hostile": 0.06,  # escapees, output floods, garbage on the result pipe
 }
 
 
@@ -71,6 +72,14 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
         idem = True
     elif kind == "fatal":
         task, expect = "chaos.fatal", "dead:fatal"
+    elif kind == "hostile":
+        task, attack = "chaos.hostile", rng.choice(["escapee", "flood", "garbage"])
+        kwargs["attack"] = attack
+        if attack == "garbage":  # its crashes are malformed messages, not exits
+            crash_times = rng.choice([1, 2, max_crashes])
+            kwargs["crash_times"] = crash_times
+            if crash_times >= max_crashes:
+                expect = "dead:crashes"
     else:
         raise ValueError(kind)
     item = {"task": task, "kwargs": kwargs, "job_id": f"j{seq:06d}-{kind}", **options}

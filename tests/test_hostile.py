@@ -306,6 +306,15 @@ def processes_named(marker: str) -> list[int]:
     return found
 
 
+@pytest.fixture
+def marker(queue):
+    """A name for the processes a test's job leaves behind; any still there are killed."""
+    name = f"forq-escapee-{queue.name}"
+    yield name
+    for pid in processes_named(name):
+        os.kill(pid, signal.SIGKILL)
+
+
 def forq_cli(*args: str, redis_url: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", *args, "--redis",
                            redis_url], capture_output=True, text=True, timeout=30)
@@ -320,10 +329,9 @@ def start_sup(tmp_path, redis_url, queue, extra="", concurrency=2, **options):
 
 
 @pytest.mark.parametrize("then", ["return", "hang"])
-def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, then):
+def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then):
     """Double fork + setsid leaves a process outside the job's process group: it still
     dies when the job succeeds, or is killed at its time limit."""
-    marker = f"forq-escapee-{queue.name}"
     sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
     try:
         job = queue.enqueue("hostile.escape", marker, then, timeout="1s", max_attempts=1)
@@ -332,12 +340,9 @@ def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, then):
         wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
     finally:
         sup.stop()
-        for pid in processes_named(marker):
-            os.kill(pid, signal.SIGKILL)
 
 
-def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue):
-    marker = f"forq-escapee-{queue.name}"
+def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker):
     sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
     try:
         queue.enqueue("hostile.escape", marker, "hang")
@@ -346,13 +351,10 @@ def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue):
         wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
     finally:
         sup.stop()
-        for pid in processes_named(marker):
-            os.kill(pid, signal.SIGKILL)
 
 
-def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue):
+def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, marker):
     """300 MiB held by a setsid grandchild under a 100 MiB limit (RSS sampling)."""
-    marker = f"forq-hog-{queue.name}"
     sup = start_sup(tmp_path, redis_url, queue, NAMESPACES, memory_limit="100MiB")
     try:
         job = queue.enqueue("hostile.hog_outside", 300, marker, max_attempts=1)
@@ -424,8 +426,7 @@ def test_network_none_leaves_loopback_only(tmp_path, redis_url, queue):
         sup.stop()
 
 
-def test_private_tmp_is_the_jobs_own_and_capped(tmp_path, redis_url, queue):
-    marker = f"forq-tmp-{queue.name}"
+def test_private_tmp_is_the_jobs_own_and_capped(tmp_path, redis_url, queue, marker):
     sup = start_sup(tmp_path, redis_url, queue,
                     '[sandbox]\nprivate_tmp = true\ntmp_size = "8MiB"\n')
     try:
@@ -509,11 +510,11 @@ def test_require_refuses_to_start_without_a_protection(tmp_path, redis_url, queu
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
-def test_the_full_sandbox_as_an_unprivileged_user(tmp_path, redis_url, queue, system_python):
+def test_the_full_sandbox_as_an_unprivileged_user(tmp_path, redis_url, queue, system_python,
+                                                   marker):
     """run_as, and every namespace in a user namespace of the job's own: the kernel
     holds max_processes (RLIMIT_NPROC counts that namespace alone), no job sees another,
     escapees die with their job, no network, a private /tmp."""
-    marker = f"forq-escapee-{queue.name}"
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     # RSS sampling counts the pages 20 forks share 20 times: room for that
     config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
@@ -541,6 +542,23 @@ require = ["run_as", "namespaces", "network", "private_tmp", "max_processes"]
         assert not os.path.exists(f"/tmp/{marker}")
     finally:
         sup.stop()
-        for pid in processes_named(marker):
-            os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in sup.log(), sup.log()
+
+
+def test_the_readmes_redis_acl_recipe_serves_a_supervisor(tmp_path):
+    """README, "Hostile handlers": an ACL user for supervisors, the default user off."""
+    with RedisServer() as server:
+        admin = Queue("acl", url=server.url).redis
+        admin.execute_command("ACL", "SETUSER", "forq-supervisor", "on", ">sup-pw", "~forq:*",
+                              "&forq:*", "+@all", "-@dangerous", "+info")
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        url = f"redis://forq-supervisor@127.0.0.1:{server.port}/0"
+        config = write_config(tmp_path / "forq.toml", url, {"acl": 1})
+        sup = SupervisorProcess(config, env={"FORQ_REDIS_PASSWORD": "sup-pw"}).start()
+        try:
+            queue = Queue("acl", url=f"redis://forq-supervisor:sup-pw@127.0.0.1:{server.port}/0")
+            assert queue.enqueue("tests.echo", 1, delay="200ms").wait(timeout=20)
+            assert queue.enqueue("hostile.reach_redis", server.port).wait(timeout=20) is False
+        finally:
+            sup.stop()
+        assert "Traceback" not in sup.log(), sup.log()
