@@ -56,10 +56,10 @@ class Server:
         # the supervisor decides when jobs stop; a terminal's ^C reaches the whole group
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        ready: dict[str, Any] = {"ready": self.me, "tasks": table}
+        hello: dict[str, Any] = {"ready": self.me, "tasks": table}
         if namespaces_problem is not None:
-            ready["namespaces"] = namespaces_problem  # "" when they work
-        self.tell(ready)
+            hello["namespaces"] = namespaces_problem  # "" when they work
+        self.tell(hello)
         while True:
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
