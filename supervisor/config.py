@@ -103,7 +103,8 @@ _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
                "network")
 _SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files", "namespaces", "network",
-                 "private_tmp", "tmp_size", "max_processes", "max_output_bytes", "require")
+                 "private_tmp", "tmp_size", "max_processes", "max_output_bytes", "require",
+                 "tasks")
 _NETWORKS = ("host", "none")
 # what `[sandbox].require` may name (supervisor/protections.py says which are on)
 PROTECTIONS = ("run_as", "scrubbed_env", "secrets", "namespaces", "network", "private_tmp",
@@ -196,6 +197,8 @@ class SandboxConfig:
     max_processes: int = 256  # per job
     max_output_bytes: int = 1 << 20  # stdout + stderr logged per job; the rest dropped
     require: tuple[str, ...] = ()  # protections the supervisor refuses to start without
+    # [sandbox.tasks."name"] network = "none" | "host": per task, over the queue's
+    task_network: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -703,8 +706,16 @@ def _sandbox(doc: Mapping[str, Any]) -> SandboxConfig:
         if name not in PROTECTIONS:
             raise _Invalid(f"[sandbox].require: unknown protection {json.dumps(name)}; "
                            f"expected some of {', '.join(PROTECTIONS)}")
+    task_network = {}
+    for task, value in _table(table.get("tasks", {}), "[sandbox.tasks]").items():
+        where = f"[sandbox.tasks.{json.dumps(task, ensure_ascii=False)}]"
+        options = _table(value, where)
+        _check_keys(options, ("network",), where)
+        if "network" in options:
+            task_network[task] = _choice(options["network"], f"{where}.network", _NETWORKS)
     return SandboxConfig(
         run_as=run_as, env_allow=env_allow, max_open_files=max_open_files,
+        task_network=task_network,
         network=_choice(table.get("network", "host"), "[sandbox].network", _NETWORKS),
         tmp_size=_size(table.get("tmp_size", "64MiB"), "[sandbox].tmp_size", minimum=1 << 20),
         max_processes=_int(table.get("max_processes", 256), "[sandbox].max_processes", 0),

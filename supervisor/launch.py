@@ -30,7 +30,8 @@ class Launcher:
         job, f = lease.job, lease.job.fields
         qc = next((q for q in self.config.queues if q.name == queue), None)
         sandbox = self.config.sandbox
-        network = qc.network if qc and qc.network else sandbox.network
+        network = sandbox.task_network.get(job.task) or (
+            qc.network if qc and qc.network else sandbox.network)
         return ChildSpec(
             job_id=job.id, queue=queue, task=job.task, args=job.args, kwargs=job.kwargs,
             attempts=job.attempts, crashes=job.crashes,
@@ -60,7 +61,8 @@ class Launcher:
         """What the fork server should try at start (network none, private /tmp), or
         None if no job of this config gets namespaces."""
         sb = self.config.sandbox
-        network = sb.network == "none" or any(q.network == "none" for q in self.config.queues)
+        network = (sb.network == "none" or any(q.network == "none" for q in self.config.queues)
+                   or "none" in sb.task_network.values())
         if sb.namespaces or network or sb.private_tmp:
             return network, sb.private_tmp
         return None

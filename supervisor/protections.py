@@ -62,7 +62,8 @@ def assess(config: Config, *, namespaces_problem: str | None, job_cgroups: bool,
     allow = "only [sandbox].env_allow" if sb.env_allow is not None else "no FORQ_REDIS_*"
     out.append(Protection("scrubbed_env", True, f"handler code's environment scrubbed ({allow})"))
     out.append(_secrets(config, password_file))
-    wanted = sb.namespaces or sb.private_tmp or sb.network == "none" or any(
+    none_tasks = sorted(t for t, n in sb.task_network.items() if n == "none")
+    wanted = sb.namespaces or sb.private_tmp or sb.network == "none" or bool(none_tasks) or any(
         q.network == "none" for q in config.queues)
     ns_on = wanted and namespaces_problem == ""
     if not wanted:
@@ -76,11 +77,11 @@ def assess(config: Config, *, namespaces_problem: str | None, job_cgroups: bool,
                              else "") if ns_on else why))
     none_queues = [q.name for q in config.queues
                    if (q.network or sb.network) == "none"]
-    if none_queues and ns_on:
-        out.append(Protection("network", True, "no network but loopback for queue(s) "
-                                               + ", ".join(none_queues)))
+    where = ", ".join([*(f"queue {q}" for q in none_queues), *(f"task {t}" for t in none_tasks)])
+    if where and ns_on:
+        out.append(Protection("network", True, f"no network but loopback for {where}"))
     else:
-        out.append(Protection("network", False, "[sandbox].network = \"host\"" if not none_queues
+        out.append(Protection("network", False, "[sandbox].network = \"host\"" if not where
                               else f"no namespaces: {why}"))
     if sb.private_tmp and ns_on:
         out.append(Protection("private_tmp", True,

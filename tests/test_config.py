@@ -907,3 +907,32 @@ def test_check_missing_file(tmp_path, capsys, clean_env):
     assert check_config_main(str(path)) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"missing file {path}\n")
+
+
+def test_sandbox_keys_and_their_mistakes(tmp_path):
+    queue = '[[queue]]\nname = "q"\nconcurrency = 1\nnetwork = "none"\n'
+    config = load(tmp_path, queue + """
+[sandbox]
+namespaces = true
+private_tmp = true
+tmp_size = "16MiB"
+max_processes = 32
+max_output_bytes = "4KiB"
+require = ["namespaces", "network"]
+[sandbox.tasks."a.b"]
+network = "host"
+""")
+    sb = config.sandbox
+    assert (sb.namespaces, sb.private_tmp, sb.tmp_size, sb.max_processes) == (True, True,
+                                                                             16 << 20, 32)
+    assert (sb.max_output_bytes, sb.require) == (4096, ("namespaces", "network"))
+    assert sb.task_network == {"a.b": "host"} and config.queues[0].network == "none"
+    assert error(tmp_path, queue + '[sandbox]\nnetwork = "off"\n').startswith(
+        '[sandbox].network: expected one of "host", "none"')
+    assert error(tmp_path, queue + '[sandbox]\nrequire = ["magic"]\n') == (
+        '[sandbox].require: unknown protection "magic"; expected some of run_as, '
+        "scrubbed_env, secrets, namespaces, network, private_tmp, max_processes, job_cgroups")
+    assert error(tmp_path, queue + '[sandbox.tasks."x"]\nnetwork = 1\n').startswith(
+        '[sandbox.tasks."x"].network: expected')
+    assert error(tmp_path, queue + "[sandbox]\nnamespaces = 1\n") == (
+        "[sandbox].namespaces: expected true or false, got 1")

@@ -416,12 +416,19 @@ def test_with_namespaces_a_job_sees_no_other_process(tmp_path, redis_url, queue)
 
 # -- network and /tmp ------------------------------------------------------------------
 
-def test_network_none_leaves_loopback_only(tmp_path, redis_url, queue):
+@pytest.mark.parametrize("per", ["queue", "task"])
+def test_network_none_leaves_loopback_only(tmp_path, redis_url, queue, per):
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    sup = start_sup(tmp_path, redis_url, queue, queue_extra='network = "none"\n')
+    if per == "queue":
+        sup = start_sup(tmp_path, redis_url, queue, queue_extra='network = "none"\n')
+    else:
+        sup = start_sup(tmp_path, redis_url, queue,
+                        '[sandbox.tasks."hostile.dial"]\nnetwork = "none"\n')
     try:
         seen = queue.enqueue("hostile.dial", port).wait(timeout=20)
         assert seen == {"outside": False, "loopback": True, "interfaces": ["lo"]}, seen
+        if per == "task":  # other tasks keep the network
+            assert queue.enqueue("hostile.reach_redis", port).wait(timeout=20) is True
     finally:
         sup.stop()
 
@@ -491,7 +498,7 @@ def test_the_start_up_line_names_what_is_on_and_off(tmp_path, redis_url, queue):
     try:
         line = next(ln for ln in sup.log().splitlines() if "sandbox: on:" in ln)
         assert "a PID, mount and IPC namespace per job" in line, line
-        assert f"no network but loopback for queue(s) {queue.name}" in line, line
+        assert f"no network but loopback for queue {queue.name}" in line, line
         assert "off: run_as (jobs run as the supervisor's user (root)" in line, line
     finally:
         sup.stop()
