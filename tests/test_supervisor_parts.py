@@ -233,6 +233,7 @@ def test_one_sync_claims_and_reports_an_unknown_task_dead_without_forking(tmp_pa
     config = load_config(write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}))
     sup = Supervisor(config)
     try:
+        assert sup._start_forking()  # the fork server tells which tasks exist
         job = queue.enqueue("no.such.task")
         sup._sync()  # claims it; the unknown task becomes a report at once
         assert len(sup.children) == 0 and len(sup.outbox) == 1
@@ -241,6 +242,7 @@ def test_one_sync_claims_and_reports_an_unknown_task_dead_without_forking(tmp_pa
         assert done.state == "dead"
         assert "unknown task" in done.history[-1]["reason"]
     finally:
+        sup.spawner.close()
         sup.loop.close()
 
 
