@@ -248,6 +248,7 @@ def workout(queues: list[Queue], rc) -> None:
         again = q.claim(OWNER, 5, LONG)
         assert {lease.job.task for lease in again.leases} == {"t.e", "t.follow"}
         for lease in again.leases:
+            assert q.set_output(lease.id, lease.token, "printed\n") == "ok"
             assert q.release(lease.id, lease.token, "drain") == "ok"
         assert q.cancel(next(iter(q.redis.zrange(q.keys.scheduled, 0, 0)))) == "cancelled"
         dead_id = leases["t.d"].id

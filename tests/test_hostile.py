@@ -569,3 +569,13 @@ def test_the_readmes_redis_acl_recipe_serves_a_supervisor(tmp_path):
         finally:
             sup.stop()
         assert "Traceback" not in sup.log(), sup.log()
+
+
+def test_output_is_kept_only_while_the_lease_is_held(queue):
+    """lua/output.lua is fenced like a transition: a stale supervisor writes nothing."""
+    job = queue.enqueue("tests.echo")
+    [lease] = queue.claim("me", 1, 60_000).leases
+    assert queue.set_output(job.id, "stale-token", "forged\n") == "lost"
+    assert queue.get(job.id).output == ""
+    assert queue.set_output(job.id, lease.token, "printed\n") == "ok"
+    assert queue.get(job.id).output == "printed\n"
