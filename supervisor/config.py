@@ -107,7 +107,7 @@ _SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files", "namespaces", "network
                  "tasks")
 _NETWORKS = ("host", "none")
 # what `[sandbox].require` may name (supervisor/protections.py says which are on)
-PROTECTIONS = ("run_as", "scrubbed_env", "secrets", "namespaces", "network", "private_tmp",
+PROTECTIONS = ("run_as", "scrubbed_env", "private_config", "namespaces", "network", "private_tmp",
                "max_processes", "job_cgroups")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")

@@ -36,16 +36,16 @@ def readable_by(path: str, user_name: str) -> bool:
     return bool(st.st_mode & stat.S_IROTH)
 
 
-def _secrets(config: Config, password_file: str | None) -> Protection:
+def _private_config(config: Config, password_file: str | None) -> Protection:
     user = config.sandbox.run_as
     if not user:
-        return Protection("secrets", False, "jobs run as the supervisor's user, who reads "
+        return Protection("private_config", False, "jobs run as the supervisor's user, who reads "
                                             "the config and the password file")
     readable = [p for p in (config.path, password_file) if p and readable_by(p, user)]
     if readable:
-        return Protection("secrets", False, f"{', '.join(readable)} readable by {user} "
+        return Protection("private_config", False, f"{', '.join(readable)} readable by {user} "
                                             "(chmod o-r, or another owner)")
-    return Protection("secrets", True, f"config unreadable by {user}")
+    return Protection("private_config", True, f"config unreadable by {user}")
 
 
 def assess(config: Config, *, namespaces_problem: str | None, job_cgroups: bool,
@@ -61,7 +61,7 @@ def assess(config: Config, *, namespaces_problem: str | None, job_cgroups: bool,
                                                "[sandbox].run_as is not set"))
     allow = "only [sandbox].env_allow" if sb.env_allow is not None else "no FORQ_REDIS_*"
     out.append(Protection("scrubbed_env", True, f"handler code's environment scrubbed ({allow})"))
-    out.append(_secrets(config, password_file))
+    out.append(_private_config(config, password_file))
     none_tasks = sorted(t for t, n in sb.task_network.items() if n == "none")
     wanted = sb.namespaces or sb.private_tmp or sb.network == "none" or bool(none_tasks) or any(
         q.network == "none" for q in config.queues)
