@@ -321,7 +321,7 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from forq.supervisor.registry import live_supervisors
+    from forq.supervisor.roster import live_supervisors
 
     records = live_supervisors(_client(args))
     if args.json:
@@ -462,7 +462,7 @@ def _version() -> str:
 
         return version("forq")
     except Exception:  # noqa: BLE001 — not installed: the source tree's version
-        from forq.supervisor.registry import VERSION
+        from forq.supervisor.roster import VERSION
 
         return VERSION
 

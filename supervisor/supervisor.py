@@ -11,7 +11,7 @@ The collaborators, each in its own module: `EventLoop` (one selector, timers, si
 `RedisHealth` (backoff after a Redis error), `Wakeups` (when to claim: pub/sub, timers,
 a poll), `Spawner` (the fork server and the children's ends), `Launcher` (each child's
 spec and cgroup), `LeaseKeeper` + `Fencer`, `LimitPolice`, `Reporter`, `Scheduler`
-(cron), `Metrics`, `SupervisorRegistry` (heartbeats), `Notifier` (sd_notify).
+(cron), `Metrics`, `Roster` (live supervisors: heartbeats), `Notifier` (sd_notify).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
-from forq.supervisor.registry import SupervisorRegistry, running_record
 from forq.supervisor.reports import Pending, Reporter
+from forq.supervisor.roster import Roster, running_record
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.wakeups import POLL_INTERVAL, Wakeups
@@ -79,7 +79,7 @@ class Supervisor:
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
         self.notifier = Notifier.from_env()
-        self.registry = SupervisorRegistry(self.redis, self.id)
+        self.roster = Roster(self.redis, self.id)
         self.health = RedisHealth(self.metrics.redis_error)
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
         self.leases = LeaseKeeper(config.lease_ttl)
@@ -344,7 +344,7 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         try:
-            self.registry.leave()
+            self.roster.leave()
         except (redis.RedisError, OSError):
             pass
         self.wakeups.stop()
@@ -482,7 +482,7 @@ class Supervisor:
         if not self.health.ready():
             return
         try:
-            self.registry.beat({
+            self.roster.beat({
                 "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self._served(), "busy": len(self.children), "slots": self._slots(),
                 "draining": self.draining,

@@ -21,7 +21,7 @@ import pytest
 from forq import Queue
 from forq.keys import SCHEDULES as SCHEDULES_KEY
 from forq.supervisor.cli import CLEAR
-from forq.supervisor.registry import SupervisorRegistry
+from forq.supervisor.roster import Roster
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -387,7 +387,7 @@ def test_dead_requeue_and_purge_refuse_without_ids_or_all(forq, queue):
 
 def test_workers_lists_live_supervisors(forq, r, queue):
     sid = "cli-test-" + uuid.uuid4().hex[:8]
-    registry = SupervisorRegistry(r, sid)
+    registry = Roster(r, sid)
     registry.beat({"name": sid, "host": "box-1", "pid": 4242, "queues": [queue.name],
                    "busy": 2, "slots": 4, "draining": False})
     try:

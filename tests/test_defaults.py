@@ -43,7 +43,7 @@ def test_the_config_starts_from_forq_defaults():
 def test_the_version_supervisors_register_is_the_package_version():
     import sys
 
-    from forq.supervisor.registry import VERSION
+    from forq.supervisor.roster import VERSION
     from tests.supervisors import REPO
 
     if sys.version_info >= (3, 11):

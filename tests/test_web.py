@@ -19,7 +19,7 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULE_DEFS
-from forq.supervisor.registry import CHILD_FIELDS, live_supervisors
+from forq.supervisor.roster import CHILD_FIELDS, live_supervisors
 from forq.web import data
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config

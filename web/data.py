@@ -17,7 +17,7 @@ import redis
 from forq import Queue, known_queues
 from forq.job import Job
 from forq.keys import QueueKeys
-from forq.supervisor.registry import CHILD_FIELDS, live_supervisors
+from forq.supervisor.roster import CHILD_FIELDS, live_supervisors
 from forq.supervisor.scheduler import schedule_rows
 
 PAGE_SIZE = 50

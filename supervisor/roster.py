@@ -1,4 +1,4 @@
-"""The registry of live supervisors, for `forq workers`, `forq web` and the "no
+"""The roster of live supervisors, for `forq workers`, `forq web` and the "no
 supervisor" alert.
 
 A hash field per supervisor holds a JSON record refreshed every heartbeat; readers
@@ -33,7 +33,7 @@ def _redis_now(client: redis.Redis) -> float:
     return int(seconds) + int(micros) / 1e6
 
 
-class SupervisorRegistry:
+class Roster:
     def __init__(self, client: redis.Redis, supervisor_id: str) -> None:
         self.client = client
         self.id = supervisor_id
