@@ -9,12 +9,15 @@ so the child can join it before any handler code runs.
 from __future__ import annotations
 
 import logging
+import os
 
 from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
 from forq.queue import Lease
 from forq.supervisor.cgroups import JobCgroups
 from forq.supervisor.config import Config
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.client import Launch
+from forq.supervisor.fork.environment import fork_server_env
 
 log = logging.getLogger("forq.supervisor")
 
@@ -51,6 +54,15 @@ class Launcher:
             tmp_bytes=sandbox.tmp_size,
             max_processes=sandbox.max_processes,
         )
+
+    @staticmethod
+    def fork_server_launch(config: Config) -> Launch:
+        """What the fork server imports, as whom, and its scrubbed environment: the
+        supervisor never imports handler modules itself."""
+        env = fork_server_env(os.environ, config.sandbox.env_allow,
+                              [config.redis_password, config.redis_url])
+        return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
+                      probe=Launcher(config).wants_namespaces())
 
     @staticmethod
     def timeout(lease: Lease) -> float:

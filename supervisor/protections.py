@@ -7,12 +7,16 @@ threat model says what each one stops.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from forq.supervisor.config import Config
+
+log = logging.getLogger("forq.supervisor")
 
 
 @dataclass(frozen=True)
@@ -115,3 +119,19 @@ def missing(config: Config, protections: list[Protection]) -> list[Protection]:
     by_name = {p.name: p for p in protections}
     return [by_name[name] for name in config.sandbox.require
             if name in by_name and not by_name[name].on]
+
+
+def announce(config: Config, namespaces_problem: str | None, launcher: Any) -> bool:
+    """Log the start-up line of which protections are on and off, and why; False (exit
+    2) if `[sandbox].require` names one that is off. Tells `launcher` whether the
+    per-job namespaces can be used."""
+    launcher.namespaces_ok = namespaces_problem == ""
+    found = assess(config, namespaces_problem=namespaces_problem,
+                   job_cgroups=launcher.cgroups is not None,
+                   password_file=config.redis_password_file)
+    log.info("%s", line(found, config.sandbox.max_output_bytes))
+    off = missing(config, found)
+    for p in off:
+        log.error("refusing to start: [sandbox].require in %s names %s, which is off: %s",
+                  config.path, p.name, p.detail)
+    return not off

@@ -35,8 +35,7 @@ from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
 from forq.supervisor.fencing import Fencer
-from forq.supervisor.fork.client import ForkServerFatal, Launch
-from forq.supervisor.fork.environment import fork_server_env
+from forq.supervisor.fork.client import ForkServerFatal
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
@@ -165,7 +164,7 @@ class Supervisor:
             config = dataclasses.replace(config, redis_url=old.redis_url,
                                          redis_url_source=old.redis_url_source)
         try:
-            self.spawner.configure(config.fork_server, self._launch(config))
+            self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config))
         except ForkServerFatal as exc:
             log.error("reload refused, keeping the old config: the new fork server did not "
                       "start: %s%s", exc, renamed_hint(exc.module))
@@ -185,36 +184,14 @@ class Supervisor:
 
     # -- start and stop ---------------------------------------------------------------
 
-    def _launch(self, config: Config) -> Launch:
-        """What the fork server imports, as whom, and its scrubbed environment: the
-        supervisor never imports handler modules itself."""
-        env = fork_server_env(os.environ, config.sandbox.env_allow,
-                              [config.redis_password, config.redis_url])
-        return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
-                      probe=Launcher(config).wants_namespaces())
-
     def _start_forking(self) -> bool:
         try:
-            self.spawner.configure(self.config.fork_server, self._launch(self.config))
+            self.spawner.configure(self.config.fork_server, Launcher.fork_server_launch(self.config))
         except ForkServerFatal as exc:
             log.error("the fork server did not start ([supervisor].imports and [sandbox] of "
                       "%s): %s%s", self.config.path, exc, renamed_hint(exc.module))
             return False
         return True
-
-    def _say_protections(self) -> bool:
-        """The start-up line of which protections are on and off, and why; False (exit
-        2) if `[sandbox].require` names one that is off."""
-        self.launcher.namespaces_ok = self.spawner.namespaces_problem == ""
-        found = protections.assess(self.config, namespaces_problem=self.spawner.namespaces_problem,
-                                   job_cgroups=self.launcher.cgroups is not None,
-                                   password_file=self.config.redis_password_file)
-        log.info("%s", protections.line(found, self.config.sandbox.max_output_bytes))
-        off = protections.missing(self.config, found)
-        for p in off:
-            log.error("refusing to start: [sandbox].require in %s names %s, which is off: %s",
-                      self.config.path, p.name, p.detail)
-        return not off
 
     def run(self) -> int:
         try:  # before the fork server starts: it must live in the supervisor's own cgroup
@@ -224,7 +201,8 @@ class Supervisor:
                       "\"required\" in %s)", exc, self.config.path)
             self.loop.close()
             return 1
-        if not self._start_forking() or not self._say_protections():
+        if not self._start_forking() or not protections.announce(
+                self.config, self.spawner.namespaces_problem, self.launcher):
             self.loop.close()
             return 2
         try:
