@@ -1,0 +1,143 @@
+"""Readers for one configuration value each: they take the value and where it was
+found ("[queue 2].concurrency") and return it checked, or raise `Invalid` with
+"where: expected …, got …" — the one line a user sees for a mistake in the TOML."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from forq.units import UnitError, describe_value, parse_duration, parse_rate, parse_size
+
+# Names end up inside Redis keys ("forq:{emails}:pending") and process
+# titles, so keep them to characters that need no quoting anywhere.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class Invalid(Exception):
+    """A problem found inside the document; the loader prefixes the file name."""
+
+
+def toml_key(name: str) -> str:
+    return name if BARE_KEY_RE.fullmatch(name) else json.dumps(name, ensure_ascii=False)
+
+
+def expected(where: str, what: str, value: object) -> Invalid:
+    return Invalid(f"{where}: expected {what}, got {describe_value(value)}")
+
+
+def check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    """Refuse keys we do not know, suggesting the closest one we do."""
+    for key in table:
+        if key in allowed:
+            continue
+        where = f"{prefix}.{toml_key(key)}" if prefix else toml_key(key)
+        if not prefix and isinstance(table[key], (dict, list)):
+            where = f"[{toml_key(key)}]"
+        message = f"unknown key {where}"
+        close = difflib.get_close_matches(key, allowed, n=1)
+        if close:
+            message += f" (did you mean {close[0]}?)"
+        raise Invalid(message)
+
+
+def table(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise expected(where, "a table", value)
+    return value
+
+
+def integer(value: object, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and minimum is not None and value < minimum:  # type: ignore[operator]
+        ok = False
+    if ok and maximum is not None and value > maximum:  # type: ignore[operator]
+        ok = False
+    if not ok:
+        if minimum is not None and maximum is not None:
+            what = f"an integer from {minimum} to {maximum}"
+        elif minimum is not None:
+            what = f"an integer >= {minimum}"
+        else:
+            what = "an integer"
+        raise expected(where, what, value)
+    return value  # type: ignore[return-value]
+
+
+def number(
+    value: object, where: str, what: str, minimum: float, maximum: float = math.inf
+) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not minimum <= value <= maximum
+    ):
+        raise expected(where, what, value)
+    return float(value)
+
+
+def string(value: object, where: str, what: str = "a string") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise expected(where, what, value)
+    return value
+
+
+def choice(value: object, where: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise expected(where, "one of " + ", ".join(f'"{c}"' for c in choices), value)
+    return str(value)
+
+
+def simple_name(value: object, where: str, pattern: re.Pattern[str] = NAME_RE) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise expected(where, "a name of letters, digits, '_', '.' or '-'", value)
+    return value
+
+
+def duration(value: object, where: str, *, positive: bool = False) -> float:
+    try:
+        seconds = parse_duration(value, where=where)
+    except UnitError as exc:
+        raise Invalid(str(exc)) from None
+    if positive and seconds <= 0:
+        raise expected(where, 'a duration > 0 such as "250ms", "15s" or "5m"', value)
+    return seconds
+
+
+def ms(value: object, where: str, *, positive: bool = False) -> int:
+    return int(round(duration(value, where, positive=positive) * 1000))
+
+
+def size(value: object, where: str, *, minimum: int = 0) -> int:
+    try:
+        size = parse_size(value, where=where)
+    except UnitError as exc:
+        raise Invalid(str(exc)) from None
+    if size < minimum:
+        raise expected(
+            where, f'a size of at least {minimum} byte such as "64KiB" or "1MiB"', value
+        )
+    return size
+
+
+def rate(value: object, where: str) -> tuple[float, float]:
+    try:
+        return parse_rate(value, where=where)
+    except UnitError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def string_list(value: object, where: str, what: str) -> list[str]:
+    if not isinstance(value, list):
+        raise expected(where, f"a list of {what}", value)
+    for index, item in enumerate(value):
+        string(item, f"{where}[{index}]", what)
+    return list(value)
