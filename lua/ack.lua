@@ -16,6 +16,7 @@
 
   Returns, per job in order, "ok", or "lost" when the token is stale (nothing changes
   for that job; drop its result). A call for one job returns its answer alone.
+  Transitions: active -> succeeded, [*] -> pending, [*] -> scheduled
 ]]
 --@include _lib
 

@@ -10,6 +10,7 @@
 
   Returns "cancelled" | "cancelling" (active; its supervisor will stop it) |
           "missing" | the terminal state it already has ("succeeded", "dead", "cancelled")
+  Transitions: pending -> cancelled, scheduled -> cancelled
 ]]
 --@include _lib
 

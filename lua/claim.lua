@@ -27,6 +27,8 @@
   Cost: O(log n) per job leased and per job promoted, whatever the backlog. Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
   see bench/RESULTS.md.
+  Transitions: scheduled -> pending, pending -> active, pending -> succeeded
+  Transitions: [*] -> pending, [*] -> scheduled
 ]]
 --@include _lib
 

@@ -19,6 +19,7 @@
     status "pending" | "scheduled" | "duplicate" (id is then the live job that holds
     the idempotency key, or the same id when that job id already exists).
   Publishes on forq:{q}:wake so waiting supervisors claim without polling.
+  Transitions: [*] -> pending, [*] -> scheduled
 ]]
 --@include _lib
 

@@ -10,6 +10,7 @@
   ARGV[4]  crash reason, e.g. "killed by SIGSEGV (peak RSS 41.2MiB)"
 
   Returns "ok", or "lost" when the token is stale (nothing changes).
+  Transitions: none
 ]]
 --@include _lib
 

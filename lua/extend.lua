@@ -15,6 +15,7 @@
     cancelled  ids still held whose cancel was requested (`forq cancel`)
   A lease that was reclaimed can never be extended: reclaim changes the state and the
   token in the same atomic step, so extension and reclaim never both win.
+  Transitions: none
 ]]
 --@include _lib
 

@@ -17,6 +17,7 @@
           {"cancelled", 0, attempts} | {"lost", 0, 0} (stale token: nothing changes)
   Backoff before retry n (n = attempts so far): min(max, base * factor^(n-1)),
   scaled by a factor drawn from [1 - jitter, 1 + jitter].
+  Transitions: active -> scheduled, active -> dead, active -> cancelled
 ]]
 --@include _lib
 

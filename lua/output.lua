@@ -10,6 +10,7 @@
   ARGV[4]  output (the last few KiB, already capped by the supervisor)
 
   Returns "ok", or "lost" when the token is stale (nothing changes).
+  Transitions: none
 ]]
 --@include _lib
 

@@ -6,6 +6,7 @@
   ARGV[2]  "ids" to purge ARGV[3..], or "all" to purge up to ARGV[3] of the oldest
 
   Returns {purged_count, missing_id1, ...}: ids given that were not dead are listed.
+  Transitions: dead -> [*]
 ]]
 --@include _lib
 

@@ -17,6 +17,8 @@
     they are marked succeeded instead of run again. A job whose cancel was requested
     is finished as cancelled (listed in the ids, in none of the counts).
   Cost: O(log n + expired), never a scan of all active jobs.
+  Transitions: active -> pending, active -> dead, active -> succeeded
+  Transitions: active -> cancelled, [*] -> pending, [*] -> scheduled
 ]]
 --@include _lib
 

@@ -11,6 +11,7 @@
 
   Returns "ok", or "lost" when the token is stale (nothing changes). A job whose cancel
   was requested is finished as cancelled instead of going back to pending.
+  Transitions: active -> pending, active -> cancelled
 ]]
 --@include _lib
 

@@ -7,6 +7,7 @@
   ARGV[2]  "ids" to requeue ARGV[3..], or "all" to requeue up to ARGV[3] of the oldest
 
   Returns {requeued_count, missing_id1, ...}: ids given that were not dead are listed.
+  Transitions: dead -> pending
 ]]
 --@include _lib
 
