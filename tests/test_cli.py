@@ -20,7 +20,7 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULES as SCHEDULES_KEY
-from forq.supervisor.cli import CLEAR
+from forq.supervisor.commands.stats import CLEAR
 from forq.supervisor.roster import Roster
 from tests.redis_server import free_port
 
