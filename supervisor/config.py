@@ -23,6 +23,10 @@ Choices worth knowing (also in ``etc/forq.toml``):
   returns ``[defaults]`` plus task overrides (no queue overrides apply).
 * ``imports`` are only checked to be module names here; they are imported
   by the supervisor, not by ``forq config check``.
+
+The tables with most to say have modules of their own: `config_redis` ([redis]),
+`config_sandbox` ([sandbox]), `config_schedules` ([[schedule]]); `config_fields` reads
+one value of any kind and words the error.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pwd
 import re
 import socket
 import sys
@@ -42,6 +45,7 @@ from typing import Any
 from forq.defaults import JOB_POLICY
 from forq.supervisor import config_fields as read
 from forq.supervisor import config_redis
+from forq.supervisor.config_sandbox import NETWORKS, PROTECTIONS, SandboxConfig, read_sandbox
 from forq.supervisor.config_schedules import ScheduleConfig, read_schedules
 from forq.supervisor.tracing import TracingConfig
 
@@ -94,13 +98,6 @@ _POLICY_KEYS = (
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
                "network")
-_SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files", "namespaces", "network",
-                 "private_tmp", "tmp_size", "max_processes", "max_output_bytes", "require",
-                 "tasks")
-_NETWORKS = ("host", "none")
-# what `[sandbox].require` may name (supervisor/protections.py says which are on)
-PROTECTIONS = ("run_as", "scrubbed_env", "private_config", "namespaces", "network", "private_tmp",
-               "max_processes", "job_cgroups")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -132,29 +129,6 @@ class QueueConfig:
     rate_limit: tuple[float, float] | None = None
     max_in_flight: int | None = None
     network: str | None = None  # "none" or "host"; None: [sandbox].network
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Restrictions applied in each child before the handler runs.
-
-    Every field is optional: ``run_as=None`` keeps the supervisor's user,
-    ``env_allow=None`` keeps the whole environment (a list keeps only those
-    variables), ``max_open_files=None`` keeps the inherited RLIMIT_NOFILE.
-    """
-
-    run_as: str | None = None
-    env_allow: tuple[str, ...] | None = None
-    max_open_files: int | None = None
-    namespaces: bool = False  # PID, mount and IPC namespaces per job (fork/namespaces.py)
-    network: str = "host"  # "none": each job in a network namespace with only loopback
-    private_tmp: bool = False  # a size-capped tmpfs per job on /tmp and /dev/shm
-    tmp_size: int = 64 << 20
-    max_processes: int = 256  # per job
-    max_output_bytes: int = 1 << 20  # stdout + stderr logged per job; the rest dropped
-    require: tuple[str, ...] = ()  # protections the supervisor refuses to start without
-    # [sandbox.tasks."name"] network = "none" | "host": per task, over the queue's
-    task_network: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -340,7 +314,7 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                     else read.integer(max_in_flight, f"{prefix}.max_in_flight", 1)
                 ),
                 network=(None if "network" not in table
-                         else read.choice(table["network"], f"{prefix}.network", _NETWORKS)),
+                         else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)
@@ -358,53 +332,6 @@ def _tasks(doc: Mapping[str, Any]) -> dict[str, dict[str, int | float]]:
         read.check_keys(table, _POLICY_KEYS, prefix)
         out[task] = _policy_overrides(table, prefix)
     return out
-
-
-def _sandbox(doc: Mapping[str, Any]) -> SandboxConfig:
-    table = read.table(doc.get("sandbox", {}), "[sandbox]")
-    read.check_keys(table, _SANDBOX_KEYS, "[sandbox]")
-    run_as = table.get("run_as")
-    if run_as is not None:
-        read.string(run_as, "[sandbox].run_as", "a user name")
-        try:
-            pwd.getpwnam(run_as)
-        except KeyError:
-            raise read.Invalid(f'[sandbox].run_as: no such user "{run_as}" on this machine') from None
-    env_allow = table.get("env_allow")
-    if env_allow is not None:
-        env_allow = tuple(
-            read.string_list(env_allow, "[sandbox].env_allow", "environment variable names")
-        )
-    max_open_files = table.get("max_open_files")
-    if max_open_files is not None:
-        max_open_files = read.integer(max_open_files, "[sandbox].max_open_files", 16)
-    flags = {}
-    for key in ("namespaces", "private_tmp"):
-        flags[key] = table.get(key, False)
-        if not isinstance(flags[key], bool):
-            raise read.expected(f"[sandbox].{key}", "true or false", flags[key])
-    require = tuple(read.string_list(table.get("require", []), "[sandbox].require",
-                                 "protection names"))
-    for name in require:
-        if name not in PROTECTIONS:
-            raise read.Invalid(f"[sandbox].require: unknown protection {json.dumps(name)}; "
-                           f"expected some of {', '.join(PROTECTIONS)}")
-    task_network = {}
-    for task, value in read.table(table.get("tasks", {}), "[sandbox.tasks]").items():
-        where = f"[sandbox.tasks.{json.dumps(task, ensure_ascii=False)}]"
-        options = read.table(value, where)
-        read.check_keys(options, ("network",), where)
-        if "network" in options:
-            task_network[task] = read.choice(options["network"], f"{where}.network", _NETWORKS)
-    return SandboxConfig(
-        run_as=run_as, env_allow=env_allow, max_open_files=max_open_files,
-        task_network=task_network,
-        network=read.choice(table.get("network", "host"), "[sandbox].network", _NETWORKS),
-        tmp_size=read.size(table.get("tmp_size", "64MiB"), "[sandbox].tmp_size", minimum=1 << 20),
-        max_processes=read.integer(table.get("max_processes", 256), "[sandbox].max_processes", 0),
-        max_output_bytes=read.size(table.get("max_output_bytes", "1MiB"),
-                               "[sandbox].max_output_bytes"),
-        require=require, **flags)
 
 
 # --------------------------------------------------------------------------
@@ -497,7 +424,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         address_space_factor=factor,
         log_format=read.choice(sup.get("log_format", "text"), "[supervisor].log_format", _LOG_FORMATS),
         queues=queues,
-        sandbox=_sandbox(doc),
+        sandbox=read_sandbox(doc),
         metrics_listen=_metrics(doc),
         schedules=read_schedules(doc),
         defaults=defaults,
