@@ -88,5 +88,35 @@ class QueueKeys:
         enqueued by claim/reclaim if the ack that carried them never landed."""
         return f"{self.prefix}done-followups:{job_id}"
 
+    # -- groups (per-key concurrency and rate; lua/_groups.lua says what each holds)
+
+    def group_pending(self, group: str) -> str:
+        """One group's pending jobs (zset scored like `pending`)."""
+        return f"{self.prefix}gpending:{group}"
+
+    def group_bucket(self, group: str) -> str:
+        """One group's rate-limit token bucket (hash: tokens, ts)."""
+        return f"{self.prefix}gbucket:{group}"
+
+    @property
+    def groups_ready(self) -> str:
+        """Groups that may start a job now, by their head job's score."""
+        return self.prefix + "groups:ready"
+
+    @property
+    def groups_wait(self) -> str:
+        """Groups held by their rate limit, by when their next token comes (ms)."""
+        return self.prefix + "groups:wait"
+
+    @property
+    def groups_running(self) -> str:
+        """Hash: group -> its active jobs."""
+        return self.prefix + "groups:running"
+
+    @property
+    def groups_pending(self) -> str:
+        """How many grouped jobs are pending (a counter: they are not in `pending`)."""
+        return self.prefix + "groups:pending"
+
     def minute(self, minute: int) -> str:
         return f"{self.prefix}minute:{minute}"

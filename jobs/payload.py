@@ -17,11 +17,12 @@ from forq.units import UnitError, parse_duration, parse_size
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double
+MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
-    "max_result_bytes", "backoff", "idempotent",
+    "max_result_bytes", "backoff", "idempotent", "group",
 })
 
 
@@ -63,6 +64,22 @@ def _largest(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     sizes += [(len(_dumps(v, "")), f"kwargs[{k!r}]") for k, v in kwargs.items()]
     size, name = max(sizes) if sizes else (0, "args")
     return f"{name} ({size} bytes)"
+
+
+def group_problem(group: Any) -> str:
+    """Why `group` is not a group key ("" if it is): a non-empty string of at most
+    MAX_GROUP_BYTES bytes (UTF-8), since it names the group's keys in Redis."""
+    if not isinstance(group, str):
+        return f"must be a string, got {type(group).__name__}"
+    if not group:
+        return "must not be empty"
+    try:
+        size = len(group.encode())
+    except UnicodeEncodeError:
+        return "must be valid Unicode text (it has a lone surrogate)"
+    if size > MAX_GROUP_BYTES:
+        return f"is {size} bytes, over the {MAX_GROUP_BYTES}-byte cap"
+    return ""
 
 
 def _ms(value: Any, where: str) -> int:
@@ -154,6 +171,11 @@ def build_spec(
             spec["backoff_jitter"] = float(backoff["jitter"])
     if options.get("idempotent"):
         spec["idempotent"] = 1
+    if options.get("group") is not None:
+        problem = group_problem(options["group"])
+        if problem:
+            raise PayloadError(f"task {task!r}: group {problem}")
+        spec["group"] = options["group"]
     traceparent = current_traceparent()  # None unless the producer uses OpenTelemetry
     if traceparent:
         spec["traceparent"] = traceparent
@@ -171,7 +193,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "unique_ms": _INT, "max_attempts": _INT, "max_crashes": _INT, "timeout_ms": _INT,
     "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
     "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
-    "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,),
+    "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")
@@ -202,6 +224,8 @@ def check_followup(spec: Any, parent_id: str, n: int) -> str:
             return f"{name} must be 1 to {MAX_NAME} characters"
     if _QUEUE_NAME_BAD & set(spec["queue"]):
         return f"queue name {spec['queue']!r} must be without braces, colons or spaces"[:300]
+    if "group" in spec and group_problem(spec["group"]):
+        return f"group {group_problem(spec['group'])}"[:300]
     if "traceparent" in spec and not valid_traceparent(spec["traceparent"]):
         return "traceparent must be a W3C traceparent (00-<trace id>-<span id>-<flags>)"
     if abs(spec.get("priority", 0)) > PRIORITY_LIMIT:

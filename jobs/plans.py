@@ -79,10 +79,11 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
-    pending, scheduled, active, dead_count, totals, now, head = yield [
+    pending, scheduled, active, dead_count, totals, now, head, grouped = yield [
         ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
         ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
-        ("ZRANGE", keys.pending, 0, 0)]
+        ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending)]
+    pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
     reads: list[Command] = [("HGETALL", keys.minute(minute)), ("HGETALL", keys.minute(minute - 1))]

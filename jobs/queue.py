@@ -80,7 +80,9 @@ class Queue:
         priority (higher first), delay ("30s") or run_at (datetime / Unix seconds),
         key (idempotency key) and unique_for (keep the key after the job finishes),
         job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
-        max_result_bytes, backoff={base, factor, max, jitter}, idempotent.
+        max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
+        key such as "customer-42": at most the queue's group_concurrency jobs of one
+        group run at once, 1 unless set, see `set_limits`; other groups keep flowing).
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -171,27 +173,40 @@ class Queue:
         *,
         rate: tuple[float, float] | None | Literal[False] = False,
         max_in_flight: int | None | Literal[False] = False,
+        group_concurrency: int | None | Literal[False] = False,
+        group_rate: tuple[float, float] | None | Literal[False] = False,
     ) -> None:
         """Set the queue's global limits, read by every supervisor's next claim.
-        rate=(count, period_seconds) or None to remove; max_in_flight=int or None.
+        rate=(count, period_seconds) or None to remove; max_in_flight=int or None;
+        group_concurrency=int (running jobs per group; None: back to the default, 1)
+        and group_rate=(count, period_seconds) per group, or None.
         An argument left False is left unchanged."""
+        if group_concurrency is not None and group_concurrency is not False and (
+                not isinstance(group_concurrency, int) or group_concurrency < 1):
+            raise ValueError(f"group_concurrency must be an integer >= 1, got {group_concurrency!r}")
         pipe = self.redis.pipeline(transaction=True)
         if rate is None:
             pipe.hdel(self.keys.limits, "rate", "burst")
             pipe.delete(self.keys.bucket)
         elif rate is not False:
-            count, period = rate
-            per_ms = count / (period * 1000.0)
-            # The bucket holds at most RATE_BURST_MS worth of tokens (at least one): any
-            # window of w ms then starts at most burst + rate * w jobs, so "20/s" never
-            # starts more than 21 in a second (a one-second burst would allow 40), while
-            # a high rate still lets a supervisor claim a whole batch in one call.
-            burst = max(1.0, per_ms * RATE_BURST_MS)
+            per_ms, burst = _bucket(rate)
             pipe.hset(self.keys.limits, mapping={"rate": repr(per_ms), "burst": repr(burst)})
         if max_in_flight is None:
             pipe.hdel(self.keys.limits, "max_in_flight")
         elif max_in_flight is not False:
             pipe.hset(self.keys.limits, "max_in_flight", int(max_in_flight))
+        # a group's place (ready or not) follows from these at its next change: a group
+        # held at the old limit is re-placed when one of its jobs ends
+        if group_concurrency is None:
+            pipe.hdel(self.keys.limits, "group_concurrency")
+        elif group_concurrency is not False:
+            pipe.hset(self.keys.limits, "group_concurrency", group_concurrency)
+        if group_rate is None:
+            pipe.hdel(self.keys.limits, "group_rate", "group_burst")
+        elif group_rate is not False:
+            per_ms, burst = _bucket(group_rate)
+            pipe.hset(self.keys.limits, mapping={"group_rate": repr(per_ms),
+                                                 "group_burst": repr(burst)})
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
@@ -294,6 +309,18 @@ class Queue:
         if followups:
             c.set(self.keys.done_followups(job_id), json.dumps(list(followups)), px=ttl)
         return c.set(self.keys.done(job_id), result_json, px=ttl)
+
+
+def _bucket(rate: tuple[float, float]) -> tuple[float, float]:
+    """(count, period seconds) as a token bucket: (tokens per ms, burst).
+
+    The bucket holds at most RATE_BURST_MS worth of tokens (at least one): any window of
+    w ms then starts at most burst + rate * w jobs, so "20/s" never starts more than 21
+    in a second (a one-second burst would allow 40), while a high rate still lets a
+    supervisor claim a whole batch in one call."""
+    count, period = rate
+    per_ms = count / (period * 1000.0)
+    return per_ms, max(1.0, per_ms * RATE_BURST_MS)
 
 
 def known_queues(client: redis.Redis) -> list[str]:

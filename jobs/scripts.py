@@ -41,7 +41,8 @@ def source(name: str) -> str:
     """The script's text with its includes expanded."""
     directory = _lua_dir()
     text = (directory / f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: (directory / f"{m.group(1)}.lua").read_text(), text)
+    # an included file may include others (_lib includes _groups)
+    return _INCLUDE.sub(lambda m: source(m.group(1)), text)
 
 
 class Scripts:

@@ -123,6 +123,8 @@ local function wake(prefix, due)
   redis.call('PUBLISH', prefix .. 'wake', tostring(due))
 end
 
+--@include _groups
+
 -- A job reached succeeded, dead or cancelled: free its idempotency key (or keep it
 -- until `unique_until`), start the record's retention clock, and list it in the capped
 -- "recently finished" index (zset by finish time; two commands, O(log n) each). `key` is
@@ -163,7 +165,7 @@ local DEFAULT_RESULT_TTL_MS = 86400000
 -- or the same id when a job with this id already exists: follow-ups are idempotent).
 local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
-  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent'}
+  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group'}
 
 local function enqueue_one(prefix, queue, spec, at)
   local id = spec['id']
@@ -219,7 +221,12 @@ local function enqueue_one(prefix, queue, spec, at)
     table.insert(fields, 'score')
     table.insert(fields, score)
     redis.call('HSET', jkey, unpack(fields))
-    redis.call('ZADD', prefix .. 'pending', score, id)
+    if spec['group'] then
+      redis.call('HSET', prefix .. 'limits', 'grouped', 1)
+      group_add(prefix, spec['group'], id, score, at)
+    else
+      redis.call('ZADD', prefix .. 'pending', score, id)
+    end
   end
   local extra = {}
   if spec['parent'] then extra['parent'] = spec['parent'] end
@@ -231,21 +238,38 @@ local function enqueue_one(prefix, queue, spec, at)
   return {id, status, run_at}
 end
 
--- Move an active job to pending at its original place (crash reclaim or release).
-local function back_to_pending(prefix, id, jkey)
-  local score = tonumber(redis.call('HGET', jkey, 'score'))
+-- Move an active job to pending at its original place (crash reclaim or release);
+-- a grouped job back in its group, its slot freed.
+local function back_to_pending(prefix, id, jkey, at)
+  local f = redis.call('HMGET', jkey, 'score', 'priority', 'group')
+  local score = tonumber(f[1])
   if not score then
-    score = pending_score(prefix, num_field(jkey, 'priority', 0))
+    score = pending_score(prefix, tonumber(f[2]) or 0)
     redis.call('HSET', jkey, 'score', score)
   end
   redis.call('ZREM', prefix .. 'active', id)
   redis.call('HSET', jkey, 'state', 'pending')
   redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
-  redis.call('ZADD', prefix .. 'pending', score, id)
+  if f[3] then
+    redis.call('ZADD', group_pending_key(prefix, f[3]), score, id)
+    redis.call('INCR', prefix .. 'groups:pending')
+    group_release(prefix, f[3], at or now_ms())
+  else
+    redis.call('ZADD', prefix .. 'pending', score, id)
+  end
+end
+
+-- A job becomes pending (again) with `score`: in `pending`, or in its group.
+local function to_pending(prefix, id, score, group, at)
+  if group then
+    group_add(prefix, group, id, score, at)
+  else
+    redis.call('ZADD', prefix .. 'pending', score, id)
+  end
 end
 
 -- The fields `succeed` needs, in this order; ack reads them with its token check.
-local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key'}
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group'}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
@@ -265,6 +289,7 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
     push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
   end
   if not batched then count(prefix, 'succeeded', at) end
+  if f[i + 3] then group_release(prefix, f[i + 3], at) end
   finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false)
 end
 
@@ -302,7 +327,8 @@ end
 -- supervisors back, wake them so they claim the freed slot now instead of polling.
 local function slot_freed(prefix)
   if redis.call('HEXISTS', prefix .. 'limits', 'max_in_flight') == 1
-      and redis.call('ZCARD', prefix .. 'pending') > 0 then
+      and (redis.call('ZCARD', prefix .. 'pending') > 0
+           or redis.call('ZCARD', prefix .. 'groups:ready') > 0) then
     wake(prefix, 0)
   end
 end
@@ -312,6 +338,8 @@ end
 -- finishes as cancelled: a requested cancel is never undone by a rerun or a retry.
 local function cancel_active(prefix, id, jkey, at, reason)
   redis.call('ZREM', prefix .. 'active', id)
+  local group = redis.call('HGET', jkey, 'group')
+  if group then group_release(prefix, group, at) end
   redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
   redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'last_crash')
   add_history(prefix, id, 'cancelled', at, {reason = reason})

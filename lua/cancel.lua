@@ -17,11 +17,16 @@
 local pending_key, scheduled_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]
 local jkey = job_key(prefix, id)
-local state = redis.call('HGET', jkey, 'state')
+local f = redis.call('HMGET', jkey, 'state', 'group')
+local state = f[1]
 if not state then return 'missing' end
 local at = now_ms()
 if state == 'pending' or state == 'scheduled' then
-  redis.call('ZREM', pending_key, id)
+  if f[2] and state == 'pending' then
+    group_remove_pending(prefix, f[2], id, at)
+  else
+    redis.call('ZREM', pending_key, id)
+  end
   redis.call('ZREM', scheduled_key, id)
   redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
   add_history(prefix, id, 'cancelled', at, {})

@@ -4,7 +4,8 @@
   KEYS[1]  forq:{q}:pending     zset
   KEYS[2]  forq:{q}:scheduled   zset (run-at ms)
   KEYS[3]  forq:{q}:active      zset (lease deadline ms)
-  KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst
+  KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, and
+                                the group limits (see _groups.lua)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -17,14 +18,18 @@
            which every ack needs, into the job; fail and reclaim read the rest from it
 
   Returns {next_due_ms, wait_ms, pending_left, held, now_ms, job1, job2, ...}
-    next_due_ms   earliest scheduled run-at, or -1
+    next_due_ms   earliest scheduled run-at or group token (group rate), or -1
     wait_ms       >0 when the rate limit held jobs back: ms until the next token
     pending_left  pending jobs still waiting after this claim
     held          1 when max_in_flight held jobs back (a finishing job publishes a wake)
     now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
     (the policy's limits are not in it: the caller has the policy)
-  Cost: O(log n) per job leased and per job promoted, whatever the backlog. Redis
+  Grouped jobs (see _groups.lua) are taken from the ready groups, in score order with
+  the head of `pending`: a group at its limit is not in the ready set, so it never
+  holds back another group or an ungrouped job.
+  Cost: O(log n) per job leased and per job promoted, whatever the backlog and however
+  many groups (a queue that never had a grouped job pays nothing for them). Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
   see bench/RESULTS.md.
   Transitions: scheduled -> pending, pending -> active, pending -> succeeded
@@ -38,6 +43,10 @@ local prefix, owner = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local at = now_ms()
+local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
+  'group_concurrency', 'group_rate', 'group_burst')
+local grouped = limits[4] ~= false
+if grouped then group_limits(prefix, {limits[5], limits[6], limits[7]}) end
 
 -- 1. promote due scheduled jobs (bounded per call; the rest on the next call). The
 -- earliest one is looked at first: nothing is due on most calls.
@@ -52,19 +61,30 @@ if next_due >= 0 and next_due <= at then
   for _, id in ipairs(due) do
     local jkey = job_key(prefix, id)
     redis.call('ZREM', scheduled_key, id)
-    if redis.call('EXISTS', jkey) == 1 then
-      local score = pending_score(prefix, num_field(jkey, 'priority', 0))
+    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group')
+    if f[1] then
+      local score = pending_score(prefix, tonumber(f[2]) or 0)
       redis.call('HSET', jkey, 'state', 'pending', 'score', score)
-      redis.call('ZADD', pending_key, score, id)
+      to_pending(prefix, id, score, f[3], at)
     end
   end
   next_due = earliest()
+end
+-- groups whose rate limit held them: back to ready once their token is due
+local ready_key = prefix .. 'groups:ready'
+if grouped then
+  local wait_key = prefix .. 'groups:wait'
+  local first = redis.call('ZRANGE', wait_key, 0, 0, 'WITHSCORES')
+  if first[2] and tonumber(first[2]) <= at then
+    for _, g in ipairs(redis.call('ZRANGEBYSCORE', wait_key, '-inf', at, 'LIMIT', 0, 1000)) do
+      group_place(prefix, g, at)
+    end
+  end
 end
 
 -- 2. global limits, shared by every supervisor through these two hashes
 local wait_ms = 0
 local held = 0
-local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst')
 local max_in_flight = tonumber(limits[1])
 if max_in_flight and max_in_flight > 0 then
   local room = max_in_flight - redis.call('ZCARD', active_key)
@@ -98,10 +118,56 @@ local out = {}
 local leased = 0
 local pending_left = nil
 local popped = {}
-if want > 0 then popped = redis.call('ZPOPMIN', pending_key, want) end
+local popped_group = {} -- id -> group, for the jobs group_take took
+
+-- Up to `want` jobs in score order from the head of `pending` and the ready groups'
+-- heads (`rhead`, the first ready group). Each step is O(log n); a step that takes
+-- nothing took a group out of `ready`, and the steps are capped all the same.
+local function take_mixed(rhead)
+  local out = {}
+  local phead = redis.call('ZRANGE', pending_key, 0, 0, 'WITHSCORES')
+  local steps = 2 * want + 16
+  while #out < 2 * want and steps > 0 do
+    steps = steps - 1
+    if rhead[1] == nil then
+      if phead[1] then
+        for _, v in ipairs(redis.call('ZPOPMIN', pending_key, want - #out / 2)) do
+          out[#out + 1] = v
+        end
+      end
+      break
+    end
+    if phead[1] and tonumber(phead[2]) <= tonumber(rhead[2]) then
+      redis.call('ZREM', pending_key, phead[1])
+      out[#out + 1] = phead[1]
+      out[#out + 1] = phead[2]
+      phead = redis.call('ZRANGE', pending_key, 0, 0, 'WITHSCORES')
+    else
+      local id, score = group_take(prefix, rhead[1], at)
+      if id then
+        out[#out + 1] = id
+        out[#out + 1] = score
+        popped_group[id] = rhead[1]
+      end
+      rhead = redis.call('ZRANGE', ready_key, 0, 0, 'WITHSCORES')
+    end
+  end
+  return out
+end
+
+if want > 0 then
+  local rhead = {}
+  if grouped then rhead = redis.call('ZRANGE', ready_key, 0, 0, 'WITHSCORES') end
+  if rhead[1] then
+    popped = take_mixed(rhead)
+  else
+    popped = redis.call('ZPOPMIN', pending_key, want)
+  end
+end
 local count_popped = #popped / 2
--- fewer popped than asked: nothing is left pending (unless a follow-up lands below)
-if want > 0 and count_popped < want then pending_left = 0 end
+-- fewer popped than asked: nothing is left pending (unless a follow-up lands below);
+-- grouped jobs may still wait in full groups, so those are counted at the end
+if want > 0 and count_popped < want and not grouped then pending_left = 0 end
 if count_popped > 0 then
   local done_keys = {}
   for i = 1, count_popped do done_keys[i] = prefix .. 'done:' .. popped[2 * i - 1] end
@@ -139,15 +205,19 @@ if count_popped > 0 then
     local jkey = job_key(prefix, id)
     token = token + 1
     local record = redis.call('HGETALL', jkey)
+    local fields = {}
+    for j = 1, #record, 2 do fields[record[j]] = j end
+    if fields['group'] and not popped_group[id] then
+      group_occupy(prefix, record[fields['group'] + 1])
+    end
     if #record == 0 then
-      -- gone (purged or expired): nothing to lease
+      -- gone (purged or expired): nothing to lease, and its group's slot is free
+      if popped_group[id] then group_release(prefix, popped_group[id], at) end
     elseif dones[i] then
       succeed_recorded(prefix, id, jkey, dones[i], at)
       pending_left = nil -- its follow-ups may be pending now
     else
       leased = leased + 1
-      local fields = {}
-      for j = 1, #record, 2 do fields[record[j]] = j end
       -- strings, so the reply's record reads as HGETALL's would
       local token_s = tostring(token)
       local set = {'state', 'active', 'owner', owner, 'token', token_s,
@@ -186,7 +256,19 @@ end
 if tokens ~= nil then
   redis.call('HSET', bucket_key, 'tokens', tostring(tokens - leased), 'ts', at)
 end
-if pending_left == nil then pending_left = redis.call('ZCARD', pending_key) end
+-- a group this claim (or an earlier one) left waiting for its rate: when to come back
+if grouped then
+  local first = redis.call('ZRANGE', prefix .. 'groups:wait', 0, 0, 'WITHSCORES')
+  if first[2] and (next_due < 0 or tonumber(first[2]) < next_due) then
+    next_due = tonumber(first[2])
+  end
+end
+if pending_left == nil then
+  pending_left = redis.call('ZCARD', pending_key)
+  if grouped then
+    pending_left = pending_left + (tonumber(redis.call('GET', prefix .. 'groups:pending')) or 0)
+  end
+end
 
 local result = {next_due, wait_ms, pending_left, held, at}
 for _, job in ipairs(out) do result[#result + 1] = job end

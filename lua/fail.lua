@@ -25,7 +25,7 @@ local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local r = tonumber(ARGV[6]) or 0.5
 local jkey = job_key(prefix, id)
-local f = held(jkey, token, 'cancel_requested')
+local f = held(jkey, token, 'cancel_requested', 'group')
 if not f then return {'lost', 0, 0} end
 if f[3] and mode == 'retry' then mode = 'cancel' end -- a requested cancel is not retried
 local at = now_ms()
@@ -36,6 +36,7 @@ local max_attempts = limits.max_attempts
 local decoded = cjson.decode(err)
 local reason = decoded['reason'] or decoded['message'] or 'error'
 redis.call('ZREM', active_key, id)
+if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
 redis.call('HSET', jkey, 'error', err, 'finished_at', at)
 count(prefix, 'failed', at)

@@ -44,7 +44,7 @@ for _, id in ipairs(expired) do
     elseif redis.call('HEXISTS', jkey, 'cancel_requested') == 1 then
       cancel_active(prefix, id, jkey, at, 'cancel requested; lease expired')
     else
-      local f = redis.call('HMGET', jkey, 'owner', 'token', 'last_crash')
+      local f = redis.call('HMGET', jkey, 'owner', 'token', 'last_crash', 'group')
       local reason = f[3] or ('lease expired (owner ' .. tostring(f[1]) .. ')')
       local crashes = redis.call('HINCRBY', jkey, 'crashes', 1)
       local max_crashes = job_limits(prefix, jkey, {max_crashes = default_max}).max_crashes
@@ -53,6 +53,7 @@ for _, id in ipairs(expired) do
       if crashes >= max_crashes then
         local why = reason .. ' (crashes exhausted: ' .. crashes .. ')'
         redis.call('ZREM', active_key, id)
+        if f[4] then group_release(prefix, f[4], at) end
         redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why, 'finished_at', at)
         redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
         redis.call('ZADD', dead_key, at, id)
@@ -61,7 +62,7 @@ for _, id in ipairs(expired) do
         finish(prefix, id, -1, at)
         to_dead = to_dead + 1
       else
-        back_to_pending(prefix, id, jkey)
+        back_to_pending(prefix, id, jkey, at)
         add_history(prefix, id, 'reclaimed', at,
           {reason = reason, by = reclaimer, crashes = crashes, owner = f[1]})
         to_pending = to_pending + 1

@@ -24,7 +24,7 @@ if f[4] then
   cancel_active(prefix, id, jkey, at, 'cancel requested; released: ' .. reason)
   return 'ok'
 end
-back_to_pending(prefix, id, jkey)
+back_to_pending(prefix, id, jkey, at)
 add_history(prefix, id, 'released', at, {reason = reason, owner = f[3]})
 wake(prefix, 0)
 return 'ok'

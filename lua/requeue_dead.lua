@@ -19,12 +19,13 @@ local n, missing = 0, {}
 for _, id in ipairs(ids) do
   local jkey = job_key(prefix, id)
   if redis.call('ZREM', dead_key, id) == 1 and redis.call('EXISTS', jkey) == 1 then
-    local score = pending_score(prefix, num_field(jkey, 'priority', 0))
+    local f = redis.call('HMGET', jkey, 'priority', 'group')
+    local score = pending_score(prefix, tonumber(f[1]) or 0)
     redis.call('HSET', jkey, 'state', 'pending', 'score', score, 'attempts', 0, 'crashes', 0)
     redis.call('HDEL', jkey, 'dead_reason', 'finished_at')
     redis.call('PERSIST', jkey)
     redis.call('PERSIST', jkey .. ':history')
-    redis.call('ZADD', pending_key, score, id)
+    to_pending(prefix, id, score, f[2], at)
     add_history(prefix, id, 'requeued', at, {})
     n = n + 1
   else
