@@ -231,6 +231,17 @@ class AsyncQueue:
         """"cancelled", "cancelling" (active), "missing", or its terminal state."""
         return tr.parse_cancel(await self._run(plans.script(tr.cancel_call(self.keys, job_id))))
 
+    async def pause(self) -> bool:
+        """Stop claiming from this queue on every supervisor (see `Queue.pause`)."""
+        return tr.parse_changed(await self._run(plans.script(tr.pause_call(self.keys))))
+
+    async def resume(self) -> bool:
+        """Claim from this queue again, supervisors woken at once (`Queue.resume`)."""
+        return tr.parse_changed(await self._run(plans.script(tr.resume_call(self.keys))))
+
+    async def is_paused(self) -> bool:
+        return await self._run(plans.paused(self.keys))
+
     async def requeue_dead(self, ids: Sequence[str] | None = None, *,
                            limit: int = 10000) -> DeadBatchResult:
         """Requeue the given dead jobs (or all, up to `limit`): (count, ids not dead)."""

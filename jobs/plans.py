@@ -79,10 +79,11 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
-    pending, scheduled, active, dead_count, totals, now, head, grouped = yield [
+    pending, scheduled, active, dead_count, totals, now, head, grouped, paused_at = yield [
         ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
         ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
-        ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending)]
+        ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
+        ("HGET", keys.limits, "paused")]
     pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
@@ -109,7 +110,14 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         "totals": {k: int(v) for k, v in totals.items()},
         "last_minute": last_minute,
         "oldest_pending_age": oldest,
+        "paused": paused_at is not None,
     }
+
+
+def paused(keys: QueueKeys) -> Plan[bool]:
+    """Whether the queue is paused (`pause`): no supervisor claims from it."""
+    (found,) = yield [("HEXISTS", keys.limits, "paused")]
+    return bool(found)
 
 
 def script(call: tr.ScriptCall) -> Plan[Any]:

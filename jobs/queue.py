@@ -168,6 +168,19 @@ class Queue:
         """Delete the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
         return tr.parse_dead_batch(self.scripts.run(tr.purge_dead_call(self.keys, ids, limit)))
 
+    def pause(self) -> bool:
+        """Stop claiming from this queue on every supervisor, at once; running jobs go on
+        and keep their leases, enqueues wait. False when it was paused already."""
+        return tr.parse_changed(self.scripts.run(tr.pause_call(self.keys)))
+
+    def resume(self) -> bool:
+        """Claim from this queue again; waiting supervisors are woken at once. False when
+        it was not paused."""
+        return tr.parse_changed(self.scripts.run(tr.resume_call(self.keys)))
+
+    def is_paused(self) -> bool:
+        return self._run(plans.paused(self.keys))
+
     def set_limits(
         self,
         *,

@@ -64,6 +64,8 @@ class Scripts:
         self.requeue_dead: Script = register(source("requeue_dead"))
         self.purge_dead: Script = register(source("purge_dead"))
         self.output: Script = register(source("output"))
+        self.pause: Script = register(source("pause"))
+        self.resume: Script = register(source("resume"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from forq.queue import Queue
 
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
-                     "release", "cancel", "requeue_dead", "purge_dead", "output"]
+                     "release", "cancel", "requeue_dead", "purge_dead", "output",
+                     "pause", "resume"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -141,6 +142,22 @@ def purge_dead_call(keys: QueueKeys, ids: Sequence[str] | None, limit: int) -> S
 
 def parse_dead_batch(reply: Sequence[Any]) -> DeadBatchResult:
     return DeadBatchResult(int(reply[0]), [str(i) for i in reply[1:]])
+
+
+def pause_call(keys: QueueKeys) -> ScriptCall:
+    """Stop every supervisor claiming from the queue (running jobs keep their leases)."""
+    return ScriptCall("pause", (keys.limits,), (keys.prefix,))
+
+
+def resume_call(keys: QueueKeys) -> ScriptCall:
+    """Let supervisors claim again, woken at once over the queue's wake channel."""
+    return ScriptCall("resume", (keys.limits,), (keys.prefix,))
+
+
+def parse_changed(reply: Any) -> bool:
+    """pause and resume: True when the call changed the queue, False when it already
+    was paused (pause) or was not paused (resume)."""
+    return int(reply) == 1
 
 
 # -- lease transitions (the supervisor's side) -------------------------------------------

@@ -4,8 +4,9 @@
   KEYS[1]  forq:{q}:pending     zset
   KEYS[2]  forq:{q}:scheduled   zset (run-at ms)
   KEYS[3]  forq:{q}:active      zset (lease deadline ms)
-  KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, and
-                                the group limits (see _groups.lua)
+  KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, the
+                                group limits (see _groups.lua), and paused (pause.lua:
+                                lease nothing while it is set)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -28,6 +29,8 @@
   Grouped jobs (see _groups.lua) are taken from the ready groups, in score order with
   the head of `pending`: a group at its limit is not in the ready set, so it never
   holds back another group or an ungrouped job.
+  A paused queue answers {-1, 0, pending, 0, now_ms} and changes nothing (no promotion
+  either): resume.lua publishes the wake that makes supervisors claim again.
   Cost: O(log n) per job leased and per job promoted, whatever the backlog and however
   many groups (a queue that never had a grouped job pays nothing for them). Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
@@ -43,8 +46,11 @@ local prefix, owner = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local at = now_ms()
+-- the global limits, shared by every supervisor through this hash (used in step 2); a
+-- paused queue leases nothing, known from the same HMGET
 local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
-  'group_concurrency', 'group_rate', 'group_burst')
+  'group_concurrency', 'group_rate', 'group_burst', 'paused')
+if limits[8] then return {-1, 0, redis.call('ZCARD', pending_key), 0, at} end
 local grouped = limits[4] ~= false
 if grouped then group_limits(prefix, {limits[5], limits[6], limits[7]}) end
 
@@ -82,7 +88,7 @@ if grouped then
   end
 end
 
--- 2. global limits, shared by every supervisor through these two hashes
+-- 2. global limits (read above) and the rate limit's token bucket
 local wait_ms = 0
 local held = 0
 local max_in_flight = tonumber(limits[1])

@@ -10,6 +10,7 @@
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
+    forq pause|resume QUEUE [--json]
     forq config check PATH
 
 Redis: ``--redis URL`` (before or after the command), else ``$FORQ_REDIS_URL``,

@@ -97,7 +97,7 @@ _POLICY_KEYS = (
 )
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
-               "network")
+               "network", "paused")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -129,6 +129,9 @@ class QueueConfig:
     rate_limit: tuple[float, float] | None = None
     max_in_flight: int | None = None
     network: str | None = None  # "none" or "host"; None: [sandbox].network
+    # paused = true: this supervisor pauses the queue (Queue.pause) when it starts and
+    # reloads; false never resumes one (an operator's `forq pause` outlives restarts)
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,12 @@ class Config:
             "defaults": dict(base),
             "tasks": {task: {**base, **over} for task, over in self.task_overrides.items()},
         }
+
+
+def _paused(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise read.expected(where, "true or false", value)
+    return value
 
 
 def _fork_server(value: object) -> bool:
@@ -315,6 +324,7 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 ),
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
+                paused=_paused(table.get("paused", False), f"{prefix}.paused"),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)

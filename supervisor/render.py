@@ -151,7 +151,8 @@ def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
     rows: list[Sequence[Any]] = []
     for name, s in sorted(stats.items()):
         last = s.get("last_minute", {})
-        rows.append((name, s["pending"], s["scheduled"], s["active"], s["dead"],
+        shown = f"{name} (paused)" if s.get("paused") else name  # forq pause
+        rows.append((shown, s["pending"], s["scheduled"], s["active"], s["dead"],
                      last.get("succeeded", 0), last.get("failed", 0),
                      age(s.get("oldest_pending_age"))))
     return header, rows

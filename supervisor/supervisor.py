@@ -128,9 +128,13 @@ class Supervisor:
 
     def _push_limits(self) -> None:
         """Queues whose TOML sets a global limit get it at start and on reload;
-        the others keep whatever `forq limit` set at run time."""
+        the others keep whatever `forq limit` set at run time. So with `paused = true`:
+        the queue is paused then (never resumed by a config: `forq resume` does that)."""
         try:
             for qc in self.config.queues:
+                if qc.paused and self.queues[qc.name].pause():
+                    log.info("queue %s paused by the config (paused = true): "
+                             "`forq resume %s` starts it", qc.name, qc.name)
                 if qc.rate_limit is not None or qc.max_in_flight is not None:
                     self.queues[qc.name].set_limits(
                         rate=qc.rate_limit if qc.rate_limit is not None else False,

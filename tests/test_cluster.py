@@ -260,6 +260,8 @@ def workout(queues: list[Queue], rc) -> None:
         assert q.purge_dead() == (1, [])
         q.set_limits(rate=None, max_in_flight=None)
         assert q.stats()["succeeded"] == 1
+        assert q.pause() and q.claim(OWNER, 5, LONG).leases == []
+        assert q.resume()
 
 
 def test_every_key_a_script_touches_hashes_to_its_queues_slot(cluster: LocalCluster, rc):

@@ -30,6 +30,8 @@ CALLS = {
     "requeue_dead": tr.requeue_dead_call(KEYS, ["a", "b"], 100),
     "purge_dead": tr.purge_dead_call(KEYS, None, 100),
     "output": tr.output_call(KEYS, "a", "1", "printed\n"),
+    "pause": tr.pause_call(KEYS),
+    "resume": tr.resume_call(KEYS),
 }
 
 
@@ -75,5 +77,6 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_fail(["retry", 123, 2]) == tr.FailOutcome("retry", 123, 2)
     assert tr.parse_dead_batch([2, "gone"]) == (2, ["gone"])
     assert tr.parse_lease_reply("lost") == "lost"
+    assert (tr.parse_changed(1), tr.parse_changed(0)) == (True, False)
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

@@ -1,4 +1,5 @@
-"""forq limit, web, config check: changing a queue's limits, the dashboard, the config."""
+"""forq limit, pause, resume, web, config check: changing a queue's limits, pausing it,
+the dashboard, the config."""
 
 from __future__ import annotations
 
@@ -68,6 +69,30 @@ def cmd_limit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """lua/pause.lua: every supervisor's next claim leases nothing from the queue."""
+    queue = queue_named(args.queue, redis_for(args))
+    changed = queue.pause()
+    if args.json:
+        emit({"queue": queue.name, "paused": True, "changed": changed})
+    else:
+        print(f"paused queue {queue.name}: no supervisor claims from it; running jobs go on"
+              if changed else f"queue {queue.name} was paused already")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """lua/resume.lua: claims again, the supervisors woken over the wake channel."""
+    queue = queue_named(args.queue, redis_for(args))
+    changed = queue.resume()
+    if args.json:
+        emit({"queue": queue.name, "paused": False, "changed": changed})
+    else:
+        print(f"resumed queue {queue.name}: supervisors claim from it again"
+              if changed else f"queue {queue.name} was not paused")
+    return 0
+
+
 def cmd_web(args: argparse.Namespace) -> int:
     try:
         from forq.web.security import Auth, SecretError
@@ -106,6 +131,18 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--rate", metavar="RATE", help='e.g. "50/s", "100/m", "3/h", or "none"')
     p.add_argument("--max-in-flight", metavar="N", help='an integer >= 1, or "none"')
     p.set_defaults(func=cmd_limit)
+
+    p = sub.add_parser("pause", help="stop every supervisor claiming from a queue",
+                       parents=[parents.inspect, parents.with_config],
+                       description="No supervisor claims from the queue until `forq resume`; "
+                                   "running jobs finish and keep their leases, enqueues wait "
+                                   "in pending.")
+    p.add_argument("queue")
+    p.set_defaults(func=cmd_pause)
+    p = sub.add_parser("resume", help="let supervisors claim from a paused queue again",
+                       parents=[parents.inspect, parents.with_config])
+    p.add_argument("queue")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("web", help="the live dashboard (needs pip install 'forq[web]')",
                        parents=[parents.common, parents.with_config],
