@@ -97,7 +97,7 @@ _POLICY_KEYS = (
 )
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
-               "network", "paused")
+               "network", "paused", "group_concurrency", "group_rate_limit")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -128,6 +128,9 @@ class QueueConfig:
     nice: int = 10
     rate_limit: tuple[float, float] | None = None
     max_in_flight: int | None = None
+    # per group (jobs enqueued with group=), stored in Redis like the two above
+    group_concurrency: int | None = None
+    group_rate_limit: tuple[float, float] | None = None
     network: str | None = None  # "none" or "host"; None: [sandbox].network
     # paused = true: this supervisor pauses the queue (Queue.pause) when it starts and
     # reloads; false never resumes one (an operator's `forq pause` outlives restarts)
@@ -308,6 +311,8 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
             raise read.Invalid(f'{prefix}.name: duplicate queue "{name}"')
         rate_limit = table.get("rate_limit")
         max_in_flight = table.get("max_in_flight")
+        group_concurrency = table.get("group_concurrency")
+        group_rate_limit = table.get("group_rate_limit")
         queues.append(
             QueueConfig(
                 name=name,
@@ -321,6 +326,16 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                     None
                     if max_in_flight is None
                     else read.integer(max_in_flight, f"{prefix}.max_in_flight", 1)
+                ),
+                group_concurrency=(
+                    None
+                    if group_concurrency is None
+                    else read.integer(group_concurrency, f"{prefix}.group_concurrency", 1)
+                ),
+                group_rate_limit=(
+                    None
+                    if group_rate_limit is None
+                    else read.rate(group_rate_limit, f"{prefix}.group_rate_limit")
                 ),
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),

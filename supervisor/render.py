@@ -266,5 +266,9 @@ def rate(per_second: float | None) -> str:
 def limits(info: Mapping[str, Any]) -> str:
     """One line: the global limits every supervisor applies to this queue."""
     mif = info.get("max_in_flight")
-    return (f"queue {info['queue']}: rate {info.get('rate') or 'none'}, "
+    line = (f"queue {info['queue']}: rate {info.get('rate') or 'none'}, "
             f"max_in_flight {mif if mif is not None else 'none'}")
+    if "group_concurrency" in info:
+        line += (f"; per group: concurrency {info['group_concurrency']}, "
+                 f"rate {info.get('group_rate') or 'none'}")
+    return line

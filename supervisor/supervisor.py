@@ -140,6 +140,12 @@ class Supervisor:
                         rate=qc.rate_limit if qc.rate_limit is not None else False,
                         max_in_flight=(qc.max_in_flight if qc.max_in_flight is not None
                                        else False))
+                if qc.group_concurrency is not None or qc.group_rate_limit is not None:
+                    self.queues[qc.name].set_limits(
+                        group_concurrency=(qc.group_concurrency
+                                           if qc.group_concurrency is not None else False),
+                        group_rate=(qc.group_rate_limit
+                                    if qc.group_rate_limit is not None else False))
                 self.redis.sadd("forq:queues", qc.name)
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)

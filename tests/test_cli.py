@@ -495,7 +495,8 @@ def test_cancel_unknown_id(forq, queue):
 def test_limit_show_set_and_remove(forq, queue):
     empty = ok_json(forq("limit", queue.name, "--json"))
     assert empty == {"queue": queue.name, "rate": None, "rate_per_second": None, "burst": None,
-                     "max_in_flight": None}
+                     "max_in_flight": None, "group_concurrency": 1, "group_rate": None,
+                     "group_rate_per_second": None}
     assert "rate none, max_in_flight none" in ok(forq("limit", queue.name))
 
     set_ = ok_json(forq("limit", queue.name, "--rate", "50/s", "--max-in-flight", "10", "--json"))

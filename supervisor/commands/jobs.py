@@ -38,6 +38,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         options["delay"] = args.delay
     if args.key:
         options["key"] = args.key
+    if args.group is not None:
+        options["group"] = args.group
     queue = queue_named(args.queue, redis_for(args))
     try:
         job = queue.enqueue(args.task, **options)
@@ -96,6 +98,8 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--delay", help='run after this long, e.g. "30s"')
     p.add_argument("--key", help="idempotency key: no second live job with this key")
+    p.add_argument("--group", help="group key: at most the queue's group_concurrency jobs "
+                                   "of one group run at once")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("job", help="show a job's record and history",

@@ -25,16 +25,22 @@ def _limits_info(queue: Queue) -> dict[str, Any]:
     per_ms = current.get("rate")
     per_second = per_ms * 1000.0 if per_ms else None
     mif = current.get("max_in_flight")
+    group_per_ms = current.get("group_rate")
+    group_per_second = group_per_ms * 1000.0 if group_per_ms else None
     return {
         "queue": queue.name,
         "rate": render.rate(per_second) if per_second else None,
         "rate_per_second": per_second,
         "burst": current.get("burst") if per_second else None,
         "max_in_flight": int(mif) if mif else None,
+        # per group (jobs enqueued with group=): 1 when unset
+        "group_concurrency": int(current.get("group_concurrency") or 1),
+        "group_rate": render.rate(group_per_second) if group_per_second else None,
+        "group_rate_per_second": group_per_second,
     }
 
 
-def _max_in_flight(text: str) -> int | None:
+def _positive_or_none(text: str, option: str) -> int | None:
     if text.strip().lower() == "none":
         return None
     try:
@@ -42,22 +48,30 @@ def _max_in_flight(text: str) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise UsageError(f'--max-in-flight: expected an integer >= 1 or "none", got {text!r}')
+        raise UsageError(f'{option}: expected an integer >= 1 or "none", got {text!r}')
     return value
+
+
+def _rate_or_none(text: str, option: str) -> tuple[float, float] | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return parse_rate(text, where=option)
+    except UnitError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_limit(args: argparse.Namespace) -> int:
     changes: dict[str, Any] = {}
     if args.rate is not None:
-        if args.rate.strip().lower() == "none":
-            changes["rate"] = None
-        else:
-            try:
-                changes["rate"] = parse_rate(args.rate, where="--rate")
-            except UnitError as exc:
-                raise UsageError(str(exc)) from None
+        changes["rate"] = _rate_or_none(args.rate, "--rate")
     if args.max_in_flight is not None:
-        changes["max_in_flight"] = _max_in_flight(args.max_in_flight)
+        changes["max_in_flight"] = _positive_or_none(args.max_in_flight, "--max-in-flight")
+    if args.group_concurrency is not None:
+        changes["group_concurrency"] = _positive_or_none(args.group_concurrency,
+                                                         "--group-concurrency")
+    if args.group_rate is not None:
+        changes["group_rate"] = _rate_or_none(args.group_rate, "--group-rate")
     queue = queue_named(args.queue, redis_for(args))
     if changes:
         queue.set_limits(**changes)
@@ -130,6 +144,10 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("queue")
     p.add_argument("--rate", metavar="RATE", help='e.g. "50/s", "100/m", "3/h", or "none"')
     p.add_argument("--max-in-flight", metavar="N", help='an integer >= 1, or "none"')
+    p.add_argument("--group-concurrency", metavar="N",
+                   help='running jobs per group: an integer >= 1, or "none" (back to 1)')
+    p.add_argument("--group-rate", metavar="RATE",
+                   help='jobs started per group, e.g. "5/s", or "none"')
     p.set_defaults(func=cmd_limit)
 
     p = sub.add_parser("pause", help="stop every supervisor claiming from a queue",
