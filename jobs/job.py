@@ -38,6 +38,7 @@ _INT_FIELDS = (
     "started_at",
     "finished_at",
     "lease_deadline",
+    "expire_at",
 )
 
 

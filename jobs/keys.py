@@ -53,6 +53,11 @@ class QueueKeys:
         return self.prefix + "finished"
 
     @property
+    def expiring(self) -> str:
+        """Jobs with an expiry before start, by expire_at (ms): the reaper's sweep."""
+        return self.prefix + "expiring"
+
+    @property
     def limits(self) -> str:
         return self.prefix + "limits"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
-    "max_result_bytes", "backoff", "idempotent", "group",
+    "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
 })
 
 
@@ -82,6 +83,41 @@ def group_problem(group: Any) -> str:
     return ""
 
 
+def _expiry(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
+    """expires_in (a duration, from Redis's clock at enqueue) or expire_at (a datetime or
+    Unix seconds): a job not started by then never runs (dead, "expired before start").
+    Refused when not in the future, or not after the job's own delay / run_at."""
+    expires_in: Any = options.get("expires_in")
+    expire_at: Any = options.get("expire_at")
+    if expires_in is None and expire_at is None:
+        return
+    if expires_in is not None and expire_at is not None:
+        raise PayloadError(f"task {task!r}: give expires_in or expire_at, not both")
+    now = time.time()
+    if expires_in is not None:
+        if isinstance(expires_in, bool):
+            raise PayloadError(f"task {task!r}: expires_in must be a duration, got {expires_in!r}")
+        left_ms = _ms(expires_in, "expires_in")
+        if left_ms <= 0:
+            raise PayloadError(f"task {task!r}: expires_in must be more than 0, got {expires_in!r}")
+        spec["expires_in_ms"] = left_ms
+        what = f"expires_in={expires_in!r}"
+    else:
+        when = expire_at.timestamp() if hasattr(expire_at, "timestamp") else expire_at
+        if not isinstance(when, (int, float)) or isinstance(when, bool):
+            raise PayloadError(f"task {task!r}: expire_at must be a datetime or Unix seconds, "
+                               f"got {expire_at!r}")
+        left_ms = int((when - now) * 1000)
+        if left_ms <= 0:
+            raise PayloadError(f"task {task!r}: expire_at {expire_at!r} is in the past")
+        spec["expire_at_ms"] = int(when * 1000)
+        what = f"expire_at={expire_at!r}"
+    due_ms = spec.get("delay_ms") or (spec["run_at_ms"] - now * 1000 if "run_at_ms" in spec else 0)
+    if due_ms >= left_ms:
+        raise PayloadError(f"task {task!r}: {what} ends before the job is due (delay / run_at): "
+                           "it could never run")
+
+
 def _ms(value: Any, where: str) -> int:
     try:
         return int(round(parse_duration(value, where=where) * 1000))
@@ -134,6 +170,7 @@ def build_spec(
         if not isinstance(run_at, (int, float)):
             raise PayloadError(f"task {task!r}: run_at must be a datetime or Unix seconds")
         spec["run_at_ms"] = int(run_at * 1000)
+    _expiry(task, options, spec)
     if options.get("key") is not None:
         key = str(options["key"])
         if not key:
@@ -194,6 +231,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
     "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
     "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
+    "expires_in_ms": _INT, "expire_at_ms": _INT,
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")

@@ -311,6 +311,15 @@ class Queue:
 
     parse_reclaim = staticmethod(tr.parse_reclaim)
 
+    def sweep_expired(self, sweeper: str, limit: int = tr.SWEEP_BATCH,
+                      client: Any = None) -> Any:
+        """Move up to `limit` waiting jobs whose expiry before start passed to dead.
+        Returns their ids; with a pipeline, queues the call (`parse_sweep`)."""
+        reply = self.scripts.run(tr.sweep_expired_call(self.keys, sweeper, limit), client)
+        return client if client is not None else tr.parse_sweep(reply)
+
+    parse_sweep = staticmethod(tr.parse_sweep)
+
     def record_done(self, job_id: str, result_json: str, ttl_ms: int,
                     followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
         """Record an idempotent job's completion before its ack, so a lost ack

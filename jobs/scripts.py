@@ -66,6 +66,7 @@ class Scripts:
         self.output: Script = register(source("output"))
         self.pause: Script = register(source("pause"))
         self.resume: Script = register(source("resume"))
+        self.sweep_expired: Script = register(source("sweep_expired"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

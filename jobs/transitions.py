@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
-                     "pause", "resume"]
+                     "pause", "resume", "sweep_expired"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000
+SWEEP_BATCH = 100  # expired-before-start jobs a reaper pass moves to dead, per queue
 
 FailMode = Literal["retry", "fatal", "cancel"]
 LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output
@@ -252,6 +253,16 @@ def reclaim_call(keys: QueueKeys, reclaimer: str, default_max_crashes: int = 3,
                  limit: int = RECLAIM_BATCH) -> ScriptCall:
     return ScriptCall("reclaim", (keys.active, keys.pending, keys.dead),
                       (keys.prefix, default_max_crashes, limit, reclaimer))
+
+
+def sweep_expired_call(keys: QueueKeys, sweeper: str, limit: int = SWEEP_BATCH) -> ScriptCall:
+    return ScriptCall("sweep_expired", (keys.expiring, keys.pending, keys.scheduled, keys.dead),
+                      (keys.prefix, limit, sweeper))
+
+
+def parse_sweep(reply: Sequence[Any]) -> list[str]:
+    """The ids of the jobs the sweep moved to dead (expired before start)."""
+    return [str(i) for i in reply[1:]]
 
 
 def parse_reclaim(reply: Sequence[Any]) -> ReclaimResult:

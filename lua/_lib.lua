@@ -198,6 +198,15 @@ local function enqueue_one(prefix, queue, spec, at)
       table.insert(fields, tostring(spec[f]))
     end
   end
+  -- expiry before start (expires_in / expire_at): the job's `expire_at`, and an entry
+  -- in the `expiring` index the reaper sweeps (claim drops it when the job starts)
+  local expire_at = tonumber(spec['expire_at_ms'])
+  if spec['expires_in_ms'] then expire_at = at + tonumber(spec['expires_in_ms']) end
+  if expire_at then
+    table.insert(fields, 'expire_at')
+    table.insert(fields, expire_at)
+    redis.call('ZADD', prefix .. 'expiring', expire_at, id)
+  end
   if ukey then
     table.insert(fields, 'key')
     table.insert(fields, spec['key'])
@@ -346,4 +355,19 @@ local function cancel_active(prefix, id, jkey, at, reason)
   count(prefix, 'cancelled', at)
   finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
   slot_freed(prefix)
+end
+
+-- A job whose `expire_at` (enqueue's expires_in / expire_at) passed before it ever
+-- started: dead, never run. The caller has taken it out of pending, scheduled or its
+-- group's set (and released the group slot a claim took for it).
+local EXPIRED_BEFORE_START = 'expired before start'
+local function expire_unstarted(prefix, id, jkey, at, by)
+  redis.call('ZREM', prefix .. 'expiring', id)
+  redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', EXPIRED_BEFORE_START,
+    'finished_at', at)
+  redis.call('ZADD', prefix .. 'dead', at, id)
+  add_history(prefix, id, 'dead', at, {reason = EXPIRED_BEFORE_START, by = by})
+  count(prefix, 'dead', at)
+  count(prefix, 'expired', at)
+  finish(prefix, id, -1, at)
 end

@@ -35,7 +35,11 @@
   many groups (a queue that never had a grouped job pays nothing for them). Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
   see bench/RESULTS.md.
+  A job whose expire_at (enqueue's expires_in) passed before its first start is not
+  leased: it goes to dead with the reason "expired before start", and wait_ms is 1 so
+  the supervisor claims again for the places it took.
   Transitions: scheduled -> pending, pending -> active, pending -> succeeded
+  Transitions: pending -> dead
   Transitions: [*] -> pending, [*] -> scheduled
 ]]
 --@include _lib
@@ -122,6 +126,7 @@ end
 -- the active-set entries are read or written once for the whole batch
 local out = {}
 local leased = 0
+local expired = 0 -- jobs found expired before start (dead instead of leased)
 local pending_left = nil
 local popped = {}
 local popped_group = {} -- id -> group, for the jobs group_take took
@@ -222,8 +227,18 @@ if count_popped > 0 then
     elseif dones[i] then
       succeed_recorded(prefix, id, jkey, dones[i], at)
       pending_left = nil -- its follow-ups may be pending now
+    elseif fields['expire_at'] and not fields['started_at']
+        and tonumber(record[fields['expire_at'] + 1]) <= at then
+      -- never started, and too late to: dead, its group slot (if any) given back
+      if fields['group'] then group_release(prefix, record[fields['group'] + 1], at) end
+      expire_unstarted(prefix, id, jkey, at, owner)
+      expired = expired + 1
     else
       leased = leased + 1
+      -- its first start: the expiry no longer applies, the sweep need not look at it
+      if fields['expire_at'] and not fields['started_at'] then
+        redis.call('ZREM', prefix .. 'expiring', id)
+      end
       -- strings, so the reply's record reads as HGETALL's would
       local token_s = tostring(token)
       local set = {'state', 'active', 'owner', owner, 'token', token_s,
@@ -275,6 +290,8 @@ if pending_left == nil then
     pending_left = pending_left + (tonumber(redis.call('GET', prefix .. 'groups:pending')) or 0)
   end
 end
+-- expired jobs took places in this claim: claim again at once for the rest
+if expired > 0 and pending_left > 0 and wait_ms == 0 then wait_ms = 1 end
 
 local result = {next_due, wait_ms, pending_left, held, at}
 for _, job in ipairs(out) do result[#result + 1] = job end

@@ -13,7 +13,9 @@
             key, unique_ms, and optional per-job limits: timeout_ms, memory_limit,
             max_attempts, max_crashes, result_ttl_ms, max_result_bytes, backoff_base_ms,
             backoff_factor, backoff_max_ms, backoff_jitter, idempotent, parent,
-            traceparent (W3C trace context of the producer's span)}
+            traceparent (W3C trace context of the producer's span), expires_in_ms |
+            expire_at_ms (expiry before start: the job's `expire_at`, indexed in
+            forq:{q}:expiring; see sweep_expired.lua)}
 
   Returns a flat list, three entries per job in order: id, status, run_at.
     status "pending" | "scheduled" | "duplicate" (id is then the live job that holds

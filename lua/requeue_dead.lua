@@ -22,7 +22,7 @@ for _, id in ipairs(ids) do
     local f = redis.call('HMGET', jkey, 'priority', 'group')
     local score = pending_score(prefix, tonumber(f[1]) or 0)
     redis.call('HSET', jkey, 'state', 'pending', 'score', score, 'attempts', 0, 'crashes', 0)
-    redis.call('HDEL', jkey, 'dead_reason', 'finished_at')
+    redis.call('HDEL', jkey, 'dead_reason', 'finished_at', 'expire_at') -- runs, late or not
     redis.call('PERSIST', jkey)
     redis.call('PERSIST', jkey .. ':history')
     to_pending(prefix, id, score, f[2], at)

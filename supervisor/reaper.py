@@ -4,6 +4,9 @@ The reclaim script moves each expired lease of a queue back to pending with a cr
 counted, or to dead past `max_crashes`, at a cost of O(expired). It runs every
 `reaper_interval` for every served queue, and in the very round trip that reports a
 crashed child (`expire`), so a crash is back in pending within milliseconds.
+
+Each timed pass also sweeps the jobs whose expiry before start passed while they
+waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ class Reaper:
         for name in names:
             self.queue_for(name).reclaim(self.owner, self.max_crashes.get(name, MAX_CRASHES),
                                          client=pipe)
+
+    def send_sweeps(self, pipe: Any, names: list[str]) -> None:
+        for name in names:
+            self.queue_for(name).sweep_expired(self.owner, client=pipe)
+
+    def swept(self, name: str, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            return
+        ids = Queue.parse_sweep(reply)
+        if ids:
+            log.info("%d job(s) in %s expired before start: dead, never run", len(ids), name)
 
     def answered(self, name: str, reply: Any, say: bool = False) -> None:
         if isinstance(reply, Exception):

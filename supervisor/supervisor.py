@@ -443,13 +443,16 @@ class Supervisor:
         names = self._served()
         pipe = self.redis.pipeline(transaction=False)
         self.reaper.send(pipe, names)
+        self.reaper.send_sweeps(pipe, names)
         try:
             replies = pipe.execute()
         except (redis.RedisError, OSError) as exc:
             self.health.failed("reclaim", exc)
             return
-        for name, reply in zip(names, replies, strict=True):
+        for name, reply in zip(names, replies[:len(names)], strict=True):
             self.reaper.answered(name, reply, say=True)
+        for name, reply in zip(names, replies[len(names):], strict=True):
+            self.reaper.swept(name, reply)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -262,6 +262,7 @@ def workout(queues: list[Queue], rc) -> None:
         assert q.stats()["succeeded"] == 1
         assert q.pause() and q.claim(OWNER, 5, LONG).leases == []
         assert q.resume()
+        assert q.sweep_expired(OWNER) == []
 
 
 def test_every_key_a_script_touches_hashes_to_its_queues_slot(cluster: LocalCluster, rc):

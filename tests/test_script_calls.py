@@ -32,6 +32,7 @@ CALLS = {
     "output": tr.output_call(KEYS, "a", "1", "printed\n"),
     "pause": tr.pause_call(KEYS),
     "resume": tr.resume_call(KEYS),
+    "sweep_expired": tr.sweep_expired_call(KEYS, "sup", 10),
 }
 
 
@@ -78,5 +79,6 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_dead_batch([2, "gone"]) == (2, ["gone"])
     assert tr.parse_lease_reply("lost") == "lost"
     assert (tr.parse_changed(1), tr.parse_changed(0)) == (True, False)
+    assert tr.parse_sweep([2, "a", "b"]) == ["a", "b"]
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

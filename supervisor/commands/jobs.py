@@ -36,6 +36,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if args.delay:
         duration_arg(args.delay, "--delay")
         options["delay"] = args.delay
+    if args.expires_in:
+        if duration_arg(args.expires_in, "--expires-in") <= 0:
+            raise UsageError(f"--expires-in: must be more than 0, got {args.expires_in!r}")
+        options["expires_in"] = args.expires_in
     if args.key:
         options["key"] = args.key
     if args.group is not None:
@@ -97,6 +101,9 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("-q", "--queue", default="default")
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--delay", help='run after this long, e.g. "30s"')
+    p.add_argument("--expires-in", metavar="DURATION",
+                   help='not started within this long: never run (dead, "expired before '
+                        'start"), e.g. "10m"')
     p.add_argument("--key", help="idempotency key: no second live job with this key")
     p.add_argument("--group", help="group key: at most the queue's group_concurrency jobs "
                                    "of one group run at once")
