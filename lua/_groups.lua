@@ -60,6 +60,9 @@ end
 -- Put group `g` where it belongs: `ready` (scored by its head job), `wait` (by its next
 -- token's time) or neither. `running` and `tokens` when the caller knows them.
 -- Returns true when the group has just entered `ready` (the caller may wake claimers).
+-- Without a group rate, `wait` is left alone (a command a job saved): a group still in
+-- it from a rate since removed is due within burst / rate ms, when claim takes it out
+-- and places it again; until then being in `ready` too is harmless.
 local function group_place(prefix, g, at, running, tokens)
   local cfg = group_limits(prefix)
   local ready, wait = prefix .. 'groups:ready', prefix .. 'groups:wait'
@@ -69,7 +72,7 @@ local function group_place(prefix, g, at, running, tokens)
   end
   if head[1] == nil or running >= cfg.n then
     redis.call('ZREM', ready, g)
-    redis.call('ZREM', wait, g)
+    if cfg.rate then redis.call('ZREM', wait, g) end
     return false
   end
   if cfg.rate then
@@ -79,8 +82,8 @@ local function group_place(prefix, g, at, running, tokens)
       redis.call('ZADD', wait, at + math.max(1, math.ceil((1 - tokens) / cfg.rate)), g)
       return false
     end
+    redis.call('ZREM', wait, g)
   end
-  redis.call('ZREM', wait, g)
   return redis.call('ZADD', ready, head[2], g) == 1
 end
 

@@ -82,13 +82,15 @@ if next_due >= 0 and next_due <= at then
 end
 -- groups whose rate limit held them: back to ready once their token is due
 local ready_key = prefix .. 'groups:ready'
+local waiting = false -- some group waits for its rate: say when, at the end
 if grouped then
   local wait_key = prefix .. 'groups:wait'
   local first = redis.call('ZRANGE', wait_key, 0, 0, 'WITHSCORES')
+  waiting = first[1] ~= nil or group_cfg.rate ~= nil
   if first[2] and tonumber(first[2]) <= at then
-    for _, g in ipairs(redis.call('ZRANGEBYSCORE', wait_key, '-inf', at, 'LIMIT', 0, 1000)) do
-      group_place(prefix, g, at)
-    end
+    local due = redis.call('ZRANGEBYSCORE', wait_key, '-inf', at, 'LIMIT', 0, 1000)
+    redis.call('ZREM', wait_key, unpack(due))
+    for _, g in ipairs(due) do group_place(prefix, g, at) end
   end
 end
 
@@ -278,7 +280,7 @@ if tokens ~= nil then
   redis.call('HSET', bucket_key, 'tokens', tostring(tokens - leased), 'ts', at)
 end
 -- a group this claim (or an earlier one) left waiting for its rate: when to come back
-if grouped then
+if waiting then
   local first = redis.call('ZRANGE', prefix .. 'groups:wait', 0, 0, 'WITHSCORES')
   if first[2] and (next_due < 0 or tonumber(first[2]) < next_due) then
     next_due = tonumber(first[2])

@@ -318,3 +318,16 @@ def test_group_is_in_the_record_and_in_json(queue):
     job = queue.enqueue("t.task", group="customer-42")
     assert queue.get(job.id).fields["group"] == "customer-42"
     assert json.loads(json.dumps(queue.get(job.id).fields))["group"] == "customer-42"
+
+
+def test_removed_group_rate_lets_a_waiting_group_go(queue, r):
+    queue.set_limits(group_concurrency=10, group_rate=(1, 0.3))
+    a = enqueue_in(queue, "a", 3)
+    result = queue.claim(OWNER, 10, LONG)
+    assert [le.id for le in result.leases] == a[:1]
+    assert r.zrange(queue.keys.groups_wait, 0, -1) == ["a"]
+    queue.set_limits(group_rate=None)
+    due = result.next_due_ms
+    wait_for(lambda: redis_ms(r) >= due, timeout=5)
+    assert claim_ids(queue) == a[1:]  # no rate now: both at once
+    assert r.zcard(queue.keys.groups_wait) == 0

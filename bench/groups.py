@@ -1,0 +1,170 @@
+"""Groups (per-key concurrency): what they cost the claim, and what they add to the plain
+path, side by side in one run on one private Redis.
+
+    .venv/bin/python -m bench.groups                      # 1,000,000 jobs (a few minutes)
+    .venv/bin/python -m bench.groups --jobs 200000 --groups 100000 --measure 20000
+
+Each scenario fills a fresh queue with `--jobs` no-op jobs (enqueue_many), then drains
+`--measure` of them from the top through the public lease API, one client, as
+bench/scale.py does: *claim 1* is one claim and one ack per job, *claim 100* claims 100
+and pipelines their acks. Redis commands per job (INFO commandstats, commands run inside
+the scripts included) are counted over the claim-100 drain.
+
+* ``plain, before groups``: ungrouped jobs through the scripts of the commit before
+  groups landed (read from git), the baseline the plain path must not fall behind;
+* ``plain``: ungrouped jobs through this checkout's scripts;
+* ``1 group``: every job in one group, group_concurrency = 1,000,000 (claims of 100);
+* ``1 group, concurrency 1``: the same group at its default limit (one job per claim);
+* ``N groups``: jobs spread round-robin over `--groups` groups, group_concurrency 1,
+  so each claim of 100 takes the heads of 100 different groups from the ready set.
+
+The claim cost must not depend on the number of groups: ``N groups`` against ``1 group``
+is the ratio that says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import RedisServer, command_calls, commands_per_job, log  # noqa: E402
+from forq import Queue  # noqa: E402
+from forq.connection import connect  # noqa: E402
+from forq.scripts import _INCLUDE  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+OWNER = "bench-groups:1"
+LEASE_MS = 600_000
+CHUNK = 50_000
+# the last commit before lua/_groups.lua (groups landed in the commit that added it)
+BEFORE_GROUPS = "d5eba77"
+
+
+def before_groups_scripts(client: Any) -> dict[str, Any] | None:
+    """enqueue, claim and ack as they were before groups, registered on `client` (None
+    without the git history)."""
+    def show(name: str) -> str:
+        return subprocess.run(["git", "show", f"{BEFORE_GROUPS}:lua/{name}.lua"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout
+    try:
+        return {name: client.register_script(_INCLUDE.sub(lambda m: show(m.group(1)),
+                                                          show(name)))
+                for name in ("enqueue", "claim", "ack")}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
+def fill(q: Queue, n: int, groups: int | None) -> float:
+    """n jobs by enqueue_many (grouped round-robin over `groups`); returns jobs/s."""
+    t0 = time.perf_counter()
+    for start in range(0, n, CHUNK):
+        batch = []
+        for i in range(start, min(n, start + CHUNK)):
+            spec: dict[str, Any] = {"task": "bench.noop", "args": [i, "a short payload"]}
+            if groups:
+                spec["group"] = f"customer-{i % groups}"
+            batch.append(spec)
+        q.enqueue_many(batch)
+    return n / (time.perf_counter() - t0)
+
+
+def drain(q: Queue, n: int, batch: int) -> float:
+    """Claim and ack n jobs, `batch` per claim (acks pipelined); returns jobs/s."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        leases = q.claim(OWNER, min(batch, n - done), LEASE_MS).leases
+        if not leases:
+            raise RuntimeError(f"{q.name}: nothing claimable after {done} jobs")
+        if len(leases) == 1:
+            assert q.ack(leases[0].id, leases[0].token, "null") == "ok"
+        else:
+            pipe = q.redis.pipeline(transaction=False)
+            for lease in leases:
+                q.ack(lease.id, lease.token, "null", client=pipe)
+            pipe.execute()
+        done += len(leases)
+    return n / (time.perf_counter() - t0)
+
+
+def scenario(url: str, name: str, jobs: int, measure: int, single: int,
+             groups: int | None = None, concurrency: int | None = None,
+             before: bool = False) -> dict[str, Any]:
+    client = connect(url)
+    client.flushdb()
+    q = Queue("bg" + uuid.uuid4().hex[:8], redis=client)
+    if before:
+        old = before_groups_scripts(client)
+        if old is None:
+            return {"name": name, "skipped": "no git history to read the old scripts from"}
+        q.scripts._by_name.update(old)  # type: ignore[arg-type]
+    if concurrency is not None:
+        q.set_limits(group_concurrency=concurrency)
+    log(f"groups: {name}: filling {jobs:,} jobs")
+    enqueue_rate = fill(q, jobs, groups)
+    used = int(client.info("memory")["used_memory"])
+    log(f"groups: {name}: claim 100 + acks, {measure:,} jobs")
+    calls0 = command_calls(client)
+    batch_rate = drain(q, measure, 100)
+    calls1 = command_calls(client)
+    per_job = commands_per_job(calls0, calls1, measure)
+    single_rate = drain(q, single, 1)
+    client.flushdb()
+    return {"name": name, "jobs": jobs, "groups": groups, "enqueue_per_s": enqueue_rate,
+            "claim100_per_s": batch_rate, "claim1_per_s": single_rate,
+            "commands_per_job": per_job["total"], "top": per_job["top"],
+            "redis_bytes_per_job": used / jobs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="backlog per scenario")
+    parser.add_argument("--groups", type=int, default=100_000, help="groups in 'N groups'")
+    parser.add_argument("--measure", type=int, default=30_000,
+                        help="jobs drained by claims of 100")
+    parser.add_argument("--single", type=int, default=3_000, help="jobs drained one a claim")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    rows = []
+    with RedisServer() as server:
+        url = server.url(0)
+        common = (args.jobs, args.measure, args.single)
+        rows.append(scenario(url, "plain, before groups", *common, before=True))
+        rows.append(scenario(url, "plain", *common))
+        rows.append(scenario(url, "1 group", *common, groups=1, concurrency=1_000_000))
+        rows.append(scenario(url, "1 group, concurrency 1", args.jobs, args.single,
+                             args.single, groups=1))
+        rows.append(scenario(url, f"{args.groups:,} groups", *common, groups=args.groups))
+    one = next(r for r in rows if r["name"] == "1 group")
+    print(f"\n{args.jobs:,} jobs per scenario; claim 100 over {args.measure:,}, "
+          f"claim 1 over {args.single:,}\n")
+    print("| scenario | enqueue_many, jobs/s | claim 100 + acks, jobs/s | ÷ 1 group "
+          "| claim 1 + ack, jobs/s | Redis commands per job (claim 100) | bytes per job |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {r['name']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        ratio = r["claim100_per_s"] / one["claim100_per_s"]
+        print(f"| {r['name']} | {r['enqueue_per_s']:,.0f} | {r['claim100_per_s']:,.0f} | "
+              f"{ratio:.2f} | {r['claim1_per_s']:,.0f} | {r['commands_per_job']:.2f} | "
+              f"{r['redis_bytes_per_job']:,.0f} |")
+    print()
+    for r in rows:
+        if "top" in r:
+            print(f"- {r['name']}: {json.dumps(r['top'])}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
