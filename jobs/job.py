@@ -39,7 +39,10 @@ _INT_FIELDS = (
     "finished_at",
     "lease_deadline",
     "expire_at",
+    "progress_at",
+    "step_count",
 )
+STEP_PREFIX = "step:"  # a durable step's field in the job hash (lua/step.lua)
 
 
 def _loads(text: str | None) -> Any:
@@ -129,6 +132,48 @@ class Job:
         return self.fields.get("output") or ""
 
     @property
+    def progress(self) -> dict[str, Any] | None:
+        """The handler's last progress report, {"value": 0..1, "message", "at" (Redis
+        seconds)}, or None if it sent none (`current().progress`)."""
+        raw = self.fields.get("progress")
+        if raw in (None, ""):
+            return None
+        try:
+            value: float | None = float(raw)
+        except (TypeError, ValueError):
+            value = None
+        at = self.fields.get("progress_at")
+        return {"value": value, "message": str(self.fields.get("progress_message") or ""),
+                "at": int(at) / 1000.0 if isinstance(at, int) else None}
+
+    @property
+    def steps(self) -> dict[str, Any]:
+        """The durable steps recorded so far (`current().step`): name -> result, in the
+        order they were recorded."""
+        return {name: entry.get("result") for name, entry in self.step_records().items()}
+
+    def step_records(self) -> dict[str, dict[str, Any]]:
+        """Each recorded step's {"n": its number, "at": Redis ms, "result"}, in order."""
+        found = []
+        for name, raw in self.fields.items():
+            if isinstance(name, str) and name.startswith(STEP_PREFIX):
+                entry = _loads(raw)
+                if not isinstance(entry, dict):
+                    entry = {"result": entry}
+                found.append((name[len(STEP_PREFIX):], entry))
+        def number(item: tuple[str, dict[str, Any]]) -> int:
+            n = item[1].get("n")
+            return n if isinstance(n, int) else 1 << 62
+
+        found.sort(key=number)
+        return dict(found)
+
+    def recorded_steps(self) -> dict[str, str]:
+        """Each recorded step's result as compact JSON: what a re-run's child gets."""
+        return {name: json.dumps(result, separators=(",", ":"))
+                for name, result in self.steps.items()}
+
+    @property
     def reason(self) -> str | None:
         """Why the job is where it is: the dead reason, else the last error message."""
         if self.fields.get("dead_reason"):
@@ -154,6 +199,8 @@ class Job:
             "error": self.error,
             "reason": self.reason,
             "output": self.output,
+            "progress": self.progress,
+            "steps": self.steps,
             "history": self.history,
         }
         for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",

@@ -296,6 +296,21 @@ class Queue:
         reply = self.scripts.run(tr.output_call(self.keys, job_id, token, output), client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
+    def record_progress(self, entries: Sequence[tuple[str, str, float, str]],
+                        client: Any = None) -> Any:
+        """Keep running jobs' progress, each (id, token, value, message), in their records
+        while each token holds the lease: "ok" or "lost" per job (the supervisor's)."""
+        reply = self.scripts.run(tr.progress_call(self.keys, entries), client)
+        return client if client is not None else tr.parse_progress(reply)
+
+    def record_step(self, job_id: str, token: str, name: str, result_json: str,
+                    client: Any = None) -> Any:
+        """Keep a durable step's result in the job while `token` holds its lease ("ok"),
+        or "lost": the supervisor's, for a handler's `current().step`."""
+        reply = self.scripts.run(tr.step_call(self.keys, job_id, token, name, result_json),
+                                 client)
+        return client if client is not None else tr.parse_lease_reply(reply)
+
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""
         reply = self.scripts.run(tr.release_call(self.keys, job_id, token, reason), client)

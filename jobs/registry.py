@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from forq.channel import Channel
 from forq.payload import build_spec
 
 
@@ -102,6 +103,26 @@ class JobContext:
     # W3C traceparent of the handler's span when the supervisor traces ([tracing]):
     # follow-ups carry it, and handler code may parent its own spans to it
     traceparent: str = ""
+    # fd 3 to the supervisor (`forq.channel`); a context made outside a job's child has
+    # none: progress goes nowhere and a step runs its function each time
+    channel: Channel = field(default_factory=lambda: Channel(-1))
+
+    def progress(self, value: float, message: str = "") -> None:
+        """Report how far the job is: `value` from 0 to 1, and a short message (cut at
+        500 characters). Throttled (one message every 0.5 s, the last one always sent);
+        readable as `Job.progress`, in `forq job ID` and on the dashboard."""
+        self.channel.progress(value, message)
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job, over all its runs: its JSON
+        result is recorded in the job (fenced by the lease) before this returns, and a
+        re-run of the job (after a crash, timeout or reclaim) returns the recorded result
+        without calling `fn`. `name` identifies the step within the job (≤ 200 bytes)."""
+        return self.channel.step(name, fn, *args, **kwargs)
+
+    async def astep(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`step` for an async handler: `fn` may be a coroutine function."""
+        return await self.channel.astep(name, fn, *args, **kwargs)
 
     def enqueue(self, task: str, *args: Any, queue: str | None = None, **options: Any) -> str:
         if args:

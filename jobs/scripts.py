@@ -67,6 +67,8 @@ class Scripts:
         self.pause: Script = register(source("pause"))
         self.resume: Script = register(source("resume"))
         self.sweep_expired: Script = register(source("sweep_expired"))
+        self.progress: Script = register(source("progress"))
+        self.step: Script = register(source("step"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
-                     "pause", "resume", "sweep_expired"]
+                     "pause", "resume", "sweep_expired",
+                     "progress", "step"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -31,7 +32,7 @@ RECLAIM_BATCH = 1000
 SWEEP_BATCH = 100  # expired-before-start jobs a reaper pass moves to dead, per queue
 
 FailMode = Literal["retry", "fatal", "cancel"]
-LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output
+LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output, progress, step
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,29 @@ def output_call(keys: QueueKeys, job_id: str, token: str, output: str) -> Script
     """Not a state change: the tail of a finished child's output, kept in its record
     while the lease is held (sent just before the transition that reports its end)."""
     return ScriptCall("output", (keys.active,), (keys.prefix, job_id, token, output))
+
+
+def progress_call(keys: QueueKeys,
+                  entries: Iterable[tuple[str, str, float, str]]) -> ScriptCall:
+    """Not a state change: the latest progress of running jobs of this queue, each
+    (job id, token, value 0..1, message), kept in their records while the lease is held
+    (sent with the lease extension)."""
+    args: list[str | int | float] = [keys.prefix]
+    for job_id, token, value, message in entries:
+        args += [job_id, token, repr(float(value)), message]
+    return ScriptCall("progress", (keys.active,), tuple(args))
+
+
+def parse_progress(reply: Sequence[Any]) -> list[LeaseReply]:
+    """progress's answer per job, in the order sent."""
+    return [parse_lease_reply(r) for r in reply]
+
+
+def step_call(keys: QueueKeys, job_id: str, token: str, name: str,
+              result_json: str) -> ScriptCall:
+    """Not a state change: a durable step's result (checked, compact JSON) kept in the
+    job's record under the lease; answered with `parse_lease_reply`."""
+    return ScriptCall("step", (keys.active,), (keys.prefix, job_id, token, name, result_json))
 
 
 def reclaim_call(keys: QueueKeys, reclaimer: str, default_max_crashes: int = 3,

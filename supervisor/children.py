@@ -41,6 +41,8 @@ class Children:
         self.metrics = metrics
         self.on_report = on_report  # a finished child's outcome, for the Reporter
         self.on_change = on_change  # a child started or ended (the process title)
+        # a child's pipe was read: its progress or a step may wait for Redis (`JobNotes`)
+        self.on_notes: Callable[[RunningChild], None] = lambda _child: None
         self.by_job: dict[str, RunningChild] = {}
         self.running: dict[str, int] = defaultdict(int)  # by queue
         self.spawner = Spawner(loop, self.by_job.values, self.ended)
@@ -109,7 +111,9 @@ class Children:
         self.on_change()
 
     def _on_pipe(self, child: RunningChild) -> None:
-        if not child.read_pipe():
+        more = child.read_pipe()
+        self.on_notes(child)
+        if not more:
             self.loop.remove_reader(child.pipe)
             child.pipe_open = False
             if child.reader.done and child.kill_reason is None:
@@ -132,6 +136,7 @@ class Children:
         if child.pipe_open:
             child.read_pipe()
             self.loop.remove_reader(child.pipe)
+        self.on_notes(child)  # a step it sent last is still recorded (before its report)
         job_cgroups = self.launcher.cgroups
         if child.spec.cgroup and job_cgroups is not None:
             # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
@@ -147,6 +152,7 @@ class Children:
             child.close_output()
         os.close(child.pidfd)
         os.close(child.pipe)
+        child.pipe, child.pipe_open = -1, False  # a step answered later is not written
         self.by_job.pop(child.job_id, None)
         self.running[child.queue] -= 1
         self.metrics.set_children(child.queue, self.running[child.queue])

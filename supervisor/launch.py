@@ -53,6 +53,7 @@ class Launcher:
             private_tmp=sandbox.private_tmp,
             tmp_bytes=sandbox.tmp_size,
             max_processes=sandbox.max_processes,
+            steps=job.recorded_steps(),  # a re-run returns these without running them
         )
 
     @staticmethod

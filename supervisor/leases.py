@@ -11,7 +11,8 @@ stopped) must be killed before another supervisor can reclaim and rerun the job.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from forq import Queue
 
@@ -45,9 +46,14 @@ class LeaseKeeper:
         """Monotonic time until which this job's lease is proven held, if it is held."""
         return self._proven.get(job_id)
 
-    def extend(self, client, queues: Mapping[str, Queue]) -> tuple[list[str], list[str]]:
+    def extend(self, client, queues: Mapping[str, Queue],
+               riders: Callable[[Any], Callable[[list[Any] | None], None]] | None = None
+               ) -> tuple[list[str], list[str]]:
         """Extend every lease in one round trip. Returns (lost ids, cancelled ids).
-        Raises the Redis error when Redis cannot be reached (nothing is proven then)."""
+        Raises the Redis error when Redis cannot be reached (nothing is proven then).
+        `riders(pipe)` may queue commands that ride along (running jobs' progress) and
+        returns what takes their replies (None if the round trip failed); a rider's
+        error never fails the extension."""
         by_queue: dict[str, list[tuple[str, str]]] = {}
         for job_id, (queue, token) in self._held.items():
             by_queue.setdefault(queue, []).append((job_id, token))
@@ -55,10 +61,23 @@ class LeaseKeeper:
             return [], []
         sent_at = time.monotonic()
         pipe = client.pipeline(transaction=False)
+        take = riders(pipe) if riders is not None else None
+        first = len(pipe.command_stack)
         names = list(by_queue)
         for name in names:
             queues[name].extend(by_queue[name], self.ttl_ms, client=pipe)
-        replies = pipe.execute()
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            if take is not None:
+                take(None)
+            raise
+        if take is not None:
+            take(replies[:first])
+        replies = replies[first:]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
         lost_all: list[str] = []
         cancelled_all: list[str] = []
         for name, reply in zip(names, replies, strict=True):

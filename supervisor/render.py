@@ -65,6 +65,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
                      for r in cells)
 
 
+def printable(text: str) -> str:
+    """Text a handler chose, on the operator's terminal: no control characters."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _compact(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -120,6 +125,19 @@ def job(job: Job) -> str:
             lines.extend("    " + line for line in tb.splitlines())
     elif error is not None:
         row("error", _compact(error))
+    progress = job.progress
+    if progress is not None:
+        value = progress["value"]
+        shown = f"{value * 100:.0f}%" if isinstance(value, float) else "?"
+        row("progress", f"{shown}  {clip(printable(progress['message']), 200)}"
+            f"    at {when(progress['at'])}")
+    steps = job.step_records()
+    if steps:
+        lines.append(f"  steps ({len(steps)} recorded: a re-run returns these without "
+                     f"running them)")
+        for name, entry in steps.items():
+            lines.append(f"    {when_ms(entry.get('at'))}  {printable(name)}: "
+                         f"{clip(_compact(entry.get('result')), 200)}")
     if job.output:
         lines.append("  output (stdout and stderr, the last few KiB)")
         lines.extend("    " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)

@@ -22,6 +22,7 @@ from forq.supervisor import tracing
 from forq.supervisor.fork.tasks import TaskInfo
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.metrics import Metrics
+from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind, Metric, Outcome
 from forq.supervisor.running import RunningChild
 
@@ -95,6 +96,9 @@ class Reporter:
         child, outcome, token = item.child, item.outcome, item.token
         q = self.queue_for(child.queue)
         job_id = child.job_id
+        progress = JobNotes.progress_entry(child, token)  # its last, if not yet written
+        if progress is not None:
+            q.record_progress([progress], client=pipe)
         output = child.out.record()
         if output:  # before the transition: it needs the lease still held
             q.set_output(job_id, token, output, client=pipe)

@@ -20,7 +20,13 @@ from enum import Enum
 from forq.queue import Lease
 from forq.supervisor.cgroups import kill_all
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.messages import RESULT_OVERHEAD, MessageReader, Report
+from forq.supervisor.fork.messages import (
+    MAX_STEP_BYTES,
+    RESULT_OVERHEAD,
+    STEP_OVERHEAD,
+    MessageReader,
+    Report,
+)
 from forq.supervisor.output import OutputReader
 
 log = logging.getLogger("forq.supervisor")
@@ -61,7 +67,8 @@ class RunningChild:
     out: OutputReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.reader = MessageReader(self.spec.job_id, self.spec.max_result_bytes + RESULT_OVERHEAD)
+        cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
+        self.reader = MessageReader(self.spec.job_id, cap, len(self.spec.steps))
         self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
 
     def close_output(self) -> None:

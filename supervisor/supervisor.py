@@ -41,6 +41,7 @@ from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.metrics_server import MetricsServer
+from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
@@ -86,6 +87,8 @@ class Supervisor:
         self.children = Children(self.loop, self.launcher, self.leases, self.metrics,
                                  self._report, self._set_title)
         self.spawner = self.children.spawner
+        self.notes = JobNotes(self._queue_for)  # progress and steps from running children
+        self.children.on_notes = self.notes.heard
         self.fencer = self.make_fencer()
         self.children.first_deadline = self.fencer.first_deadline
         # [redis].min_replicas: a WAIT must end before the socket times out
@@ -256,7 +259,7 @@ class Supervisor:
         log.info("ready")
         while not self._finished():
             self.fencer.unproven()
-            if self.want_claim or self.outbox:
+            if self.want_claim or self.outbox or self.notes.waiting:
                 self._sync()
             # a full claim batch asks for more: run what is due, but do not wait
             self.loop.run_once(cap=0.0 if self.want_claim and self.health.ready() else 1.0)
@@ -387,6 +390,9 @@ class Supervisor:
         # claims first: a global max_in_flight still counts our finished jobs, so the
         # ack's wake-up lets every supervisor race fairly for the freed slot
         asks = self.claimer.send(pipe, self.config) if claiming else []
+        # durable steps before the reports: a handler waits for them, and a step and
+        # its job's ack sent in one turn must land in that order
+        stepping = self.notes.send_steps(pipe, self.leases.token)
         spans = self.reporter.send_batch(pipe, batch)
         # a crash reported now is reclaimed in the same trip, not a reaper tick later
         reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
@@ -399,11 +405,13 @@ class Supervisor:
             replies = pipe.execute(raise_on_error=False)
         except (redis.RedisError, OSError) as exc:
             self.outbox = batch + self.outbox
+            self.notes.steps_failed(stepping)
             self.want_claim = self.want_claim or claiming
             self.health.failed("report" if batch else "claim", exc)
             return
         self._redis_worked()
         replies = self.reporter.check_waits(batch, replies, waits)
+        self.notes.steps_answered(stepping, replies[len(asks):len(asks) + len(stepping)])
         self.reporter.answer_batch(batch, spans, replies)
         for offset, name in enumerate(asks):
             if self.claimer.answered(name, replies[offset], sent_at):
@@ -421,7 +429,10 @@ class Supervisor:
         if not len(self.leases):
             return
         try:
-            lost, cancelled = self.leases.extend(self.redis, self.queues)
+            lost, cancelled = self.leases.extend(
+                self.redis, self.queues,  # running jobs' progress rides along
+                lambda pipe: self.notes.send_progress(pipe, self.children,
+                                                      self.leases.token).answered)
         except (redis.RedisError, OSError) as exc:
             self.health.failed("extend", exc)
             # try again soon rather than a whole ttl/3 later: a short Redis blip must not

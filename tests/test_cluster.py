@@ -249,6 +249,8 @@ def workout(queues: list[Queue], rc) -> None:
         assert {lease.job.task for lease in again.leases} == {"t.e", "t.follow"}
         for lease in again.leases:
             assert q.set_output(lease.id, lease.token, "printed\n") == "ok"
+            assert q.record_progress([(lease.id, lease.token, 0.5, "half")]) == ["ok"]
+            assert q.record_step(lease.id, lease.token, "s1", '{"a":1}') == "ok"
             assert q.release(lease.id, lease.token, "drain") == "ok"
         assert q.cancel(next(iter(q.redis.zrange(q.keys.scheduled, 0, 0)))) == "cancelled"
         dead_id = leases["t.d"].id

@@ -33,6 +33,8 @@ CALLS = {
     "pause": tr.pause_call(KEYS),
     "resume": tr.resume_call(KEYS),
     "sweep_expired": tr.sweep_expired_call(KEYS, "sup", 10),
+    "progress": tr.progress_call(KEYS, [("a", "1", 0.5, "half"), ("b", "2", 1, "")]),
+    "step": tr.step_call(KEYS, "a", "1", "charge-card", '{"id":7}'),
 }
 
 
@@ -80,5 +82,6 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_lease_reply("lost") == "lost"
     assert (tr.parse_changed(1), tr.parse_changed(0)) == (True, False)
     assert tr.parse_sweep([2, "a", "b"]) == ["a", "b"]
+    assert tr.parse_progress(["ok", "lost"]) == ["ok", "lost"]
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

@@ -371,8 +371,9 @@ def test_child_isolation_fds_title_session_nice_env(tmp_path, redis_url, queue):
     # handler's own os.listdir("/proc/self/fd") had open while listing
     assert info["fds"][:4] == [0, 1, 2, 3], info
     assert info["fds"] in ([0, 1, 2, 3], [0, 1, 2, 3, 4]), info
-    # no socket at all: neither the supervisor's Redis connections nor the notify socket
-    assert info["sockets"] == [], info
+    # no socket but its channel to the parent (fd 3, a socketpair for step answers):
+    # neither the supervisor's Redis connections nor the notify socket
+    assert info["sockets"] == [3], info
     assert info["title"].rstrip("\x00 ").startswith(f"forq: job {jid} tests.open_fds"), info
     assert info["sid"] == info["pid"] == info["pgid"], info  # own session and process group
     assert info["pid"] != sup.pid

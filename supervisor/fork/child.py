@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forq import registry
+from forq.channel import Channel, LeaseLost, StepError
 from forq.supervisor.cgroups import JOIN_FAILED
 from forq.supervisor.fork import namespaces, sandbox
 from forq.supervisor.fork.messages import ERROR_CAPS, encode
@@ -62,6 +63,8 @@ class ChildSpec:
     private_tmp: bool = False  # a tmpfs of its own on /tmp and /dev/shm
     tmp_bytes: int = 64 << 20
     max_processes: int = 0  # RLIMIT_NPROC in its own user namespace (0: not set)
+    # the job's durable steps recorded by earlier runs: name -> result JSON (`forq.channel`)
+    steps: dict[str, str] = field(default_factory=dict)
 
 
 def _find_prctl() -> Any:
@@ -166,20 +169,27 @@ def _error(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def encode_report(spec: ChildSpec, run: Any) -> bytes:
+def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     """Run the handler and encode the one result message the parent reads
-    (`forq.supervisor.fork.messages` is the schema)."""
+    (`forq.supervisor.fork.messages` is the schema); `fd` is the channel the handler's
+    progress and steps go through first. b"" when a step found the lease lost: this run
+    must say nothing more (the parent drops it)."""
+    channel = Channel(fd, spec.steps)
     ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes,
-                              traceparent=spec.traceparent)
+                              traceparent=spec.traceparent, channel=channel)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
     try:
         if task is None:
             raise LookupError(f"unknown task {spec.task!r}")
         result = run(task, spec.args, spec.kwargs)
+    except LeaseLost:
+        return b""
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
-        fatal = task is None or isinstance(exc, registry.NonRetryable)
+        channel.flush()
+        fatal = task is None or isinstance(exc, (registry.NonRetryable, StepError))
         return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})
+    channel.flush()  # the last progress, before the result (nothing may follow that)
     try:
         result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -258,7 +268,7 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
                 os._exit(0)
         _sandbox(spec)
         _limit(spec)
-        report = _import(spec.imports) or encode_report(spec, _call)
+        report = _import(spec.imports) or encode_report(spec, _call, fd)
         _write_all(fd, report)
     except BaseException:  # noqa: BLE001
         code = 71  # the parent sees an exit without a report: a crash, reclaimed

@@ -19,6 +19,7 @@ from typing import Any
 
 from forq.queue import Lease
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.protocol import fds_of, send
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
@@ -53,7 +54,7 @@ def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
     connection), that imports the handler modules itself after its sandbox is set up.
     The parent returns at once with its handles."""
     spec = dataclasses.replace(spec, imports=list(launch.imports))
-    read_fd, write_fd = os.pipe()
+    read_fd, write_fd = channel()  # the child's fd 3
     out_r, out_w = os.pipe()
     memfd = os.memfd_create("forq-spec", 0)
     try:
@@ -236,7 +237,7 @@ class ForkServer:
         """Have it fork a child for `lease`; `fence_at` (monotonic): kill it then unless
         `fence` moves that deadline on."""
         data = json.dumps(dataclasses.asdict(spec), separators=(",", ":"))
-        read_fd, write_fd = os.pipe()
+        read_fd, write_fd = channel()  # the child's fd 3
         out_r, out_w = os.pipe()  # the child's stdout and stderr
         memfd = -1
         try:

@@ -18,21 +18,49 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
     no retry.
 
+``{"t": "progress", "progress": 0.42, "message": "resized 42 of 100"}``
+    ``current().progress``: a number in 0..1 and a short message (throttled by the
+    child, `forq.channel`); the parent keeps the latest and records it with its next
+    lease extension.
+``{"t": "step", "name": "charge-card", "result": <any JSON>}``
+    ``current().step``: a durable step's result. The child then waits for the parent's
+    answer on the same socket (`channel` makes it a socketpair), one line
+    ``{"step": name, "answer": "ok" | "lost"}``: "ok" once Redis holds the result
+    (fenced by the lease token), "lost" if the lease is no longer this supervisor's.
+    One step at a time: a step sent before the previous one was answered, more than
+    `MAX_STEPS` per job, a name over `MAX_STEP_NAME` bytes or a result over
+    `MAX_STEP_BYTES` is a violation.
+
 The result is the child's last message: anything after it is a violation.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from forq.channel import MAX_PROGRESS_MESSAGE, MAX_STEP_BYTES, MAX_STEP_NAME, MAX_STEPS
 from forq.payload import check_followup
 
 RESULT_OVERHEAD = 64 * 1024  # the envelope and follow-ups beside the result itself
 MAX_FOLLOWUPS = 1000
 # an error's fields, capped where the child builds them and checked again here
 ERROR_CAPS = {"type": 200, "message": 64 * 1024, "traceback": 8192, "reason": 500}
+# progress messages a child may send: a burst, then this many a second (an honest child
+# sends at most two a second: `forq.channel` throttles); more is a flood, a violation
+PROGRESS_BURST = 100
+PROGRESS_RATE = 20.0
+STEP_OVERHEAD = MAX_STEP_NAME * 6 + 64  # a step message's envelope, its name escaped
+
+
+def channel() -> tuple[int, int]:
+    """A job's channel: (the parent's end, the child's end), both blocking, neither
+    inheritable. A socketpair rather than a pipe, so the parent can answer a step."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return ours.detach(), theirs.detach()
 
 
 class Violation(Exception):
@@ -48,6 +76,55 @@ class Report:
     followups: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, str] = field(default_factory=dict)
     fatal: bool = False
+
+
+@dataclass
+class Progress:
+    """A checked progress message."""
+
+    value: float
+    message: str
+
+
+@dataclass
+class Step:
+    """A checked step message: its result re-encoded here (never the child's bytes)."""
+
+    name: str
+    result_json: str
+
+
+def check_progress(message: dict[str, Any]) -> Progress:
+    unknown = set(message) - {"t", "progress", "message"}
+    if unknown:
+        raise Violation(f"progress has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+    value = message.get("progress")
+    # NaN fails both comparisons; a huge int compares without becoming a float
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise Violation(f"progress must be a number from 0 to 1, got {value!r}"[:200])
+    text = message.get("message", "")
+    if not isinstance(text, str):
+        raise Violation(f"progress message must be a string, got {type(text).__name__}")
+    if len(text) > MAX_PROGRESS_MESSAGE:
+        raise Violation(f"progress message over {MAX_PROGRESS_MESSAGE} characters")
+    return Progress(float(value), text)
+
+
+def check_step(message: dict[str, Any]) -> Step:
+    unknown = set(message) - {"t", "name", "result"}
+    if unknown:
+        raise Violation(f"step has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+    name = message.get("name")
+    if not isinstance(name, str) or not name:
+        raise Violation(f"step name must be a non-empty string, got {name!r}"[:200])
+    if len(name.encode(errors="surrogatepass")) > MAX_STEP_NAME:
+        raise Violation(f"step name over {MAX_STEP_NAME} bytes")
+    if "result" not in message:
+        raise Violation(f"step {name!r} has no result")
+    result = json.dumps(message["result"], separators=(",", ":"), allow_nan=False)
+    if len(result) > MAX_STEP_BYTES:
+        raise Violation(f"step {name!r} result of {len(result)} bytes, over {MAX_STEP_BYTES}")
+    return Step(name, result)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -108,13 +185,20 @@ class MessageReader:
     fill): it sets `overflow`, which the parent reports as a result too large. The first
     violation sets `violation` and stops reading; the parent then kills the child."""
 
-    def __init__(self, job_id: str, line_cap: int) -> None:
+    def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0) -> None:
         self.job_id = job_id
         self.line_cap = line_cap
         self.buf = bytearray()
         self.report: Report | None = None
         self.violation: str = ""
         self.overflow = False
+        # what the child said before its result, for the parent to take (`notes`)
+        self.progress: Progress | None = None  # the latest, not yet taken
+        self.steps: list[Step] = []  # sent, not yet taken
+        self.step_open = False  # a step awaits the parent's answer (`answered`)
+        self.step_count = recorded_steps  # this job's steps, recorded and sent
+        self._allowance = float(PROGRESS_BURST)
+        self._allowance_at = time.monotonic()
 
     @property
     def done(self) -> bool:
@@ -143,6 +227,29 @@ class MessageReader:
             return
         self.buf += data[start:]
 
+    def answered(self) -> None:
+        """The parent answered the open step: the child may send the next one."""
+        self.step_open = False
+
+    def _check_rate(self) -> None:
+        now = time.monotonic()
+        self._allowance = min(float(PROGRESS_BURST),
+                              self._allowance + (now - self._allowance_at) * PROGRESS_RATE)
+        self._allowance_at = now
+        if self._allowance < 1:
+            raise Violation(f"progress sent more than {PROGRESS_RATE:g} times a second")
+        self._allowance -= 1
+
+    def _step(self, message: dict[str, Any]) -> None:
+        if self.step_open:
+            raise Violation("sent a step before its previous step was answered")
+        step = check_step(message)
+        if self.step_count >= MAX_STEPS:
+            raise Violation(f"more than {MAX_STEPS} steps")
+        self.step_count += 1
+        self.step_open = True
+        self.steps.append(step)
+
     def finish(self) -> None:
         """End of the pipe: a message cut short is a violation."""
         if not self.done and self.buf:
@@ -168,6 +275,11 @@ class MessageReader:
         try:
             if kind == "result":
                 self.report = parse_result(message, self.job_id)
+            elif kind == "progress":
+                self._check_rate()
+                self.progress = check_progress(message)
+            elif kind == "step":
+                self._step(message)
             else:
                 raise Violation(f"unknown message kind {kind!r}"[:200])
         except Violation as exc:

@@ -3,9 +3,9 @@
 One SOCK_SEQPACKET socketpair; every message is one JSON datagram, file descriptors
 travel beside it (SCM_RIGHTS):
 
-* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the write ends of
-  the result pipe and of the output pipe (the child's stdout and stderr) attached; a
-  spec too big for one datagram travels in a memfd attached third, and the message
+* supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the child's end
+  of its channel (a socketpair, `messages.channel`) and the write end of the output
+  pipe (the child's stdout and stderr) attached; a spec too big for one datagram travels in a memfd attached third, and the message
   says {"title": ..., "memfd": true}. The request may carry "fence_at": the child's
   first fencing deadline (below).
 * supervisor → server: {"fence": [[pid, fence_at], ...]} after each confirmed lease
