@@ -10,6 +10,8 @@
   Sets, in each job held under its token: progress (the value), progress_message,
   progress_at (Redis ms).
   Returns a list with "ok", or "lost" for a stale token, per job.
+
+  Transitions: none
 ]]
 --@include _lib
 

@@ -15,6 +15,8 @@
   "result": <the result>} and counts it in `step_count`. A step already recorded keeps
   its first result (a handler that got it went on with that one).
   Returns "ok", or "lost" when the token is stale (nothing changes).
+
+  Transitions: none
 ]]
 --@include _lib
 
