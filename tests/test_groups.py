@@ -331,3 +331,23 @@ def test_removed_group_rate_lets_a_waiting_group_go(queue, r):
     wait_for(lambda: redis_ms(r) >= due, timeout=5)
     assert claim_ids(queue) == a[1:]  # no rate now: both at once
     assert r.zcard(queue.keys.groups_wait) == 0
+
+
+def test_async_queue_enqueues_into_groups(queue, redis_url):
+    import asyncio
+
+    from forq import AsyncQueue
+
+    async def body() -> tuple[str, list[str]]:
+        async with AsyncQueue(queue.name, url=redis_url) as aq:
+            one = await aq.enqueue("t.task", group="a")
+            many = await aq.enqueue_many([{"task": "t.task", "group": "a"},
+                                          {"task": "t.task", "group": "b"}])
+            with pytest.raises(PayloadError, match="group must not be empty"):
+                await aq.enqueue("t.task", group="")
+            return one.id, [j.id for j in many]
+
+    first, (second, other) = asyncio.run(body())
+    assert claim_ids(queue) == [first, other]  # one per group
+    assert queue.stats()["pending"] == 1
+    assert queue.get(second).fields["group"] == "a"

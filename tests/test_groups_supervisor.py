@@ -8,6 +8,7 @@ b ran alongside" is "all of b finished while a's first job was still blocked".
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from forq import Queue
 from forq.job import Job
 from forq.supervisor.config import ConfigError, load_config
+from forq.supervisor.fork.messages import encode
 from tests import helpers
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, write_config
@@ -228,3 +230,32 @@ def test_cli_enqueue_group_and_limit(redis_url, queue):
     one_line(forq(redis_url, "limit", queue.name, "--group-concurrency", "0"),
              "--group-concurrency: expected an integer >= 1")
     one_line(forq(redis_url, "limit", queue.name, "--group-rate", "often"), "--group-rate")
+
+
+# -- hostile ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("group,why", [
+    ("x" * 257, "group is 257 bytes, over the 256-byte cap"),
+    ("", "group must not be empty"),
+    (["a"], "group must be str, got list"),
+])
+def test_a_follow_up_with_a_bad_group_is_refused(tmp_path, redis_url, queue, group, why):
+    """A child writes its own result message with a follow-up whose group a producer
+    could not have passed: that job fails naming it; the supervisor and the queue's
+    groups are untouched."""
+    job_id = "h" + queue.name
+    spec = {"id": f"{job_id}-1", "task": "tests.echo", "args": "[]", "kwargs": "{}",
+            "queue": queue.name, "parent": job_id, "group": group}
+    message = {"t": "result", "ok": True, "result": None, "followups": [spec]}
+    data = base64.b64encode(encode(message)).decode()
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        queue.enqueue("hostile.pipe", data, job_id=job_id, max_crashes=1)
+        done = wait_job(queue, job_id, ("dead",), sup=sup)
+        assert any(why in e.get("reason", "") for e in done.history), done.history
+        ok = queue.enqueue("tests.echo", "still here", group="g")
+        assert ok.wait(timeout=20) == {"args": ["still here"], "kwargs": {}}
+        assert "Traceback" not in sup.log()
+    assert not queue.redis.exists(queue.keys.job(f"{job_id}-1"))
+    assert_no_slot_left(queue)
