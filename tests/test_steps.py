@@ -3,7 +3,11 @@ supervisor: real children, a real SIGKILL, the Lua scripts on a real Redis."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from forq import Queue
 from forq.channel import Channel, LeaseLost
 from forq.supervisor import render
 from tests.helpers import wait_for, wait_job
-from tests.supervisors import TEST_IMPORTS, SupervisorProcess, write_config
+from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -102,7 +106,12 @@ def test_progress_is_readable_while_the_job_runs_and_after(sup, queue, tmp_path,
     assert job.wait(timeout=20) == "ok"
     done = queue.get(job.id)
     assert done.progress["value"] == 1.0 and done.progress["message"] == "done"
-    assert done.to_dict()["progress"]["message"] == "done"
+    shown = subprocess.run(
+        [sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, "job", job.id,
+         "--json"], capture_output=True, text=True, timeout=30, cwd=str(REPO),
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["progress"]["message"] == "done"
 
 
 class ScriptMonitor:

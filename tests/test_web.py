@@ -297,3 +297,19 @@ def test_hostile_job_content_is_escaped(web, queue):
     for html in (listing, page):
         assert "<img src=x" not in html and "<script>alert" not in html
         assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;/x?y#z" in html
+
+
+def test_job_page_and_running_view_show_progress_and_steps(web, queue):
+    """Recorded through the real scripts, as a supervisor records them for a handler."""
+    job = queue.enqueue("tests.echo", job_id="with-steps")
+    lease = queue.claim("web-test:1", 1, 60_000).leases[0]
+    assert queue.record_step(job.id, lease.token, "charge-card", '{"charge":"ch_<1>"}') == "ok"
+    assert queue.record_step(job.id, lease.token, "ship", '"sent"') == "ok"
+    assert queue.record_progress([(job.id, lease.token, 0.42, "packed <42>")]) == ["ok"]
+    running = next(j for j in data.running(queue.redis)["jobs"] if j["id"] == job.id)
+    assert (running["progress"], running["progress_message"]) == (0.42, "packed <42>")
+    _, html, _ = Browserless(web.url).get(f"/jobs/{queue.name}/{job.id}")
+    assert "0.42" in html and "packed &lt;42&gt;" in html
+    steps = html.split("durable steps", 1)[1]
+    assert steps.index("charge-card") < steps.index("ship"), steps
+    assert "ch_\\u003c1\\u003e" in steps or "ch_&lt;1&gt;" in steps, steps

@@ -164,12 +164,13 @@ def running(client: redis.Redis) -> dict[str, Any]:
         pipe = client.pipeline(transaction=False)
         for job in jobs:
             pipe.hmget(QueueKeys(job["queue"]).job(job["id"]), "task", "started_at", "owner",
-                       "timeout_ms", "memory_limit", "progress")
-        for job, (task, started, owner, timeout_ms, mem, progress) in zip(
+                       "timeout_ms", "memory_limit", "progress", "progress_message")
+        for job, (task, started, owner, timeout_ms, mem, progress, progress_message) in zip(
                 jobs, pipe.execute(), strict=True):
             job["task"] = job["task"] or task
             job["owner"] = owner
             job["progress"] = _progress(progress)
+            job["progress_message"] = str(progress_message or "")[:200]
             child = job["child"]
             if "started_ms" not in child and started:
                 child["started_ms"] = _int(started)
@@ -310,6 +311,8 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
         "lease_deadline_ms": int(lease_deadline) if lease_deadline is not None else None,
         "links": links,
         "progress": _progress(f.get("progress")),
+        "progress_message": str(f.get("progress_message") or "")[:500],
+        "steps": job.step_records(),  # durable steps (`current().step`), in order
     }
 
 
