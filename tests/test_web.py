@@ -152,6 +152,36 @@ def test_post_without_csrf_token_is_refused(web, queue):
     assert status == 400 and "rate" in html  # a bad value says what was wrong
 
 
+def test_pause_and_resume_buttons(web, queue):
+    queue.enqueue("tests.echo")  # a known queue: listed on the overview
+    client = Browserless(web.url)
+    _, html, _ = client.get(f"/queues/{queue.name}/pending")
+    assert f'action="/queues/{queue.name}/pause"' in html and "badge paused" not in html
+    token = client.csrf(html)
+    status, _, _ = client.post(f"/queues/{queue.name}/pause", [])  # no CSRF token
+    assert status == 403 and not queue.is_paused()
+
+    status, html, _ = client.post(f"/queues/{queue.name}/pause",
+                                  [("csrf", token), ("next", f"/queues/{queue.name}/pending")])
+    assert status == 200 and f"paused {queue.name}" in html and queue.is_paused()
+    assert f'action="/queues/{queue.name}/resume"' in html and "badge paused" in html
+    overview = next(q for q in data.overview(queue.redis)["queues"] if q["name"] == queue.name)
+    assert overview["paused"] is True
+
+
+    def overview_row() -> str:  # the live part is re-rendered at most every half second
+        found = re.search(rf'<tr data-queue="{queue.name}">(.*?)</tr>', client.get("/")[1], re.S)
+        return found.group(1) if found and "badge paused" in found.group(1) else ""
+
+    wait_for(overview_row, timeout=10, message="the overview's paused badge")
+
+    status, html, _ = client.post(f"/queues/{queue.name}/resume",
+                                  [("csrf", token), ("next", f"/queues/{queue.name}/pending")])
+    assert status == 200 and f"resumed {queue.name}" in html and not queue.is_paused()
+    status, html, _ = client.post(f"/queues/{queue.name}/resume", [("csrf", token)])
+    assert status == 200 and "was not paused" in html
+
+
 def test_dead_actions_selected_and_by_task(web, queue):
     a, b = _dead_job(queue), _dead_job(queue)
     other = _dead_job(queue, "tests.fail")
@@ -170,6 +200,7 @@ def test_dead_actions_selected_and_by_task(web, queue):
 
 def test_read_only_has_no_actions_and_refuses_posts(redis_url, queue):
     dead_id = _dead_job(queue)
+    queue.pause()  # a paused queue offers resume, but not when read-only
     with WebProcess(redis_url, "--read-only") as web:
         client = Browserless(web.url)
         for path in (f"/queues/{queue.name}/dead", f"/jobs/{queue.name}/{dead_id}",
@@ -180,7 +211,9 @@ def test_read_only_has_no_actions_and_refuses_posts(redis_url, queue):
         status, body, _ = client.post(f"/queues/{queue.name}/dead/requeue",
                                       [("scope", "all"), ("csrf", token)])
         assert status == 403 and "read-only" in body
-    assert queue.get(dead_id).state == "dead"
+        status, _, _ = client.post(f"/queues/{queue.name}/resume", [("csrf", token)])
+        assert status == 403
+    assert queue.get(dead_id).state == "dead" and queue.is_paused()
 
 
 def test_auth_token_and_basic(redis_url, tmp_path):

@@ -103,6 +103,8 @@ class Dashboard:
             Route("/queues/{queue}/{state}", self.page(self.job_list)),
             Route("/events/{view}", self.events),
             Route("/queues/{queue}/limits", self.action(self.set_limits), methods=["POST"]),
+            Route("/queues/{queue}/pause", self.action(self.pause), methods=["POST"]),
+            Route("/queues/{queue}/resume", self.action(self.resume), methods=["POST"]),
             Route("/queues/{queue}/dead/{verb}", self.action(self.dead_action),
                   methods=["POST"]),
             # a job id is the producer's choice and may hold a "/": the rest of the path
@@ -287,6 +289,18 @@ class Dashboard:
             changes["max_in_flight"] = int(mif)
         queue.set_limits(**changes)
         return f"limits of {queue.name}: rate {rate or 'none'}, max_in_flight {mif or 'none'}"
+
+    def pause(self, request: Request, form: dict[str, list[str]]) -> str:
+        queue = Queue(_queue_name(request), redis=self.client)
+        if not queue.pause():
+            return f"{queue.name} was paused already"
+        return f"paused {queue.name}: no supervisor claims from it; running jobs go on"
+
+    def resume(self, request: Request, form: dict[str, list[str]]) -> str:
+        queue = Queue(_queue_name(request), redis=self.client)
+        if not queue.resume():
+            return f"{queue.name} was not paused"
+        return f"resumed {queue.name}: supervisors claim from it again"
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> str:
         queue = Queue(_queue_name(request), redis=self.client)
