@@ -245,6 +245,18 @@ class Metrics:
             "Leases successfully extended by the lease keeper.",
             registry=r,
         )
+        self.steps_recorded = Counter(
+            "forq_steps_recorded_total",
+            "Durable steps (current().step) sent to Redis: ok, or lost (the lease was not ours).",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.progress_writes = Counter(
+            "forq_progress_writes_total",
+            "Progress reports (current().progress) written to Redis, after the child's throttle.",
+            ["queue"],
+            registry=r,
+        )
         self.reclaimed_jobs = Counter(
             "forq_reclaimed_total",
             "Expired leases reclaimed by this supervisor's reaper.",
@@ -337,6 +349,13 @@ class Metrics:
         """``n`` leases were extended by one batched call."""
         if n > 0:
             self.lease_extensions.inc(n)
+
+    def step_recorded(self, queue: str, ok: bool) -> None:
+        self.steps_recorded.labels(queue=queue, outcome="ok" if ok else "lost").inc()
+
+    def progress_written(self, queue: str, n: int = 1) -> None:
+        if n > 0:
+            self.progress_writes.labels(queue=queue).inc(n)
 
     def reclaimed(self, queue: str, n: int = 1) -> None:
         """The reaper moved ``n`` expired leases of ``queue`` back (or to dead)."""

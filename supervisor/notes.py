@@ -28,7 +28,9 @@ from typing import Any
 from forq import Queue
 from forq.channel import answer
 from forq.supervisor.fork.messages import Progress
+from forq.supervisor.metrics import Metrics
 from forq.supervisor.running import KillReason, RunningChild
+from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 
@@ -39,8 +41,9 @@ Entry = tuple[str, str, float, str]  # a `progress` call's: job id, token, value
 class ProgressBatch:
     """The progress calls of one pipeline: one per queue, in `groups`' order."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
         self.groups: dict[str, list[tuple[RunningChild, Entry]]] = {}
+        self.metrics = metrics
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -48,15 +51,18 @@ class ProgressBatch:
     def answered(self, replies: list[Any] | None) -> None:
         """Their replies (None: the pipeline failed). A write that did not land keeps
         its value for the next one."""
-        for i, group in enumerate(self.groups.values()):
+        for i, (name, group) in enumerate(self.groups.items()):
             if replies is None or isinstance(replies[i], Exception):
                 for child, entry in group:
                     JobNotes.progress_failed(child, entry)
+            elif self.metrics is not None:
+                self.metrics.progress_written(name, parse_progress(replies[i]).count("ok"))
 
 
 class JobNotes:
-    def __init__(self, queue_for: Callable[[str], Queue]) -> None:
+    def __init__(self, queue_for: Callable[[str], Queue], metrics: Metrics | None = None) -> None:
         self.queue_for = queue_for
+        self.metrics = metrics
         self.stepping: dict[str, RunningChild] = {}  # job id -> a child with a step to record
 
     def heard(self, child: RunningChild) -> None:
@@ -90,7 +96,7 @@ class JobNotes:
                       token: Callable[[str], str | None]) -> ProgressBatch:
         """Queue one `progress` call per queue for every child with unsent progress whose
         lease is held (`ProgressBatch.answered` reads the replies)."""
-        batch = ProgressBatch()
+        batch = ProgressBatch(self.metrics)
         for child in children:
             held = token(child.job_id)
             entry = self.progress_entry(child, held) if held else None
@@ -108,6 +114,8 @@ class JobNotes:
         order their replies will come (`steps_answered`)."""
         sent = []
         for job_id, child in list(self.stepping.items()):
+            if not child.reader.steps:
+                continue
             held = token(job_id) or child.lease.token
             step = child.reader.steps[0]
             self.queue_for(child.queue).record_step(job_id, held, step.name, step.result_json,
@@ -130,6 +138,8 @@ class JobNotes:
                 continue
             step = child.reader.steps.pop(0)
             ok = reply == "ok"
+            if self.metrics is not None:
+                self.metrics.step_recorded(child.queue, ok)
             if not ok:
                 log.warning("job %s %s: step %r answered lost (lease no longer ours); "
                             "stopping its child", child.job_id, child.task, step.name[:200])

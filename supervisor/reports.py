@@ -25,6 +25,7 @@ from forq.supervisor.metrics import Metrics
 from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind, Metric, Outcome
 from forq.supervisor.running import RunningChild
+from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 
@@ -38,6 +39,8 @@ class Pending:
     child: RunningChild
     outcome: Outcome
     token: str
+    # its last progress, taken from the child, sent first (replies[0]), again on a retry
+    progress: tuple[str, str, float, str] | None = None
 
 
 class Reporter:
@@ -96,9 +99,10 @@ class Reporter:
         child, outcome, token = item.child, item.outcome, item.token
         q = self.queue_for(child.queue)
         job_id = child.job_id
-        progress = JobNotes.progress_entry(child, token)  # its last, if not yet written
-        if progress is not None:
-            q.record_progress([progress], client=pipe)
+        if item.progress is None:  # its last, if not yet written
+            item.progress = JobNotes.progress_entry(child, token)
+        if item.progress is not None:
+            q.record_progress([item.progress], client=pipe)
         output = child.out.record()
         if output:  # before the transition: it needs the lease still held
             q.set_output(job_id, token, output, client=pipe)
@@ -159,6 +163,8 @@ class Reporter:
         if self.leases.token(child.job_id) == item.token:
             self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric: Metric | None = outcome.metric
+        if item.progress is not None and replies and not isinstance(replies[0], Exception):
+            self.metrics.progress_written(child.queue, parse_progress(replies[0]).count("ok"))
         last: Any = replies[-1] if replies else None
         if isinstance(last, Exception):
             log.error("job %s %s: report failed: %s", child.job_id, child.task, last)

@@ -87,7 +87,7 @@ class Supervisor:
         self.children = Children(self.loop, self.launcher, self.leases, self.metrics,
                                  self._report, self._set_title)
         self.spawner = self.children.spawner
-        self.notes = JobNotes(self._queue_for)  # progress and steps from running children
+        self.notes = JobNotes(self._queue_for, self.metrics)  # children's progress and steps
         self.children.on_notes = self.notes.heard
         self.fencer = self.make_fencer()
         self.children.first_deadline = self.fencer.first_deadline

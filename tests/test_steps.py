@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,37 @@ pytestmark = pytest.mark.timeout(90)
 IMPORTS = (*TEST_IMPORTS, "tests.steps_tasks")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(params=[True, False], ids=["fork_server", "oneshot"])
 def sup(request, tmp_path, redis_url, queue):
-    """A supervisor on `queue`, its children forked by the fork server or exec'd alone."""
+    """A supervisor on `queue`, its children forked by the fork server or exec'd alone,
+    its metrics on `sup.metrics_url`."""
     config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, imports=IMPORTS,
                           supervisor_extra=f"fork_server = {str(request.param).lower()}")
+    port = free_port()
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
     proc = SupervisorProcess(config).start()
+    proc.metrics_url = f"http://127.0.0.1:{port}/metrics"
     yield proc
     proc.stop()
+
+
+def metric(sup, name: str, **labels: str) -> float:
+    """One sample of the supervisor's /metrics (0 when absent)."""
+    with urllib.request.urlopen(sup.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.startswith(name + "{") and ",".join(sorted(
+                series[len(name) + 1:-1].split(","))) == want:
+            return float(value)
+    return 0.0
 
 
 def lines(path: Path) -> list[str]:
@@ -55,6 +79,7 @@ def test_a_job_killed_after_step_two_runs_only_step_three_again(sup, queue, tmp_
     assert done.steps["one"] == "one"
     shown = render.job(done)
     assert "steps" in shown and "three" in shown, shown
+    assert metric(sup, "forq_steps_recorded_total", queue=queue.name, outcome="ok") == 3
 
 
 def test_a_stale_token_cannot_record_a_step(queue):
@@ -164,6 +189,7 @@ def test_a_handler_reporting_progress_in_a_tight_loop_costs_redis_a_few_writes(
     # ...and Redis saw at most one write per lease extension (lease_ttl 2s: every 0.67s)
     # plus the last one with the ack
     assert 1 <= writes <= 10, writes
+    assert metric(sup, "forq_progress_writes_total", queue=queue.name) == writes
     assert queue.get(job.id).progress["message"] == f"{calls} calls"
 
 
