@@ -24,9 +24,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError
 
-from forq import plans, topology
+from forq import batches, plans, topology
 from forq import transitions as tr
+from forq.batches import AsyncBatch
+from forq.batchspec import build_batch
 from forq.connection import add_password, client_options, redis_url
+from forq.errors import refused
 from forq.job import Job, settled
 from forq.keys import QueueKeys
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
@@ -199,12 +202,31 @@ class AsyncQueue:
                              durable: bool | None) -> list[AsyncJob]:
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
-        enqueued = await self._run(plans.enqueue(
-            self.keys, specs, register=not self._registered, replicas=replicas,
-            wait_ms=wait_ms))
+        try:
+            enqueued = await self._run(plans.enqueue(
+                self.keys, specs, register=not self._registered, replicas=replicas,
+                wait_ms=wait_ms))
+        except aioredis.ResponseError as exc:
+            raise refused(exc) from None
         self._registered = True
         return [self._job({"id": job_id, "queue": self.name, "enqueue_status": status}, [])
                 for job_id, status in enqueued]
+
+    async def batch(self, jobs: Iterable[Mapping[str, Any]], on_success: Any = None,
+                    on_complete: Any = None, *, batch_id: str | None = None) -> AsyncBatch:
+        """Enqueue `jobs` as one batch with its callbacks (see `Queue.batch`)."""
+        spec = build_batch(self.name, jobs, on_success, on_complete, batch_id=batch_id,
+                           max_payload_bytes=self.max_payload_bytes)
+        try:
+            await self._run(batches.open_batch(spec))
+        except aioredis.ResponseError as exc:
+            raise refused(exc) from None
+        return AsyncBatch(self, spec.id, spec.member_ids)
+
+    async def get_batch(self, batch_id: str) -> AsyncBatch:
+        """The batch opened on this queue under `batch_id`; `JobNotFound` if none is."""
+        status = await self._run(batches.read_batch(self.keys, batch_id, members=False))
+        return AsyncBatch(self, status.id)
 
     # -- inspecting -------------------------------------------------------------
 

@@ -26,8 +26,11 @@ from typing import Any
 from forq.errors import IncompatibleFormat
 from forq.keys import FORMAT as FORMAT_KEY
 
-FORMAT = 1
-READERS_FROM = 1
+# 2: batches and dependencies. A job's end now acts on its links (its batch's counter,
+# the jobs waiting on it): an older forq's ack would end a batch member without counting
+# it, and its stats and cancel know no `waiting` state.
+FORMAT = 2
+READERS_FROM = 2
 
 # atomically: read the format, refuse or raise it. Returns {version, readers_from} after.
 _CHECK = """

@@ -73,3 +73,12 @@ class QueueFull(ForqError):
 class IncompatibleFormat(ForqError):
     """Redis holds forq data in a format this version of forq cannot read or write
     safely (a newer forq wrote it). Nothing was changed."""
+
+
+def refused(exc: Exception) -> Exception:
+    """A script's refusal of bad input (an error reply starting "forq: ", such as a
+    dependency on an unknown job) as a `PayloadError`; any other error unchanged."""
+    text = str(exc)
+    if text.startswith("forq: "):
+        return PayloadError(text[len("forq: "):])
+    return exc

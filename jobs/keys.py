@@ -123,5 +123,20 @@ class QueueKeys:
         """How many grouped jobs are pending (a counter: they are not in `pending`)."""
         return self.prefix + "groups:pending"
 
+    @property
+    def waiting(self) -> str:
+        """Jobs waiting on their dependencies (depends_on), by enqueue time."""
+        return self.prefix + "waiting"
+
+    @property
+    def relay(self) -> str:
+        """Ends of this queue's batch members whose batch lives on another queue, for the
+        reaper to deliver there (zset of JSON [batch queue, batch id, member, ok])."""
+        return self.prefix + "relay"
+
+    def batch(self, batch_id: str) -> str:
+        """A batch opened on this queue (hash; its sets :ended, :failed, list :members)."""
+        return f"{self.prefix}batch:{batch_id}"
+
     def minute(self, minute: int) -> str:
         return f"{self.prefix}minute:{minute}"

@@ -24,7 +24,9 @@ OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
     "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
+    "depends_on", "allow_failure",
 })
+MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
 
 
 def new_job_id() -> str:
@@ -213,10 +215,37 @@ def build_spec(
         if problem:
             raise PayloadError(f"task {task!r}: group {problem}")
         spec["group"] = options["group"]
+    if options.get("depends_on") is not None:
+        spec["depends_on"] = _parents(task, options["depends_on"])
+        if options.get("allow_failure"):
+            spec["allow_failure"] = 1
+    elif options.get("allow_failure"):
+        raise PayloadError(f"task {task!r}: allow_failure needs depends_on")
     traceparent = current_traceparent()  # None unless the producer uses OpenTelemetry
     if traceparent:
         spec["traceparent"] = traceparent
     return spec
+
+
+def _parents(task: str, depends_on: Any) -> list[str]:
+    """depends_on as a list of distinct job ids (ids, or the `Job` handles enqueue returns)."""
+    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, (list, tuple)):
+        raise PayloadError(f"task {task!r}: depends_on must be a list of job ids, got "
+                           f"{type(depends_on).__name__}")
+    ids: list[str] = []
+    for i, parent in enumerate(depends_on):
+        parent_id = getattr(parent, "id", parent)
+        if not isinstance(parent_id, str) or not parent_id:
+            raise PayloadError(f"task {task!r}: depends_on[{i}] must be a job id or a Job, "
+                               f"got {parent!r}"[:300])
+        if parent_id not in ids:
+            ids.append(parent_id)
+    if not ids:
+        raise PayloadError(f"task {task!r}: depends_on is empty; leave it out for no dependencies")
+    if len(ids) > MAX_DEPENDENCIES:
+        raise PayloadError(f"task {task!r}: depends_on has {len(ids)} jobs, over the limit "
+                           f"of {MAX_DEPENDENCIES}")
+    return ids
 
 
 # What a built spec may hold, and of what type: the enqueue script reads these fields.
@@ -232,20 +261,20 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
     "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
     "expires_in_ms": _INT, "expire_at_ms": _INT,
+    "batch": (str,), "batch_queue": (str,),
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")
 
 
-def check_followup(spec: Any, parent_id: str, n: int) -> str:
-    """Why `spec`, the `n`-th follow-up sent by job `parent_id`'s child, is not a spec
-    that `JobContext.enqueue` could have built ("" if it is)."""
+def _check_shape(spec: Any, required: tuple[str, ...]) -> str:
+    """Why `spec` is not a job spec `build_spec` could have built ("" if it is)."""
     if not isinstance(spec, dict):
         return f"must be an object, got {type(spec).__name__}"
     unknown = set(spec) - set(SPEC_FIELDS)
     if unknown:
         return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"[:300]
-    for name in ("id", "task", "args", "kwargs", "queue", "parent"):
+    for name in required:
         if name not in spec:
             return f"{name} is missing"
     for name, value in spec.items():
@@ -254,13 +283,10 @@ def check_followup(spec: Any, parent_id: str, n: int) -> str:
             return f"{name} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}"
         if isinstance(value, (int, float)) and not (0 <= value < 2 ** 53 or name == "priority"):
             return f"{name} out of range: {value!r}"[:300]
-    if spec["id"] != f"{parent_id}-{n}" or spec["parent"] != parent_id:
-        # ids derive from the parent's, so a re-run adds none and no job can be overwritten
-        return f"id must be {parent_id}-{n} with parent {parent_id}"
     for name in ("task", "queue", "key"):
         if name in spec and not 0 < len(spec[name]) <= MAX_NAME:
             return f"{name} must be 1 to {MAX_NAME} characters"
-    if _QUEUE_NAME_BAD & set(spec["queue"]):
+    if "queue" in spec and _QUEUE_NAME_BAD & set(spec["queue"]):
         return f"queue name {spec['queue']!r} must be without braces, colons or spaces"[:300]
     if "group" in spec and group_problem(spec["group"]):
         return f"group {group_problem(spec['group'])}"[:300]
@@ -277,6 +303,45 @@ def check_followup(spec: Any, parent_id: str, n: int) -> str:
         return "args and kwargs must be JSON"
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return "args must be a JSON list and kwargs a JSON object"
+    return ""
+
+
+def check_followup(spec: Any, parent_id: str, n: int,
+                   batch: tuple[str, str] | None = None) -> str:
+    """Why `spec`, the `n`-th follow-up sent by job `parent_id`'s child, is not a spec
+    that `JobContext.enqueue` could have built ("" if it is). With `batch` (the batch id
+    and queue the job opened), the `n`-th member of that batch (`JobContext.batch`):
+    a child can put jobs in its own batch only, never count in another."""
+    problem = _check_shape(spec, ("id", "task", "args", "kwargs", "queue", "parent"))
+    if problem:
+        return problem
+    if batch is None:
+        if "batch" in spec or "batch_queue" in spec:
+            return "batch fields are for the members of the batch the job opened"
+        expected = f"{parent_id}-{n}"
+    else:
+        if spec.get("batch") != batch[0] or spec.get("batch_queue") != batch[1]:
+            return f"batch must be {batch[0]} on queue {batch[1]}"[:300]
+        expected = f"{batch[0]}-{n}"
+    if spec["id"] != expected or spec["parent"] != parent_id:
+        # ids derive from the parent's, so a re-run adds none and no job can be overwritten
+        return f"id must be {expected} with parent {parent_id}"
+    return ""
+
+
+def check_callback(spec: Any, expected_id: str, batch_id: str) -> str:
+    """Why `spec` is not the callback `JobContext.batch` built for batch `batch_id`
+    under the id `expected_id` ("" if it is): on the batch's queue, kwargs naming it."""
+    problem = _check_shape(spec, ("id", "task", "args", "kwargs"))
+    if problem:
+        return problem
+    for name in ("queue", "parent", "batch", "batch_queue"):
+        if name in spec:
+            return f"a callback has no {name}"
+    if spec["id"] != expected_id:
+        return f"id must be {expected_id}"
+    if json.loads(spec["kwargs"]).get("batch_id") != batch_id:
+        return f"kwargs must carry batch_id {batch_id}"
     return ""
 
 

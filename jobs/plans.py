@@ -79,11 +79,11 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
-    pending, scheduled, active, dead_count, totals, now, head, grouped, paused_at = yield [
-        ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
-        ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
-        ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
-        ("HGET", keys.limits, "paused")]
+    pending, scheduled, active, dead_count, totals, now, head, grouped, paused_at, waiting = \
+        yield [("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
+               ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
+               ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
+               ("HGET", keys.limits, "paused"), ("ZCARD", keys.waiting)]
     pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
@@ -105,6 +105,7 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         "scheduled": scheduled,
         "active": active,
         "dead": dead_count,
+        "waiting": waiting,  # on their dependencies (depends_on)
         "succeeded": int(totals.get("succeeded", 0)),
         "failed": int(totals.get("failed", 0)),
         "totals": {k: int(v) for k, v in totals.items()},

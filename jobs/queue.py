@@ -12,11 +12,13 @@ from typing import Any, Literal, TypeVar
 
 import redis
 
-from forq import dataformat, plans, topology
+from forq import batches, dataformat, plans, topology
 from forq import keys as keyspace
 from forq import transitions as tr
+from forq.batches import Batch
+from forq.batchspec import build_batch
 from forq.connection import connect
-from forq.errors import JobNotFound, QueueFull
+from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
 from forq.pipelines import run_plan
@@ -106,8 +108,34 @@ class Queue:
         except redis.OutOfMemoryError as exc:
             raise QueueFull(self.name, len(specs), str(exc),
                             maybe_partial=len(specs) > ENQUEUE_BATCH) from None
+        except redis.ResponseError as exc:
+            raise refused(exc) from None
         self._registered = True
         return [Job.handle(self, job_id, status) for job_id, status in enqueued]
+
+    def batch(self, jobs: Iterable[Mapping[str, Any]], on_success: Any = None,
+              on_complete: Any = None, *, batch_id: str | None = None) -> Batch:
+        """Enqueue `jobs` (as for `enqueue_many`; each may name another ``queue``) as one
+        batch, and its callbacks: a task name or a mapping with ``task`` and options, run
+        on this queue with ``batch_id`` in their kwargs. `on_complete` is enqueued once
+        every member ended (succeeded, dead or cancelled), `on_success` only if every
+        member succeeded: exactly once, atomically with the end of the last member.
+        Opening it again with the same `batch_id` adds nothing."""
+        spec = build_batch(self.name, jobs, on_success, on_complete, batch_id=batch_id,
+                           max_payload_bytes=self.max_payload_bytes)
+        dataformat.ensure(self.redis)
+        try:
+            self._run(batches.open_batch(spec))
+        except redis.OutOfMemoryError as exc:
+            raise QueueFull(self.name, spec.record["total"], str(exc), maybe_partial=True) from None
+        except redis.ResponseError as exc:
+            raise refused(exc) from None
+        return Batch(self, spec.id, spec.member_ids)
+
+    def get_batch(self, batch_id: str) -> Batch:
+        """The batch opened on this queue under `batch_id`; `JobNotFound` if none is."""
+        status = self._run(batches.read_batch(self.keys, batch_id, members=False))
+        return Batch(self, status.id)
 
     def send_specs(self, specs: Sequence[Mapping[str, Any]], pipe: Any) -> int:
         """Queue enqueue calls for validated specs on a pipeline (also used by the
@@ -276,6 +304,16 @@ class Queue:
         return client if client is not None else tr.parse_acks(reply)
 
     parse_acks = staticmethod(tr.parse_acks)
+
+    def open_batch(self, batch_id: str, record: Mapping[str, Any],
+                   specs: Sequence[Mapping[str, Any]], opener: str = "", token: str = "",
+                   client: Any = None) -> Any:
+        """Open a batch on this queue with its members here (see lua/batch.lua); the
+        supervisor's, for a batch a handler opened (`opener`, fenced by its `token`).
+        Returns a `BatchOpened`; with a pipeline, queues the call."""
+        reply = self.scripts.run(tr.batch_call(self.keys, batch_id, record, specs, opener, token),
+                                 client)
+        return client if client is not None else tr.parse_batch(reply)
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
              client: Any = None) -> Any:

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from forq.batchspec import build_batch
 from forq.channel import Channel
+from forq.errors import PayloadError
 from forq.payload import build_spec
 
 
@@ -103,6 +105,8 @@ class JobContext:
     # W3C traceparent of the handler's span when the supervisor traces ([tracing]):
     # follow-ups carry it, and handler code may parent its own spans to it
     traceparent: str = ""
+    # the batch this run opened (`batch`): id, member specs, callbacks; sent with the result
+    opened: dict[str, Any] | None = None
     # fd 3 to the supervisor (`forq.channel`); a context made outside a job's child has
     # none: progress goes nowhere and a step runs its function each time
     channel: Channel = field(default_factory=lambda: Channel(-1))
@@ -125,6 +129,9 @@ class JobContext:
         return await self.channel.astep(name, fn, *args, **kwargs)
 
     def enqueue(self, task: str, *args: Any, queue: str | None = None, **options: Any) -> str:
+        if "depends_on" in options:
+            raise PayloadError(f"task {task!r}: depends_on is for producers; a handler's "
+                               "follow-ups cannot wait on other jobs (open a batch instead)")
         if args:
             options["args"] = args
         options["job_id"] = f"{self.id}-{len(self.followups) + 1}"
@@ -135,6 +142,30 @@ class JobContext:
             spec["traceparent"] = self.traceparent
         self.followups.append(spec)
         return str(spec["id"])
+
+
+    def batch(self, jobs: Any, on_success: Any = None, on_complete: Any = None) -> str:
+        """Open a batch from this handler (as `Queue.batch`, on this job's queue); returns
+        its id. Sent with the result and opened atomically with this job's ack: this job
+        counts as one of its members, so when this job is itself a member of a batch,
+        it ends there only once the batch it opened is done. One batch per run."""
+        if self.opened is not None:
+            raise RuntimeError(f"job {self.id} already opened batch {self.opened['id']}; "
+                               "a job opens at most one batch per run")
+        spec = build_batch(self.queue, jobs, on_success, on_complete,
+                           batch_id=f"{self.id}-b", parent=self.id)
+        members = []
+        for member_queue, specs in spec.specs.items():
+            for member in specs:
+                member["queue"] = member_queue
+                if self.traceparent:
+                    member["traceparent"] = self.traceparent
+                members.append(member)
+        members.sort(key=lambda m: int(m["id"].rsplit("-", 1)[1]))
+        self.opened = {"id": spec.id, "members": members,
+                       **{name: spec.record[name] for name in ("on_success", "on_complete")
+                          if name in spec.record}}
+        return spec.id
 
 
 _current: JobContext | None = None

@@ -69,6 +69,8 @@ class Scripts:
         self.sweep_expired: Script = register(source("sweep_expired"))
         self.progress: Script = register(source("progress"))
         self.step: Script = register(source("step"))
+        self.batch: Script = register(source("batch"))
+        self.batch_relay: Script = register(source("batch_relay"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
-                     "progress", "step"]
+                     "progress", "step", "batch", "batch_relay"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -292,3 +292,39 @@ def parse_sweep(reply: Sequence[Any]) -> list[str]:
 def parse_reclaim(reply: Sequence[Any]) -> ReclaimResult:
     return ReclaimResult(int(reply[0]), int(reply[1]), int(reply[2]),
                          [str(i) for i in reply[3:]])
+
+
+# -- batches (fan-out / fan-in) ----------------------------------------------------------
+
+
+class BatchOpened(NamedTuple):
+    status: str  # "opened" | "exists" (opened before: nothing changed) | "lost" (stale opener)
+    enqueued: int  # member jobs added in the batch's own queue
+
+
+def batch_call(keys: QueueKeys, batch_id: str, record: Mapping[str, Any],
+               specs: Sequence[Mapping[str, Any]], opener: str = "",
+               token: str = "") -> ScriptCall:
+    """Open batch `batch_id` on this queue (`record`: total, on_success, on_complete,
+    members) with its members of this queue; `opener`/`token`: the running job that
+    opens it from its handler (fenced by its lease), empty for a producer."""
+    return ScriptCall("batch", (keys.pending, keys.scheduled),
+                      (keys.prefix, keys.queue, batch_id, json.dumps(record), opener, token,
+                       *(json.dumps(s) for s in specs)))
+
+
+def parse_batch(reply: Sequence[Any]) -> BatchOpened:
+    return BatchOpened(str(reply[0]), int(reply[1]))
+
+
+def batch_relay_call(keys: QueueKeys, ends: Iterable[tuple[str, str, bool]]) -> ScriptCall:
+    """Deliver (batch id, member id, succeeded) ends to batches that live on this queue."""
+    args: list[str] = [keys.prefix]
+    for batch_id, member, ok in ends:
+        args += [batch_id, member, "1" if ok else "0"]
+    return ScriptCall("batch_relay", (keys.pending,), tuple(args))
+
+
+def parse_batch_relay(reply: Any) -> int:
+    """How many ends were counted (the rest had been delivered before)."""
+    return int(reply)

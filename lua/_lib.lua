@@ -129,8 +129,19 @@ end
 -- until `unique_until`), start the record's retention clock, and list it in the capped
 -- "recently finished" index (zset by finish time; two commands, O(log n) each). `key` is
 -- the job's idempotency key when the caller has read it already (false: it has none).
-local function finish(prefix, id, retention_ms, at, key)
+-- A finished job's links to other jobs, read with its end: its batch (id, the batch's
+-- queue), a batch it opened from its handler, and whether jobs wait on it (depends_on).
+-- `links_ended` (below) acts on them; nil fields mean no link, and cost nothing more.
+local LINK_FIELDS = {'batch', 'batch_queue', 'child_batch', 'dependents'}
+local links_ended -- defined at the end of this file: it enqueues and finishes jobs
+
+local function finish(prefix, id, retention_ms, at, key, state, links)
   local jkey = job_key(prefix, id)
+  if links == nil then
+    links = redis.call('HMGET', jkey, 'state', unpack(LINK_FIELDS))
+    state = table.remove(links, 1)
+  end
+  if links[1] or links[4] then links_ended(prefix, id, state, links, at) end
   if retention_ms ~= 0 then
     local fkey = prefix .. 'finished'
     redis.call('ZADD', fkey, at, id)
@@ -167,7 +178,17 @@ local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashe
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
   'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group'}
 
-local function enqueue_one(prefix, queue, spec, at)
+-- A spec's links (batch membership, dependencies) as fields of its new job record.
+local function add_link_fields(spec, fields)
+  for _, f in ipairs({'batch', 'batch_queue', 'allow_failure'}) do
+    if spec[f] ~= nil then
+      table.insert(fields, f)
+      table.insert(fields, tostring(spec[f]))
+    end
+  end
+end
+
+local function enqueue_one(prefix, queue, spec, at, hold)
   local id = spec['id']
   local jkey = job_key(prefix, id)
   if redis.call('EXISTS', jkey) == 1 then
@@ -207,6 +228,7 @@ local function enqueue_one(prefix, queue, spec, at)
     table.insert(fields, expire_at)
     redis.call('ZADD', prefix .. 'expiring', expire_at, id)
   end
+  add_link_fields(spec, fields)
   if ukey then
     table.insert(fields, 'key')
     table.insert(fields, spec['key'])
@@ -215,6 +237,7 @@ local function enqueue_one(prefix, queue, spec, at)
     table.insert(fields, unique_until)
     redis.call('SET', ukey, id)
   end
+  if hold then return {id, 'held', run_at}, fields end -- enqueue_waiting places it
   local status
   if run_at > at then
     status = 'scheduled'
@@ -278,7 +301,7 @@ local function to_pending(prefix, id, score, group, at)
 end
 
 -- The fields `succeed` needs, in this order; ack reads them with its token check.
-local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group'}
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', unpack(LINK_FIELDS)}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
@@ -299,7 +322,8 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
   end
   if not batched then count(prefix, 'succeeded', at) end
   if f[i + 3] then group_release(prefix, f[i + 3], at) end
-  finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false)
+  finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false,
+    'succeeded', {f[i + 4], f[i + 5], f[i + 6], f[i + 7]})
 end
 
 -- Enqueue a finished job's follow-ups (decoded specs) in its own queue, linked to it.
@@ -370,4 +394,247 @@ local function expire_unstarted(prefix, id, jkey, at, by)
   count(prefix, 'dead', at)
   count(prefix, 'expired', at)
   finish(prefix, id, -1, at)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Links between jobs: batches (fan-out / fan-in) and dependencies (depends_on).
+--
+-- A batch is the hash `prefix .. "batch:" .. id` in the slot of the queue it was opened
+-- on: total, remaining, status, the callbacks' specs, and, when a running job opened it,
+-- `opener` and the opener's own batch (parent_queue, parent_batch). Its set `:ended`
+-- holds every member that ended (so a member that ends twice, a requeued dead one,
+-- counts once) and `:failed` those that did not succeed; `remaining` drops by one per
+-- new member in `:ended`, and the batch is done when it reaches 0. A batch opened by a
+-- job counts that job too (its ack, or its death if the ack never lands): a batch
+-- inside a batch's member ends that member, in the outer batch, only when it is done.
+-- A member on another queue cannot touch this slot: its end goes to its own queue's
+-- relay (`prefix .. "relay"`, a zset of JSON [batch queue, batch id, member, ok]) and
+-- the reaper delivers it (batch_relay.lua). Such a member may end before the batch is
+-- opened: `remaining` goes below 0 meanwhile, and opening adds the total.
+
+local BATCH_KEEP_MS = DEFAULT_RESULT_TTL_MS -- a finished batch's record lives this long
+
+-- The prefix of `queue` from a prefix of the same deployment ("forq:{q}:").
+local function queue_prefix(prefix, queue)
+  return string.sub(prefix, 1, string.find(prefix, '{', 1, true)) .. queue .. '}:'
+end
+
+-- The queue name a prefix stands for.
+local function prefix_queue(prefix)
+  return string.match(prefix, '{(.*)}')
+end
+
+local function batch_key(prefix, bid)
+  return prefix .. 'batch:' .. bid
+end
+
+local member_ended
+
+-- Every member of batch `bid` (in this slot) ended: the callbacks are enqueued, exactly
+-- once (on_success only when none failed), then the batch's own parent batch is told.
+local function batch_done(bprefix, bid, at)
+  local bkey = batch_key(bprefix, bid)
+  local r = redis.call('HMGET', bkey, 'on_success', 'on_complete', 'parent_queue',
+    'parent_batch', 'opener')
+  local failed = redis.call('SCARD', bkey .. ':failed')
+  local ok = failed == 0
+  redis.call('HSET', bkey, 'status', ok and 'succeeded' or 'failed', 'finished_at', at,
+    'failed', failed)
+  local specs = {}
+  if r[1] and ok then specs[#specs + 1] = cjson.decode(r[1]) end
+  if r[2] then specs[#specs + 1] = cjson.decode(r[2]) end
+  if #specs > 0 then enqueue_followups(bprefix, prefix_queue(bprefix), nil, specs, at) end
+  for _, suffix in ipairs({'', ':ended', ':failed', ':members'}) do
+    redis.call('PEXPIRE', bkey .. suffix, BATCH_KEEP_MS)
+  end
+  if r[3] then member_ended(bprefix, r[3], r[4], r[5], ok, at) end
+end
+
+-- Member `member` of batch `bid`, in this slot, ended (`ok`: it succeeded). Returns
+-- true when this counted it (false: it had been counted before).
+local function batch_count(bprefix, bid, member, ok, at)
+  local bkey = batch_key(bprefix, bid)
+  if redis.call('SADD', bkey .. ':ended', member) == 0 then return false end
+  if not ok then redis.call('SADD', bkey .. ':failed', member) end
+  -- below 0 until the batch is opened, so only an opened batch reaches 0
+  if redis.call('HINCRBY', bkey, 'remaining', -1) == 0 then batch_done(bprefix, bid, at) end
+  return true
+end
+
+-- Member `member` of batch `bid` on queue `bqueue` ended: counted here when the batch
+-- lives in this slot, else put in this queue's relay for the reaper to deliver.
+member_ended = function(prefix, bqueue, bid, member, ok, at)
+  local bprefix = queue_prefix(prefix, bqueue)
+  if bprefix == prefix then return batch_count(bprefix, bid, member, ok, at) end
+  redis.call('ZADD', prefix .. 'relay', at, cjson.encode({bqueue, bid, member, ok and 1 or 0}))
+  return false
+end
+
+-- Open batch `bid` in this slot: `record` is {total, on_success, on_complete, members}
+-- (members: a list of [queue, id]); `opener` the running job that opens it (or nil),
+-- whose own batch becomes this one's parent. Returns false when it exists already.
+local function batch_open(prefix, bid, record, opener, at)
+  local bkey = batch_key(prefix, bid)
+  if redis.call('HEXISTS', bkey, 'total') == 1 then return false end
+  local total = tonumber(record['total'])
+  local fields = {'id', bid, 'queue', prefix_queue(prefix), 'total', total,
+    'created_at', at, 'status', 'open'}
+  for _, name in ipairs({'on_success', 'on_complete'}) do
+    if record[name] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = cjson.encode(record[name])
+    end
+  end
+  local count_opener = 0
+  if opener then
+    count_opener = 1
+    local okey = job_key(prefix, opener)
+    local p = redis.call('HMGET', okey, 'batch', 'batch_queue')
+    fields[#fields + 1] = 'opener'
+    fields[#fields + 1] = opener
+    if p[1] then
+      fields[#fields + 1] = 'parent_batch'
+      fields[#fields + 1] = p[1]
+      fields[#fields + 1] = 'parent_queue'
+      fields[#fields + 1] = p[2]
+    end
+    redis.call('HSET', okey, 'child_batch', bid)
+  end
+  redis.call('HSET', bkey, unpack(fields))
+  local members = record['members'] or {}
+  for start = 1, #members, 1000 do
+    local chunk = {}
+    for k = start, math.min(#members, start + 999) do chunk[#chunk + 1] = cjson.encode(members[k]) end
+    redis.call('RPUSH', bkey .. ':members', unpack(chunk))
+  end
+  if redis.call('HINCRBY', bkey, 'remaining', total + count_opener) == 0 then
+    batch_done(prefix, bid, at)
+  end
+  return true
+end
+
+-- A waiting job whose parents all ended: to pending (or scheduled, if its delay is not
+-- over yet). Returns the state it is in now.
+local function release_waiting(prefix, id, jkey, at)
+  redis.call('ZREM', prefix .. 'waiting', id)
+  local f = redis.call('HMGET', jkey, 'run_at', 'priority', 'group')
+  local run_at = tonumber(f[1]) or at
+  local state = 'pending'
+  if run_at > at then
+    state = 'scheduled'
+    redis.call('HSET', jkey, 'state', 'scheduled')
+    redis.call('ZADD', prefix .. 'scheduled', run_at, id)
+    wake(prefix, run_at)
+  else
+    local score = pending_score(prefix, tonumber(f[2]) or 0)
+    redis.call('HSET', jkey, 'state', 'pending', 'score', score)
+    to_pending(prefix, id, score, f[3] or nil, at)
+    wake(prefix, 0)
+  end
+  add_history(prefix, id, 'released', at, {state = state})
+  return state
+end
+
+-- A waiting job whose parent `parent` ended `pstate` (dead, cancelled) goes to dead.
+local function dependency_failed(prefix, id, jkey, parent, pstate, at)
+  local why = 'dependency ' .. parent .. ' failed'
+  if pstate == 'cancelled' then why = 'dependency ' .. parent .. ' was cancelled' end
+  redis.call('ZREM', prefix .. 'waiting', id)
+  redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why, 'finished_at', at)
+  redis.call('ZADD', prefix .. 'dead', at, id)
+  add_history(prefix, id, 'dead', at, {reason = why})
+  count(prefix, 'dead', at)
+  finish(prefix, id, -1, at)
+end
+
+-- Job `parent` ended in `pstate`: each job waiting on it counts it, and is released
+-- when it was the last; or, when it did not succeed, goes to dead (unless it was
+-- enqueued with allow_failure, which counts any end).
+local function release_dependents(prefix, parent, pstate, at)
+  local dkey = job_key(prefix, parent) .. ':dependents'
+  local kids = redis.call('SMEMBERS', dkey)
+  redis.call('DEL', dkey)
+  redis.call('HDEL', job_key(prefix, parent), 'dependents')
+  for _, cid in ipairs(kids) do
+    local ckey = job_key(prefix, cid)
+    local f = redis.call('HMGET', ckey, 'state', 'allow_failure')
+    if f[1] == 'waiting' then
+      if pstate == 'succeeded' or f[2] then
+        add_history(prefix, cid, 'dependency ended', at, {parent = parent, state = pstate})
+        if redis.call('HINCRBY', ckey, 'waiting_on', -1) <= 0 then
+          release_waiting(prefix, cid, ckey, at)
+        end
+      else
+        dependency_failed(prefix, cid, ckey, parent, pstate, at)
+      end
+    end
+  end
+end
+
+-- A job ended (succeeded, dead or cancelled): its dependents and its batch learn of it.
+-- A job that opened a batch counts in that batch (which, when done, ends it in its own
+-- batch); else in its own batch.
+links_ended = function(prefix, id, state, links, at)
+  local batch, batch_queue, child_batch, dependents = links[1], links[2], links[3], links[4]
+  local ok = state == 'succeeded'
+  if dependents then release_dependents(prefix, id, state, at) end
+  if child_batch then
+    batch_count(prefix, child_batch, id, ok, at)
+  elseif batch then
+    member_ended(prefix, batch_queue, batch, id, ok, at)
+  end
+end
+
+-- The ids in `spec.depends_on` that no job has, given the ids enqueued before it in the
+-- same call (`earlier`). Returns the first unknown id, or nil.
+local function unknown_parent(prefix, spec, earlier)
+  for _, pid in ipairs(spec['depends_on'] or {}) do
+    if not earlier[pid] and redis.call('EXISTS', job_key(prefix, pid)) == 0 then
+      return pid
+    end
+  end
+  return nil
+end
+
+-- Enqueue a job with depends_on (ids of jobs of this queue): `waiting` until they end.
+-- A parent that succeeded already counts as done; one that is dead or cancelled sends
+-- it to dead at once (or counts as done with allow_failure). Returns as enqueue_one,
+-- with the statuses "waiting" and "dead" besides.
+local function enqueue_waiting(prefix, queue, spec, at)
+  local r, fields = enqueue_one(prefix, queue, spec, at, true)
+  if r[2] ~= 'held' then return r end
+  local id, run_at = r[1], r[3]
+  local jkey = job_key(prefix, id)
+  local waiting_on, failed, fstate = 0, nil, nil
+  local seen = {}
+  for _, pid in ipairs(spec['depends_on']) do
+    if not seen[pid] then
+      seen[pid] = true
+      local pkey = job_key(prefix, pid)
+      local st = redis.call('HGET', pkey, 'state')
+      if st == 'dead' or st == 'cancelled' then
+        if not spec['allow_failure'] and not failed then failed, fstate = pid, st end
+      elseif st and st ~= 'succeeded' then
+        redis.call('SADD', pkey .. ':dependents', id)
+        redis.call('HSET', pkey, 'dependents', 1)
+        waiting_on = waiting_on + 1
+      end
+    end
+  end
+  local deps = cjson.encode(spec['depends_on'])
+  for _, v in ipairs({'state', 'waiting', 'depends_on', deps, 'waiting_on', waiting_on}) do
+    fields[#fields + 1] = v
+  end
+  redis.call('HSET', jkey, unpack(fields))
+  redis.call('ZADD', prefix .. 'waiting', at, id)
+  if spec['group'] then redis.call('HSET', prefix .. 'limits', 'grouped', 1) end
+  local extra = {event = 'enqueued', at = at, depends_on = spec['depends_on']}
+  if spec['parent'] then extra['parent'] = spec['parent'] end
+  redis.call('RPUSH', jkey .. ':history', cjson.encode(extra))
+  if failed then
+    dependency_failed(prefix, id, jkey, failed, fstate, at)
+    return {id, 'dead', run_at}
+  end
+  if waiting_on == 0 then return {id, release_waiting(prefix, id, jkey, at), run_at} end
+  return {id, 'waiting', run_at}
 end

@@ -17,6 +17,9 @@
   Returns, per job in order, "ok", or "lost" when the token is stale (nothing changes
   for that job; drop its result). A call for one job returns its answer alone.
   Transitions: active -> succeeded, [*] -> pending, [*] -> scheduled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

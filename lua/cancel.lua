@@ -1,5 +1,5 @@
 --[[
-  cancel: stop a job for good. A scheduled or pending job becomes cancelled at once;
+  cancel: stop a job for good. A scheduled, pending or waiting job becomes cancelled at once;
   an active one is flagged, and its supervisor learns of it from its next extend call,
   kills the child and finishes the job as cancelled (fail with mode "cancel").
 
@@ -10,7 +10,11 @@
 
   Returns "cancelled" | "cancelling" (active; its supervisor will stop it) |
           "missing" | the terminal state it already has ("succeeded", "dead", "cancelled")
-  Transitions: pending -> cancelled, scheduled -> cancelled
+  Transitions: pending -> cancelled, scheduled -> cancelled, waiting -> cancelled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  Transitions: [*] -> pending, [*] -> scheduled
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 
@@ -21,13 +25,14 @@ local f = redis.call('HMGET', jkey, 'state', 'group')
 local state = f[1]
 if not state then return 'missing' end
 local at = now_ms()
-if state == 'pending' or state == 'scheduled' then
+if state == 'pending' or state == 'scheduled' or state == 'waiting' then
   if f[2] and state == 'pending' then
     group_remove_pending(prefix, f[2], id, at)
   else
     redis.call('ZREM', pending_key, id)
   end
   redis.call('ZREM', scheduled_key, id)
+  if state == 'waiting' then redis.call('ZREM', prefix .. 'waiting', id) end
   redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
   add_history(prefix, id, 'cancelled', at, {})
   count(prefix, 'cancelled', at)

@@ -41,6 +41,9 @@
   Transitions: scheduled -> pending, pending -> active, pending -> succeeded
   Transitions: pending -> dead
   Transitions: [*] -> pending, [*] -> scheduled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

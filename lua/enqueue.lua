@@ -15,23 +15,45 @@
             backoff_factor, backoff_max_ms, backoff_jitter, idempotent, parent,
             traceparent (W3C trace context of the producer's span), expires_in_ms |
             expire_at_ms (expiry before start: the job's `expire_at`, indexed in
-            forq:{q}:expiring; see sweep_expired.lua)}
+            forq:{q}:expiring; see sweep_expired.lua),
+            depends_on (ids of jobs of this queue, enqueued before it: it waits until
+            they end), allow_failure, batch and batch_queue (its batch, see batch.lua)}
 
   Returns a flat list, three entries per job in order: id, status, run_at.
     status "pending" | "scheduled" | "duplicate" (id is then the live job that holds
-    the idempotency key, or the same id when that job id already exists).
+    the idempotency key, or the same id when that job id already exists) | "waiting"
+    (on its depends_on) | "dead" (a dependency had failed already).
+  An error reply "forq: depends_on of job X: no job Y in queue Q" when a dependency is
+  unknown: then nothing of the call was written.
   Publishes on forq:{q}:wake so waiting supervisors claim without polling.
-  Transitions: [*] -> pending, [*] -> scheduled
+  Transitions: [*] -> pending, [*] -> scheduled, [*] -> waiting
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  (a job with depends_on waits, unless its parents ended already: then it is released,
+  or dead at once when one failed)
 ]]
 --@include _lib
 
 local prefix, queue = ARGV[1], ARGV[2]
+local specs, earlier = {}, {}
+for i = 3, #ARGV do
+  local spec = cjson.decode(ARGV[i])
+  -- a dependency on an unknown job refuses the whole call, before anything is written
+  local unknown = unknown_parent(prefix, spec, earlier)
+  if unknown then
+    return redis.error_reply('forq: depends_on of job ' .. tostring(spec['id']) ..
+      ': no job ' .. unknown .. ' in queue ' .. queue)
+  end
+  earlier[spec['id']] = true
+  specs[#specs + 1] = spec
+end
 local at = now_ms()
 local out = {}
 local earliest = nil
 local added = 0
-for i = 3, #ARGV do
-  local r = enqueue_one(prefix, queue, cjson.decode(ARGV[i]), at)
+for _, spec in ipairs(specs) do
+  local r
+  if spec['depends_on'] then r = enqueue_waiting(prefix, queue, spec, at)
+  else r = enqueue_one(prefix, queue, spec, at) end
   out[#out + 1] = r[1]
   out[#out + 1] = r[2]
   out[#out + 1] = r[3] or 0

@@ -18,6 +18,10 @@
   Backoff before retry n (n = attempts so far): min(max, base * factor^(n-1)),
   scaled by a factor drawn from [1 - jitter, 1 + jitter].
   Transitions: active -> scheduled, active -> dead, active -> cancelled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  Transitions: [*] -> pending, [*] -> scheduled
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

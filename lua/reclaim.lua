@@ -19,6 +19,9 @@
   Cost: O(log n + expired), never a scan of all active jobs.
   Transitions: active -> pending, active -> dead, active -> succeeded
   Transitions: active -> cancelled, [*] -> pending, [*] -> scheduled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

@@ -12,6 +12,10 @@
   Returns "ok", or "lost" when the token is stale (nothing changes). A job whose cancel
   was requested is finished as cancelled instead of going back to pending.
   Transitions: active -> pending, active -> cancelled
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  Transitions: [*] -> pending, [*] -> scheduled
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

@@ -17,6 +17,10 @@
   of jobs that started, finished or are gone are dropped without counting.
   Cost: O(log n) per entry looked at; nothing when no expiry has passed.
   Transitions: pending -> dead, scheduled -> dead
+  Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  Transitions: [*] -> pending, [*] -> scheduled
+  (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
+  a batch's last member enqueues the batch's callbacks)
 ]]
 --@include _lib
 

@@ -61,6 +61,7 @@ class Outcome:
     metric: Metric  # refined once fail's reply says retried or dead
     result_json: str = "null"
     followups: list[dict[str, Any]] = field(default_factory=list)
+    batch: dict[str, Any] | None = None  # the batch the handler opened (messages.Report)
     error: dict[str, Any] = field(default_factory=dict)
     mode: FailMode = FailMode.RETRY
     reason: str = ""
@@ -106,7 +107,7 @@ def classify(child: RunningChild, status: int) -> Outcome:
     if report is not None and os.WIFEXITED(status):
         if report.ok:
             return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
-                           followups=report.followups)
+                           followups=report.followups, batch=report.batch)
         error: dict[str, Any] = dict(report.error)
         if (error.get("type") == "MemoryError" and child.spec.memory_limit
                 and child.spec.address_space_factor > 0):

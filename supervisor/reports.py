@@ -43,6 +43,24 @@ class Pending:
     progress: tuple[str, str, float, str] | None = None
 
 
+def open_batch(q: Queue, job_id: str, token: str, opened: dict[str, Any],
+               queue_for: Callable[[str], Queue], pipe: Any) -> None:
+    """Queue the opening of the batch job `job_id`'s handler opened (checked by
+    `messages.check_opened_batch`) before its ack: the members on other queues first
+    (deterministic ids: a re-run adds none), then the batch with its members on this
+    queue, fenced by the job's token (a stale report opens nothing)."""
+    members = opened["members"]
+    record: dict[str, Any] = {"total": len(members),
+                              "members": [[m["queue"], m["id"]] for m in members]}
+    for name in ("on_success", "on_complete"):
+        if name in opened:
+            record[name] = opened[name]
+    for other in sorted({m["queue"] for m in members} - {q.name}):
+        queue_for(other).send_specs([m for m in members if m["queue"] == other], pipe)
+    q.open_batch(opened["id"], record, [m for m in members if m["queue"] == q.name],
+                 opener=job_id, token=token, client=pipe)
+
+
 class Reporter:
     def __init__(self, queue_for: Callable[[str], Queue], leases: LeaseKeeper,
                  metrics: Metrics, min_replicas: int = 0, wait_ms: int = 0) -> None:
@@ -113,6 +131,8 @@ class Reporter:
             for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
                 specs = [f for f in outcome.followups if f["queue"] == other]
                 self.queue_for(other).send_specs(specs, pipe)
+            if outcome.batch is not None:
+                open_batch(q, job_id, token, outcome.batch, self.queue_for, pipe)
             fields = child.lease.job.fields
             task = self.task_info(child.task)
             if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):

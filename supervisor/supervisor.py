@@ -45,6 +45,7 @@ from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
+from forq.supervisor.relay import BatchRelay
 from forq.supervisor.reports import Pending, Reporter
 from forq.supervisor.roster import Roster, running_record
 from forq.supervisor.scheduler import Scheduler
@@ -98,6 +99,7 @@ class Supervisor:
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
                                self.wakeups, self.health)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
+        self.relay = BatchRelay(self._queue_for)
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
         self._apply_config(config)
 
@@ -455,6 +457,7 @@ class Supervisor:
         pipe = self.redis.pipeline(transaction=False)
         self.reaper.send(pipe, names)
         self.reaper.send_sweeps(pipe, names)
+        self.relay.send(pipe, names)
         try:
             replies = pipe.execute()
         except (redis.RedisError, OSError) as exc:
@@ -462,8 +465,12 @@ class Supervisor:
             return
         for name, reply in zip(names, replies[:len(names)], strict=True):
             self.reaper.answered(name, reply, say=True)
-        for name, reply in zip(names, replies[len(names):], strict=True):
+        for name, reply in zip(names, replies[len(names):2 * len(names)], strict=True):
             self.reaper.swept(name, reply)
+        try:  # ends of batch members whose batch lives on another queue, carried there
+            self.relay.deliver(self.redis, names, replies[2 * len(names):])
+        except (redis.RedisError, OSError) as exc:
+            self.health.failed("relay", exc)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ CALLS = {
     "sweep_expired": tr.sweep_expired_call(KEYS, "sup", 10),
     "progress": tr.progress_call(KEYS, [("a", "1", 0.5, "half"), ("b", "2", 1, "")]),
     "step": tr.step_call(KEYS, "a", "1", "charge-card", '{"id":7}'),
+    "batch": tr.batch_call(KEYS, "b", {"total": 1, "members": [["calls", "b-1"]]},
+                           [{"id": "b-1", "task": "t"}]),
+    "batch_relay": tr.batch_relay_call(KEYS, [("b", "b-1", True)]),
 }
 
 
@@ -83,5 +86,7 @@ def test_parsers_read_the_documented_replies():
     assert (tr.parse_changed(1), tr.parse_changed(0)) == (True, False)
     assert tr.parse_sweep([2, "a", "b"]) == ["a", "b"]
     assert tr.parse_progress(["ok", "lost"]) == ["ok", "lost"]
+    assert tr.parse_batch(["opened", 3]) == ("opened", 3)
+    assert tr.parse_batch_relay(2) == 2
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

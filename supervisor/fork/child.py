@@ -201,8 +201,11 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
                "reason": f"result too large: {len(result_json)} bytes over the "
                          f"{spec.max_result_bytes}-byte max_result_bytes"}
         return encode({"t": "result", "ok": False, "error": err, "fatal": True})
+    opened = ""
+    if ctx.opened is not None:
+        opened = ',"batch":' + json.dumps(ctx.opened, separators=(",", ":"))
     return ('{"t":"result","ok":true,"result":' + result_json + ',"followups":'
-            + json.dumps(ctx.followups, separators=(",", ":")) + "}\n").encode()
+            + json.dumps(ctx.followups, separators=(",", ":")) + opened + "}\n").encode()
 
 
 def _import(modules: list[str]) -> bytes:

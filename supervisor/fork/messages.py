@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forq.channel import MAX_PROGRESS_MESSAGE, MAX_STEP_BYTES, MAX_STEP_NAME, MAX_STEPS
-from forq.payload import check_followup
+from forq.payload import check_callback, check_followup
 
 RESULT_OVERHEAD = 64 * 1024  # the envelope and follow-ups beside the result itself
 MAX_FOLLOWUPS = 1000
@@ -76,6 +76,9 @@ class Report:
     followups: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, str] = field(default_factory=dict)
     fatal: bool = False
+    # the batch the handler opened (`current().batch`), checked: id, members (specs with
+    # their queue), on_success / on_complete (specs); None when it opened none
+    batch: dict[str, Any] | None = None
 
 
 @dataclass
@@ -149,13 +152,13 @@ def _check_error(error: Any) -> dict[str, str]:
     return checked
 
 
-def parse_result(message: dict[str, Any], job_id: str) -> Report:
-    """Check a ``"t": "result"`` message of job `job_id`."""
+def parse_result(message: dict[str, Any], job_id: str, queue: str = "") -> Report:
+    """Check a ``"t": "result"`` message of job `job_id` (of `queue`)."""
     ok = message.get("ok")
     if not isinstance(ok, bool):
         raise Violation(f"result.ok must be true or false, got {ok!r}"[:200])
     if ok:
-        unknown = set(message) - {"t", "ok", "result", "followups"}
+        unknown = set(message) - {"t", "ok", "result", "followups", "batch"}
         if unknown:
             raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
         followups = message.get("followups", [])
@@ -167,8 +170,13 @@ def parse_result(message: dict[str, Any], job_id: str) -> Report:
             problem = check_followup(spec, job_id, i + 1)
             if problem:
                 raise Violation(f"followups[{i}]: {problem}")
+        opened = message.get("batch")
+        if opened is not None:
+            problem = check_opened_batch(opened, job_id, queue)
+            if problem:
+                raise Violation(f"batch: {problem}")
         result = json.dumps(message.get("result"), separators=(",", ":"), allow_nan=False)
-        return Report(True, result_json=result, followups=followups)
+        return Report(True, result_json=result, followups=followups, batch=opened)
     unknown = set(message) - {"t", "ok", "error", "fatal"}
     if unknown:
         raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
@@ -178,6 +186,35 @@ def parse_result(message: dict[str, Any], job_id: str) -> Report:
     return Report(False, error=_check_error(message.get("error")), fatal=fatal)
 
 
+def check_opened_batch(opened: Any, job_id: str, queue: str) -> str:
+    """Why `opened` is not a batch `JobContext.batch` of job `job_id` could have built
+    ("" if it is): its id is the job's, its members are the job's follow-ups of that
+    batch only, and it is opened on the job's own queue."""
+    if not isinstance(opened, dict):
+        return f"must be an object, got {type(opened).__name__}"
+    unknown = set(opened) - {"id", "members", "on_success", "on_complete"}
+    if unknown:
+        return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"[:300]
+    batch_id = f"{job_id}-b"
+    if opened.get("id") != batch_id:
+        return f"id must be {batch_id}"
+    members = opened.get("members")
+    if not isinstance(members, list) or not members:
+        return "members must be a non-empty list"
+    if len(members) > MAX_FOLLOWUPS:
+        return f"{len(members)} members, over the limit of {MAX_FOLLOWUPS}"
+    for i, spec in enumerate(members):
+        problem = check_followup(spec, job_id, i + 1, batch=(batch_id, queue))
+        if problem:
+            return f"members[{i}]: {problem}"
+    for name in ("on_success", "on_complete"):
+        if name in opened:
+            problem = check_callback(opened[name], f"{batch_id}-{name}", batch_id)
+            if problem:
+                return f"{name}: {problem}"
+    return ""
+
+
 class MessageReader:
     """The parent's reader of one child's pipe: feed it bytes as they arrive.
 
@@ -185,9 +222,11 @@ class MessageReader:
     fill): it sets `overflow`, which the parent reports as a result too large. The first
     violation sets `violation` and stops reading; the parent then kills the child."""
 
-    def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0) -> None:
+    def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0,
+                 queue: str = "") -> None:
         self.job_id = job_id
         self.line_cap = line_cap
+        self.queue = queue
         self.buf = bytearray()
         self.report: Report | None = None
         self.violation: str = ""
@@ -274,7 +313,7 @@ class MessageReader:
         kind = message.get("t")
         try:
             if kind == "result":
-                self.report = parse_result(message, self.job_id)
+                self.report = parse_result(message, self.job_id, self.queue)
             elif kind == "progress":
                 self._check_rate()
                 self.progress = check_progress(message)
