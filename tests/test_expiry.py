@@ -46,18 +46,24 @@ def assert_expired(queue: Queue, job: Job) -> None:
 # -- bad input --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options, needle", [
-    ({"expires_in": "-5s"}, "expires_in"),
-    ({"expires_in": 0}, "expires_in must be more than 0"),
-    ({"expires_in": "soon"}, "expires_in"),
-    ({"expires_in": True}, "expires_in"),
-    ({"expire_at": time.time() - 60}, "expire_at"),
-    ({"expire_at": "tomorrow"}, "expire_at must be a datetime or Unix seconds"),
-    ({"expires_in": "1m", "expire_at": time.time() + 60}, "not both"),
-    ({"expires_in": "10s", "delay": "1m"}, "ends before the job is due"),
-    ({"expire_at": time.time() + 30, "run_at": time.time() + 60}, "ends before the job is due"),
+def _from_now(**seconds: float) -> dict[str, float]:
+    """Times as Unix seconds from now (taken when the test runs, not when collected)."""
+    return {name: time.time() + offset for name, offset in seconds.items()}
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda: {"expires_in": "-5s"}, "expires_in"),
+    (lambda: {"expires_in": 0}, "expires_in must be more than 0"),
+    (lambda: {"expires_in": "soon"}, "expires_in"),
+    (lambda: {"expires_in": True}, "expires_in"),
+    (lambda: _from_now(expire_at=-60), "expire_at .* is in the past"),
+    (lambda: {"expire_at": "tomorrow"}, "expire_at must be a datetime or Unix seconds"),
+    (lambda: {"expires_in": "1m", **_from_now(expire_at=60)}, "not both"),
+    (lambda: {"expires_in": "10s", "delay": "1m"}, "ends before the job is due"),
+    (lambda: _from_now(expire_at=30, run_at=60), "ends before the job is due"),
 ])
-def test_bad_expiry_is_refused_naming_the_argument(queue: Queue, options, needle):
+def test_bad_expiry_is_refused_naming_the_argument(queue: Queue, make, needle):
+    options = make()
     with pytest.raises(PayloadError, match=needle):
         queue.enqueue("t.a", **options)
     with pytest.raises(PayloadError, match=r"jobs\[1\]: .*" + needle.split()[0]):
