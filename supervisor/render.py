@@ -103,6 +103,9 @@ def job(job: Job) -> str:
     row("enqueued", when_ms(f.get("enqueued_at")))
     if f.get("run_at") and f.get("run_at") != f.get("enqueued_at"):
         row("run at", when_ms(f.get("run_at")))
+    if f.get("expire_at"):  # expiry before start: never run if not started by then
+        row("expires", when_ms(f.get("expire_at")) + ("" if not f.get("started_at")
+                                                     else "  (started: no longer applies)"))
     if f.get("started_at"):
         row("started", when_ms(f.get("started_at")))
     if f.get("owner"):

@@ -5,6 +5,7 @@ when it reaches it, and the reaper's sweep (sweep_expired.lua) when it waits."""
 from __future__ import annotations
 
 import datetime
+import re
 import subprocess
 import sys
 import time
@@ -179,6 +180,8 @@ def test_cli_enqueue_expires_in(redis_url: str, queue: Queue):
     assert done.returncode == 0, done.stderr
     record = queue.get(done.stdout.strip())
     assert int(record.fields["expire_at"]) - int(record.fields["enqueued_at"]) == 600_000
+    shown = forq(redis_url, "job", record.id).stdout
+    assert re.search(r"^  expires +\S", shown, re.M) and "no longer applies" not in shown
     for bad in ("-5s", "0", "soon"):
         done = forq(redis_url, "enqueue", "t.a", "-q", queue.name, "--expires-in", bad)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
