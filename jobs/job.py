@@ -185,6 +185,21 @@ class Job:
             return str(found) if found is not None else None
         return None
 
+    @property
+    def depends_on(self) -> list[str]:
+        """The jobs it waits on or waited on (``depends_on``), [] for none."""
+        return _loads(self.fields.get("depends_on")) or []
+
+    @property
+    def waiting_on(self) -> int:
+        """How many of `depends_on` have not ended yet (0 once released)."""
+        return int(self.fields.get("waiting_on") or 0) if self.state == WAITING else 0
+
+    @property
+    def batch(self) -> str | None:
+        """The id of the batch it belongs to (its queue: ``fields["batch_queue"]``)."""
+        return self.fields.get("batch") or None
+
     def to_dict(self) -> dict[str, Any]:
         """The shape `forq job ID --json` prints."""
         out = {
@@ -205,9 +220,12 @@ class Job:
             "history": self.history,
         }
         for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",
-                     "owner", "key", "parent"):
+                     "owner", "key", "parent", "batch", "batch_queue", "child_batch"):
             if name in self.fields:
                 out[name] = self.fields[name]
+        if "depends_on" in self.fields:
+            out["depends_on"] = self.depends_on
+            out["waiting_on"] = self.waiting_on
         return out
 
     def refresh(self) -> Job:

@@ -100,6 +100,14 @@ def job(job: Job) -> str:
         row("key", f["key"])
     if f.get("parent"):
         row("parent", f["parent"])
+    if job.depends_on:
+        waits = f"    waiting on {job.waiting_on}" if job.state == "waiting" else ""
+        row("parents", ", ".join(job.depends_on) + waits
+            + ("    (allow_failure)" if f.get("allow_failure") else ""))
+    if job.batch:
+        row("batch", f"{job.batch} (queue {f.get('batch_queue', job.queue)})")
+    if f.get("child_batch"):
+        row("opened", f"batch {f['child_batch']}")
     row("enqueued", when_ms(f.get("enqueued_at")))
     if f.get("run_at") and f.get("run_at") != f.get("enqueued_at"):
         row("run at", when_ms(f.get("run_at")))
@@ -293,3 +301,25 @@ def limits(info: Mapping[str, Any]) -> str:
         line += (f"; per group: concurrency {info['group_concurrency']}, "
                  f"rate {info.get('group_rate') or 'none'}")
     return line
+
+
+def batch(status: Any) -> str:
+    """A batch (`forq.batches.BatchStatus`): its counts, callbacks, then each member."""
+    lines = [f"batch {status.id}",
+             f"  queue     {status.queue}",
+             f"  state     {status.state}    {status.ended} of {status.total} ended, "
+             f"{status.failed} failed",
+             f"  created   {when_ms(status.created_at)}"]
+    if status.finished_at:
+        lines.append(f"  finished  {when_ms(status.finished_at)}")
+    if status.opener:
+        parent = f" (member of batch {status.parent_batch})" if status.parent_batch else ""
+        lines.append(f"  opened by job {status.opener}{parent}")
+    for name, job_id in status.callbacks.items():
+        lines.append(f"  {name:<12}{job_id}")
+    lines.append("  members")
+    for m in status.members:
+        detail = _compact(m.result) if m.state == "succeeded" else (m.reason or "")
+        where = f" ({m.queue})" if m.queue != status.queue else ""
+        lines.append(f"    {m.id}{where}  {m.state or 'gone'}  {detail}".rstrip())
+    return "\n".join(lines)

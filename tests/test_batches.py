@@ -372,3 +372,38 @@ def test_dependencies_under_a_supervisor(tmp_path, redis_url, queue):
     ran = [line.split()[0] for line in lines(calls)]
     assert never.id not in ran
     assert ran.index(first.id) < ran.index(then.id)
+
+
+def forq_cli(redis_url: str, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    from tests.supervisors import REPO
+    return subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, *args],
+                          capture_output=True, text=True, timeout=60, cwd=str(REPO))
+
+
+def test_forq_batch_and_forq_job_show_batches_and_parents(redis_url, queue, other):
+    batch = queue.batch([{"task": "t", "args": [1]}, {"task": "t", "queue": other.name}],
+                        on_complete="cb.done")
+    run_all(queue)
+    parent = queue.enqueue("t")
+    child = queue.enqueue("t", depends_on=[parent], allow_failure=True)
+    shown = forq_cli(redis_url, "batch", batch.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "state     open    1 of 2 ended, 0 failed" in shown.stdout
+    assert f"{batch.member_ids[0]}  succeeded  {batch.member_ids[0]}" in shown.stdout
+    assert f"{batch.member_ids[1]} ({other.name})  pending" in shown.stdout
+    data = json.loads(forq_cli(redis_url, "batch", batch.id, "--json", "-q", queue.name).stdout)
+    assert [m["state"] for m in data["members"]] == ["succeeded", "pending"]
+    assert data["callbacks"] == {"on_complete": f"{batch.id}-on_complete"}
+    missing = forq_cli(redis_url, "batch", "nope")
+    assert missing.returncode == 1 and "no batch nope in any queue" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    job = forq_cli(redis_url, "job", child.id)
+    assert f"parents   {parent.id}    waiting on 1    (allow_failure)" in job.stdout
+    record = json.loads(forq_cli(redis_url, "job", child.id, "--json").stdout)
+    assert (record["state"], record["depends_on"], record["waiting_on"]) == (
+        "waiting", [parent.id], 1)
+    member = json.loads(forq_cli(redis_url, "job", batch.member_ids[1], "--json").stdout)
+    assert (member["batch"], member["batch_queue"]) == (batch.id, queue.name)

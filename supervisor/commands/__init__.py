@@ -8,4 +8,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "stats", "dead", "operate")
+FAMILIES = ("jobs", "batches", "stats", "dead", "operate")
