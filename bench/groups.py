@@ -35,7 +35,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RedisServer, command_calls, commands_per_job, log  # noqa: E402
+from bench.common import (  # noqa: E402
+    RedisServer,
+    command_calls,
+    commands_per_job,
+    log,
+    median,
+)
 from forq import Queue  # noqa: E402
 from forq.connection import connect  # noqa: E402
 from forq.scripts import _INCLUDE  # noqa: E402
@@ -97,7 +103,9 @@ def drain(q: Queue, n: int, batch: int) -> float:
 
 def scenario(url: str, name: str, jobs: int, measure: int, single: int,
              groups: int | None = None, concurrency: int | None = None,
-             before: bool = False) -> dict[str, Any]:
+             before: bool = False, reps: int = 3) -> dict[str, Any]:
+    """One backlog of `jobs`; the drains repeated `reps` times from its top (medians):
+    a drain takes `measure + single` jobs each time, so the backlog must hold them."""
     client = connect(url)
     client.flushdb(asynchronous=True)  # a big backlog takes longer than a socket timeout
     q = Queue("bg" + uuid.uuid4().hex[:8], redis=client)
@@ -111,12 +119,16 @@ def scenario(url: str, name: str, jobs: int, measure: int, single: int,
     log(f"groups: {name}: filling {jobs:,} jobs")
     enqueue_rate = fill(q, jobs, groups)
     used = int(client.info("memory")["used_memory"])
-    log(f"groups: {name}: claim 100 + acks, {measure:,} jobs")
-    calls0 = command_calls(client)
-    batch_rate = drain(q, measure, 100)
-    calls1 = command_calls(client)
-    per_job = commands_per_job(calls0, calls1, measure)
-    single_rate = drain(q, single, 1)
+    log(f"groups: {name}: claim 100 + acks, {measure:,} jobs, then claim 1, {single:,}; "
+        f"{reps} times")
+    batch_rates, single_rates = [], []
+    for _ in range(reps):
+        calls0 = command_calls(client)
+        batch_rates.append(drain(q, measure, 100))
+        calls1 = command_calls(client)
+        per_job = commands_per_job(calls0, calls1, measure)
+        single_rates.append(drain(q, single, 1))
+    batch_rate, single_rate = median(batch_rates), median(single_rates)
     client.flushdb(asynchronous=True)  # a big backlog takes longer than a socket timeout
     return {"name": name, "jobs": jobs, "groups": groups, "enqueue_per_s": enqueue_rate,
             "claim100_per_s": batch_rate, "claim1_per_s": single_rate,
@@ -131,18 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=30_000,
                         help="jobs drained by claims of 100")
     parser.add_argument("--single", type=int, default=3_000, help="jobs drained one a claim")
+    parser.add_argument("--reps", type=int, default=3, help="drains per backlog (medians)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows = []
     with RedisServer() as server:
         url = server.url(0)
         common = (args.jobs, args.measure, args.single)
-        rows.append(scenario(url, "plain, before groups", *common, before=True))
-        rows.append(scenario(url, "plain", *common))
-        rows.append(scenario(url, "1 group", *common, groups=1, concurrency=1_000_000))
+        reps = args.reps
+        rows.append(scenario(url, "plain, before groups", *common, before=True, reps=reps))
+        rows.append(scenario(url, "plain", *common, reps=reps))
+        rows.append(scenario(url, "1 group", *common, groups=1, concurrency=1_000_000,
+                             reps=reps))
         rows.append(scenario(url, "1 group, concurrency 1", args.jobs, args.single,
-                             args.single, groups=1))
-        rows.append(scenario(url, f"{args.groups:,} groups", *common, groups=args.groups))
+                             args.single, groups=1, reps=reps))
+        rows.append(scenario(url, f"{args.groups:,} groups", *common, groups=args.groups,
+                             reps=reps))
     one = next(r for r in rows if r["name"] == "1 group")
     print(f"\n{args.jobs:,} jobs per scenario; claim 100 over {args.measure:,}, "
           f"claim 1 over {args.single:,}\n")

@@ -265,6 +265,12 @@ def workout(queues: list[Queue], rc) -> None:
         assert q.pause() and q.claim(OWNER, 5, LONG).leases == []
         assert q.resume()
         assert q.sweep_expired(OWNER) == []
+        # groups: their keys carry the group key after the queue's tag, braces and all
+        q.set_limits(group_concurrency=1, group_rate=(1000, 1))
+        q.enqueue_many([{"task": "t.g", "group": "{elsewhere}"}] * 2)
+        grouped = [x for x in q.claim(OWNER, 10, LONG).leases if x.job.task == "t.g"]
+        assert len(grouped) == 1 and q.ack(grouped[0].id, grouped[0].token, "1") == "ok"
+        q.set_limits(group_concurrency=None, group_rate=None)
 
 
 def test_every_key_a_script_touches_hashes_to_its_queues_slot(cluster: LocalCluster, rc):

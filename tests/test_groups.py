@@ -351,3 +351,13 @@ def test_async_queue_enqueues_into_groups(queue, redis_url):
     assert claim_ids(queue) == [first, other]  # one per group
     assert queue.stats()["pending"] == 1
     assert queue.get(second).fields["group"] == "a"
+
+
+def test_grouped_pending_jobs_count_in_stats_and_the_dashboard(queue):
+    data = pytest.importorskip("forq.web.data")
+    enqueue_in(queue, "a", 3)
+    enqueue_in(queue, None, 1)
+    assert claim_ids(queue, 10)
+    assert queue.stats()["pending"] == 2
+    overview = next(q for q in data.overview(queue.redis)["queues"] if q["name"] == queue.name)
+    assert (overview["pending"], overview["active"]) == (2, 2)

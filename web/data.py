@@ -82,16 +82,18 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         pipe.zcard(k.dead)
         pipe.hgetall(k.limits)
         pipe.zrange(k.pending, 0, 0)
+        pipe.get(k.groups_pending)  # grouped jobs wait in their groups' sets
         for m in range(minute - CHART_MINUTES + 1, minute + 1):
             pipe.hmget(k.minute(m), "succeeded", "failed", "crashed")
-    per_queue = 6 + CHART_MINUTES
+    per_queue = 7 + CHART_MINUTES
     replies = pipe.execute() if names else []
     queues = []
     heads = []
     for i, name in enumerate(names):
         r = replies[i * per_queue:(i + 1) * per_queue]
-        pending, scheduled, active, dead, limits, head = r[:6]
-        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[6:]]
+        pending, scheduled, active, dead, limits, head, grouped = r[:7]
+        pending += _int(grouped)
+        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[7:]]
         # a sliding minute, as `forq stats` has it: this minute so far plus the part of
         # the previous one that is still within the last 60 s
         frac = (now_ms % 60000) / 60000
