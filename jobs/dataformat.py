@@ -28,7 +28,9 @@ from forq.keys import FORMAT as FORMAT_KEY
 
 # 2: batches and dependencies. A job's end now acts on its links (its batch's counter,
 # the jobs waiting on it): an older forq's ack would end a batch member without counting
-# it, and its stats and cancel know no `waiting` state.
+# it, and its stats and cancel know no `waiting` state. Groups came just before it: an
+# older forq's reclaim or release would put a grouped job in `pending` without freeing its
+# group's slot, so format 1 forqs must not share a Redis where groups are used.
 FORMAT = 2
 READERS_FROM = 2
 
