@@ -88,7 +88,11 @@ local function group_place(prefix, g, at, running, tokens)
 end
 
 -- Job `id` (its pending `score` set) waits in its group. Returns group_place's answer.
+-- Marks the queue `grouped` (claim looks at groups only then) whichever way the job
+-- came: enqueued, promoted when due (a delayed or retried job), released by its
+-- dependencies, requeued.
 local function group_add(prefix, g, id, score, at)
+  redis.call('HSET', prefix .. 'limits', 'grouped', 1)
   redis.call('ZADD', group_pending_key(prefix, g), score, id)
   redis.call('INCR', prefix .. 'groups:pending')
   return group_place(prefix, g, at)

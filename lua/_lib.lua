@@ -254,7 +254,6 @@ local function enqueue_one(prefix, queue, spec, at, hold)
     table.insert(fields, score)
     redis.call('HSET', jkey, unpack(fields))
     if spec['group'] then
-      redis.call('HSET', prefix .. 'limits', 'grouped', 1)
       group_add(prefix, spec['group'], id, score, at)
     else
       redis.call('ZADD', prefix .. 'pending', score, id)

@@ -79,6 +79,7 @@ if next_due >= 0 and next_due <= at then
       local score = pending_score(prefix, tonumber(f[2]) or 0)
       redis.call('HSET', jkey, 'state', 'pending', 'score', score)
       to_pending(prefix, id, score, f[3], at)
+      if f[3] then grouped = true end -- maybe the queue's first: take it in this claim
     end
   end
   next_due = earliest()

@@ -361,3 +361,14 @@ def test_grouped_pending_jobs_count_in_stats_and_the_dashboard(queue):
     assert queue.stats()["pending"] == 2
     overview = next(q for q in data.overview(queue.redis)["queues"] if q["name"] == queue.name)
     assert (overview["pending"], overview["active"]) == (2, 2)
+
+
+def test_a_delayed_grouped_job_is_claimed_once_due(queue, r):
+    """The queue's first grouped job is a delayed one: the claim that promotes it must
+    look at the groups (the queue is marked grouped by the promotion, not only by a
+    pending enqueue)."""
+    job = queue.enqueue("t.task", group="a", delay="50ms")
+    due = int(queue.get(job.id).fields["run_at"])
+    wait_for(lambda: redis_ms(r) > due, timeout=5)
+    assert claim_ids(queue) == [job.id]
+    assert running(queue) == {"a": "1"}
