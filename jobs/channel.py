@@ -31,6 +31,9 @@ MAX_PROGRESS_MESSAGE = 500  # characters of a progress message: longer ones are 
 MAX_STEPS = 1000  # durable steps recorded per job, over all its runs
 MAX_STEP_NAME = 200  # bytes of a step's name (UTF-8)
 MAX_STEP_BYTES = 64 * 1024  # a step's result, as compact JSON
+# all of a job's step results together: they live in its record, and each claim of the
+# job reads them all (a claim takes up to 32 jobs)
+MAX_STEPS_BYTES = 1 << 20
 
 
 class LeaseLost(BaseException):  # noqa: N818 — not an error of the handler's: a stop
@@ -132,6 +135,9 @@ class Channel:
                             f"{MAX_STEP_BYTES}-byte limit of a step")
         if len(self.steps) >= MAX_STEPS:
             raise StepError(f"step {name!r}: a job records at most {MAX_STEPS} steps")
+        if sum(map(len, self.steps.values())) + len(result_json) > MAX_STEPS_BYTES:
+            raise StepError(f"step {name!r}: a job's step results total at most "
+                            f"{MAX_STEPS_BYTES} bytes")
         if self.fd >= 0:
             try:
                 self.flush()  # what the handler said before the step, in order

@@ -77,15 +77,24 @@ def progress(go: str):
 
 
 @task("steps.chatty")
-def chatty(seconds: float):
-    """Report progress in a tight loop for `seconds`: the child throttles it."""
+def chatty(seconds: float, at_least: int = 100_000):
+    """Report progress in a tight loop for `seconds`, and `at_least` times: the child
+    throttles it."""
     deadline = time.monotonic() + seconds
     calls = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or calls < at_least:
         calls += 1
         current().progress((calls % 1000) / 1000, f"call {calls}")
     current().progress(1, f"{calls} calls")
     return calls
+
+
+@task("steps.too_much")
+def too_much():
+    """Steps of 60 KiB until the job's total is over its cap: the last one raises."""
+    for i in range(100):
+        current().step(f"big{i}", lambda: "x" * 60_000)
+    return "all recorded"
 
 
 @task("steps.bad_input")

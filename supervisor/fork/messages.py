@@ -28,8 +28,8 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     ``{"step": name, "answer": "ok" | "lost"}``: "ok" once Redis holds the result
     (fenced by the lease token), "lost" if the lease is no longer this supervisor's.
     One step at a time: a step sent before the previous one was answered, more than
-    `MAX_STEPS` per job, a name over `MAX_STEP_NAME` bytes or a result over
-    `MAX_STEP_BYTES` is a violation.
+    `MAX_STEPS` per job, a name over `MAX_STEP_NAME` bytes, a result over
+    `MAX_STEP_BYTES` or results over `MAX_STEPS_BYTES` in all is a violation.
 
 The result is the child's last message: anything after it is a violation.
 """
@@ -42,7 +42,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from forq.channel import MAX_PROGRESS_MESSAGE, MAX_STEP_BYTES, MAX_STEP_NAME, MAX_STEPS
+from forq.channel import (
+    MAX_PROGRESS_MESSAGE,
+    MAX_STEP_BYTES,
+    MAX_STEP_NAME,
+    MAX_STEPS,
+    MAX_STEPS_BYTES,
+)
 from forq.payload import check_callback, check_followup
 
 RESULT_OVERHEAD = 64 * 1024  # the envelope and follow-ups beside the result itself
@@ -223,7 +229,7 @@ class MessageReader:
     violation sets `violation` and stops reading; the parent then kills the child."""
 
     def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0,
-                 queue: str = "") -> None:
+                 queue: str = "", recorded_bytes: int = 0) -> None:
         self.job_id = job_id
         self.line_cap = line_cap
         self.queue = queue
@@ -236,6 +242,7 @@ class MessageReader:
         self.steps: list[Step] = []  # sent, not yet taken
         self.step_open = False  # a step awaits the parent's answer (`answered`)
         self.step_count = recorded_steps  # this job's steps, recorded and sent
+        self.step_bytes = recorded_bytes  # and their results' bytes
         self._allowance = float(PROGRESS_BURST)
         self._allowance_at = time.monotonic()
 
@@ -285,7 +292,10 @@ class MessageReader:
         step = check_step(message)
         if self.step_count >= MAX_STEPS:
             raise Violation(f"more than {MAX_STEPS} steps")
+        if self.step_bytes + len(step.result_json) > MAX_STEPS_BYTES:
+            raise Violation(f"step results over {MAX_STEPS_BYTES} bytes in all")
         self.step_count += 1
+        self.step_bytes += len(step.result_json)
         self.step_open = True
         self.steps.append(step)
 
