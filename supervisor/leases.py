@@ -16,6 +16,10 @@ from typing import Any
 
 from forq import Queue
 
+# queues commands on the extension's pipeline; returns what takes their replies (None:
+# the round trip failed)
+Riders = Callable[[Any], Callable[[list[Any] | None], None]]
+
 
 class LeaseKeeper:
     def __init__(self, lease_ttl: float, safety: float = 0.1) -> None:
@@ -47,7 +51,7 @@ class LeaseKeeper:
         return self._proven.get(job_id)
 
     def extend(self, client, queues: Mapping[str, Queue],
-               riders: Callable[[Any], Callable[[list[Any] | None], None]] | None = None
+               riders: Riders | None = None
                ) -> tuple[list[str], list[str]]:
         """Extend every lease in one round trip. Returns (lost ids, cancelled ids).
         Raises the Redis error when Redis cannot be reached (nothing is proven then).

@@ -15,9 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from forq import Queue
 from forq.defaults import MAX_CRASHES
 from forq.supervisor.metrics import Metrics
+from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.relay import BatchRelay
 
 log = logging.getLogger("forq.supervisor")
 
@@ -46,6 +50,31 @@ class Reaper:
         ids = Queue.parse_sweep(reply)
         if ids:
             log.info("%d job(s) in %s expired before start: dead, never run", len(ids), name)
+
+    def reap(self, client: Any, names: list[str], health: RedisHealth, relay: BatchRelay) -> None:
+        """The periodic pass, every served queue in one round trip: expired leases,
+        expired pending jobs, and the ends of batch members the `relay` carries to
+        batches on other queues."""
+        if not health.ready():
+            return
+        pipe = client.pipeline(transaction=False)
+        self.send(pipe, names)
+        self.send_sweeps(pipe, names)
+        relay.send(pipe, names)
+        try:
+            replies = pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            health.failed("reclaim", exc)
+            return
+        n = len(names)
+        for name, reply in zip(names, replies[:n], strict=True):
+            self.answered(name, reply, say=True)
+        for name, reply in zip(names, replies[n:2 * n], strict=True):
+            self.swept(name, reply)
+        try:
+            relay.deliver(client, names, replies[2 * n:])
+        except (redis.RedisError, OSError) as exc:
+            health.failed("relay", exc)
 
     def answered(self, name: str, reply: Any, say: bool = False) -> None:
         if isinstance(reply, Exception):

@@ -12,11 +12,35 @@ import logging
 import time
 from collections.abc import Callable
 
+import redis
+
+from forq.supervisor.loop import EventLoop
+
 log = logging.getLogger("forq.supervisor")
 
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 LOG_EVERY = 5.0  # seconds between two "redis … failed" warnings
+
+
+def wait_until_reachable(client: redis.Redis, loop: EventLoop, *, stopped: Callable[[], bool],
+                         on_first_miss: Callable[[], object]) -> None:
+    """At start, ping until Redis answers (backing off), serving the loop meanwhile so
+    signals, metrics and the watchdog keep working; give up once `stopped()`."""
+    delay = BACKOFF_MIN
+    missed = False
+    while not stopped():
+        try:
+            client.ping()
+            return
+        except (redis.RedisError, OSError) as exc:
+            if not missed:
+                on_first_miss()
+                missed = True
+            log.warning("redis not reachable yet (%s); retrying in %.1fs", exc, delay)
+            loop.timers.schedule(delay, lambda: None)
+            loop.run_once(cap=delay)
+            delay = min(delay * 2, BACKOFF_MAX)
 
 
 class RedisHealth:

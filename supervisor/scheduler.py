@@ -25,6 +25,8 @@ import redis
 from forq import Queue
 from forq.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config import ScheduleConfig
+from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.timers import Timers
 
 log = logging.getLogger("forq.scheduler")
 
@@ -64,6 +66,22 @@ class Scheduler:
         for s in schedules:
             if old.get(s.name) != s:
                 self.next_tick.pop(s.name, None)
+
+    def run_on(self, timers: Timers, health: RedisHealth, stopped: Callable[[], bool]) -> None:
+        """Fire due ticks now and whenever the next one is due, until `stopped()`;
+        after a Redis error, try again once `health` allows."""
+        def run() -> None:
+            if stopped():
+                return
+            delay = 1.0
+            if health.ready():
+                try:
+                    delay = self.fire_due()
+                except (redis.RedisError, OSError) as exc:
+                    health.failed("schedule", exc)
+            timers.schedule(delay + 0.002, run)
+
+        timers.schedule(0, run)
 
     def _last_fired(self) -> dict[str, float]:
         raw: dict[str, str] = self.client.hgetall(SCHEDULES)  # type: ignore[assignment]

@@ -1,17 +1,19 @@
 """The supervisor: lease jobs, fork one child per job, keep the leases alive from the
 parent, enforce limits, report every end, drain on SIGTERM.
 
-Read it top to bottom as the life of a job: `_sync` claims jobs for free slots (in the
-same round trip as the finished children's reports), `_start` has the `Spawner` fork
-its child, `_extend_leases` keeps its lease (the `Fencer` kills the child if the lease
-is lost), `LimitPolice` enforces its time and memory limits, `_child_ended` classifies
-its end (`outcomes.classify`) and the `Reporter` tells Redis.
+Read it top to bottom as the life of a job: `_sync` has the `Claimer` lease jobs for
+free slots (in the same round trip as the finished children's reports),
+`Children.start` has the `Spawner` fork its child, `LeaseRenewal` keeps its lease (the
+`Fencer` kills the child if the lease is lost), `LimitPolice` enforces its time and
+memory limits, `Children.ended` classifies its end (`outcomes.classify`) and the
+`Reporter` tells Redis. `Drain` is what SIGTERM does; SIGHUP reloads the config.
 
 The collaborators, each in its own module: `EventLoop` (one selector, timers, signals),
 `RedisHealth` (backoff after a Redis error), `Wakeups` (when to claim: pub/sub, timers,
 a poll), `Spawner` (the fork server and the children's ends), `Launcher` (each child's
-spec and cgroup), `LeaseKeeper` + `Fencer`, `LimitPolice`, `Reporter`, `Scheduler`
-(cron), `Metrics`, `Roster` (live supervisors: heartbeats), `Notifier` (sd_notify).
+spec and cgroup), `LeaseKeeper` + `LeaseRenewal` + `Fencer`, `LimitPolice`, `Reaper`,
+`Reporter`, `Scheduler` (cron), `Metrics`, `Roster` (live supervisors: heartbeats),
+`Notifier` (sd_notify).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
 
 import redis
 
@@ -34,6 +35,7 @@ from forq.supervisor import cgroups, protections, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
+from forq.supervisor.drain import Drain
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.fork.client import ForkServerFatal
 from forq.supervisor.launch import Launcher
@@ -44,8 +46,9 @@ from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind
 from forq.supervisor.reaper import Reaper
-from forq.supervisor.redis_health import BACKOFF_MAX, RedisHealth
+from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
 from forq.supervisor.relay import BatchRelay
+from forq.supervisor.renewal import LeaseRenewal
 from forq.supervisor.reports import Pending, Reporter
 from forq.supervisor.roster import Roster, running_record
 from forq.supervisor.scheduler import Scheduler
@@ -55,7 +58,6 @@ from forq.supervisor.wakeups import POLL_INTERVAL, Wakeups
 log = logging.getLogger("forq.supervisor")
 
 HEARTBEAT_INTERVAL = 2.0
-DRAIN_REPORT_GRACE = 15.0  # after drain, how long to keep retrying reports to Redis
 
 
 class Supervisor:
@@ -72,10 +74,7 @@ class Supervisor:
             socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False)
         self.queues: dict[str, Queue] = {}
         self.outbox: list[Pending] = []
-        self.draining = False
-        self.drain_started = 0.0
         self.want_claim = True
-        self.extend_retry = False  # a quick retry of a failed extend is scheduled
         self.metrics = Metrics(lambda: status.read_depths(self.redis, self._served()),
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
@@ -92,6 +91,12 @@ class Supervisor:
         self.children.on_notes = self.notes.heard
         self.fencer = self.make_fencer()
         self.children.first_deadline = self.fencer.first_deadline
+        self.renewal = LeaseRenewal(
+            self.leases, self.redis, self.queues, self.fencer, self.spawner, self.health,
+            self.metrics, self.loop.timers, self._redis_worked,
+            riders=lambda pipe: self.notes.send_progress(pipe, self.children,
+                                                         self.leases.token).answered)
+        self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
@@ -191,7 +196,7 @@ class Supervisor:
             log.error("reload: %s; job spans off", exc)
         self.scheduler.replace(config.schedules)
         self._push_limits()
-        if not self.draining:
+        if not self.drain.active:
             self.wakeups.subscribe(self._served())
         self.want_claim = True
         log.info("reloaded %s: queues %s", config.path,
@@ -239,9 +244,11 @@ class Supervisor:
             return 1
         interval = watchdog_interval()
         if interval:
-            self._every(interval, self.notifier.watchdog)
-        self._wait_for_redis()
-        if self.draining:
+            self.loop.timers.every(interval, self.notifier.watchdog)
+        waiting = f"waiting for Redis at {describe(self.config.redis_url)}"
+        wait_until_reachable(self.redis, self.loop, stopped=lambda: self.drain.active,
+                             on_first_miss=lambda: self.notifier.ready(waiting))
+        if self.drain.active:
             self._shutdown()
             return 0
         if not redis_checks.check_at_start(self.redis, self.config.redis_allow_eviction,
@@ -250,16 +257,17 @@ class Supervisor:
             return 2
         self._push_limits()
         self.wakeups.subscribe(self._served())
-        self._every(self.config.lease_ttl / 3, self._extend_leases)
-        self._every(self.config.reaper_interval, self._reap)
-        self._every(self.config.memory_sample_interval, self.children.police_limits)
-        self._every(HEARTBEAT_INTERVAL, self._heartbeat)
-        self._every(POLL_INTERVAL, self.wakeups.poll)
-        self.loop.timers.schedule(0, self._run_scheduler)
+        self.loop.timers.every(self.config.lease_ttl / 3, self.renewal.extend)
+        self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
+            self.redis, self._served(), self.health, self.relay))
+        self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
+        self.loop.timers.every(HEARTBEAT_INTERVAL, self._heartbeat)
+        self.loop.timers.every(POLL_INTERVAL, self.wakeups.poll)
+        self.scheduler.run_on(self.loop.timers, self.health, lambda: self.drain.active)
         self._heartbeat()
         self.notifier.ready(self._status())
         log.info("ready")
-        while not self._finished():
+        while not self.drain.finished(len(self.outbox), self.config.drain_timeout):
             self.fencer.unproven()
             if self.want_claim or self.outbox or self.notes.waiting:
                 self._sync()
@@ -283,57 +291,11 @@ class Supervisor:
         log.info("metrics on http://%s:%d/metrics", *self.metrics_server.address)
         return True
 
-    def _every(self, interval: float, fn: Callable[[], object]) -> None:
-        def tick() -> None:
-            try:
-                fn()
-            finally:
-                self.loop.timers.schedule(interval, tick)
-
-        self.loop.timers.schedule(interval, tick)
-
-    def _wait_for_redis(self) -> None:
-        delay = 0.1
-        told = False
-        while not self.draining:
-            try:
-                self.redis.ping()
-                return
-            except (redis.RedisError, OSError) as exc:
-                if not told:
-                    self.notifier.ready(f"waiting for Redis at {describe(self.config.redis_url)}")
-                    told = True
-                log.warning("redis not reachable yet (%s); retrying in %.1fs", exc, delay)
-                self.loop.timers.schedule(delay, lambda: None)
-                self.loop.run_once(cap=delay)
-                delay = min(delay * 2, BACKOFF_MAX)
-
-    def _finished(self) -> bool:
-        if not self.draining or self.children:
-            return False
-        if not self.outbox:
-            return True
-        # reports Redis will not take: their leases expire and are reclaimed instead
-        return time.monotonic() - self.drain_started > self.config.drain_timeout + DRAIN_REPORT_GRACE
-
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
             self.reload()
             return
-        if not self.draining:
-            self.draining = True
-            self.spawner.accepting = False
-            self.drain_started = time.monotonic()
-            log.info("%s: draining %d running job(s), up to %.0fs", signal.Signals(signum).name,
-                     len(self.children), self.config.drain_timeout)
-            self.notifier.stopping(self._status())
-            self.wakeups.stop()
-            self.loop.timers.schedule(self.config.drain_timeout,
-                                      lambda: self.children.stop_all("drain timeout"))
-        else:
-            log.info("%s again: stopping %d job(s) now", signal.Signals(signum).name,
-                     len(self.children))
-            self.children.stop_all("second signal")
+        self.drain.signal(signum, self.config.drain_timeout, self._status())
 
     def _shutdown(self) -> None:
         try:
@@ -349,18 +311,6 @@ class Supervisor:
         self.loop.close()
         log.info("stopped")
 
-    def _run_scheduler(self) -> None:
-        """Fire due cron ticks, then sleep until the next one (re-armed every call)."""
-        if self.draining:
-            return
-        delay = 1.0
-        if self.health.ready():
-            try:
-                delay = self.scheduler.fire_due()
-            except (redis.RedisError, OSError) as exc:
-                self.health.failed("schedule", exc)
-        self.loop.timers.schedule(delay + 0.002, self._run_scheduler)
-
     def _wake(self) -> None:
         self.want_claim = True
 
@@ -371,7 +321,7 @@ class Supervisor:
 
     def _redis_worked(self) -> None:
         self.health.worked()  # it answered: report, claim and reap now
-        if not self.draining:
+        if not self.drain.active:
             self.wakeups.resubscribe()  # the wake connection died with the outage
 
     # -- claiming and starting jobs ------------------------------------------------------
@@ -385,7 +335,7 @@ class Supervisor:
         second, and changes nothing."""
         if not self.health.ready():
             return
-        claiming = self.want_claim and not self.draining
+        claiming = self.want_claim and not self.drain.active
         self.want_claim = False
         batch, self.outbox = self.outbox, []
         pipe = self.redis.pipeline(transaction=False)
@@ -423,62 +373,13 @@ class Supervisor:
 
     # -- leases ----------------------------------------------------------------------------
 
-    def _retry_extend(self) -> None:
-        self.extend_retry = False
-        self._extend_leases()
-
-    def _extend_leases(self) -> None:
-        if not len(self.leases):
-            return
-        try:
-            lost, cancelled = self.leases.extend(
-                self.redis, self.queues,  # running jobs' progress rides along
-                lambda pipe: self.notes.send_progress(pipe, self.children,
-                                                      self.leases.token).answered)
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("extend", exc)
-            # try again soon rather than a whole ttl/3 later: a short Redis blip must not
-            # cost a running job its lease
-            if not self.extend_retry:
-                self.extend_retry = True
-                self.loop.timers.schedule(max(0.05, min(0.25, self.config.lease_ttl / 10)),
-                                          self._retry_extend)
-            return
-        self._redis_worked()
-        self.metrics.lease_extended(len(self.leases))
-        self.fencer.lost(lost)
-        self.fencer.cancelled(cancelled)
-        self.spawner.fence(self.fencer.deadlines())
-
-    def _reap(self) -> None:
-        if not self.health.ready():
-            return
-        names = self._served()
-        pipe = self.redis.pipeline(transaction=False)
-        self.reaper.send(pipe, names)
-        self.reaper.send_sweeps(pipe, names)
-        self.relay.send(pipe, names)
-        try:
-            replies = pipe.execute()
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("reclaim", exc)
-            return
-        for name, reply in zip(names, replies[:len(names)], strict=True):
-            self.reaper.answered(name, reply, say=True)
-        for name, reply in zip(names, replies[len(names):2 * len(names)], strict=True):
-            self.reaper.swept(name, reply)
-        try:  # ends of batch members whose batch lives on another queue, carried there
-            self.relay.deliver(self.redis, names, replies[2 * len(names):])
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("relay", exc)
-
     # -- status ----------------------------------------------------------------------------
 
     def _slots(self) -> int:
         return sum(q.concurrency for q in self.config.queues)
 
     def _status(self) -> str:
-        return status.status_line(self.draining, len(self.children), self._slots())
+        return status.status_line(self.drain.active, len(self.children), self._slots())
 
     def _set_title(self) -> None:
         status.set_title(self.name, len(self.children), self._slots())
@@ -494,7 +395,7 @@ class Supervisor:
             self.roster.beat({
                 "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self._served(), "busy": len(self.children), "slots": self._slots(),
-                "draining": self.draining,
+                "draining": self.drain.active,
                 **running_record(self.children, self.leases, per_job_cgroups=bool(
                     self.launcher.cgroups and not self.launcher.cgroups_failed)),
             })

@@ -21,6 +21,17 @@ class Timers:
         heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay), next(self._seq), entry))
         return entry
 
+    def every(self, interval: float, callback: Callable[[], object]) -> None:
+        """Call `callback` every `interval` seconds from now on; one that raises is
+        still re-armed (the loop's caller sees the error, the period goes on)."""
+        def tick() -> None:
+            try:
+                callback()
+            finally:
+                self.schedule(interval, tick)
+
+        self.schedule(interval, tick)
+
     @staticmethod
     def cancel(handle: list | None) -> None:
         if handle:

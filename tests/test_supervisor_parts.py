@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from redis import Redis
 
 from forq.supervisor.config import load_config
 from forq.supervisor.fencing import Fencer
@@ -198,6 +199,25 @@ def test_timers_run_in_due_order_and_a_cancelled_one_never_runs():
     assert timers.timeout(5.0) == 5.0
 
 
+def test_a_periodic_timer_is_rearmed_even_when_its_callback_raises():
+    timers, ran = Timers(), []
+
+    def tick() -> None:
+        ran.append(time.monotonic())
+        if len(ran) == 1:
+            raise RuntimeError("first tick fails")
+
+    timers.every(0.001, tick)
+    deadline = time.monotonic() + 2
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(timers.timeout(0.01))
+        try:
+            timers.run_due()
+        except RuntimeError:
+            pass
+    assert len(ran) >= 3
+
+
 def test_the_event_loop_delivers_a_real_signal_between_events():
     loop, got = EventLoop(), []
     try:
@@ -227,6 +247,51 @@ def test_a_wake_message_claims_now_or_arms_one_timer_per_queue(r):
 
 
 # -- a Supervisor, in process ------------------------------------------------------------
+
+def test_a_drain_waits_for_children_and_reports_then_a_second_signal_stops_them(tmp_path,
+                                                                              redis_url, queue):
+    config = load_config(write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}))
+    sup = Supervisor(config)
+    try:
+        drain, stopped = sup.drain, []
+        assert not drain.finished(0, 30.0)  # not draining: never finished
+        sup.children.stop_all = stopped.append  # type: ignore[method-assign]
+        drain.signal(signal.SIGTERM, 30.0, "status")
+        assert drain.active and not sup.spawner.accepting and stopped == []
+        assert drain.finished(0, 30.0)  # no child, every report sent
+        assert not drain.finished(3, 30.0)  # reports still to send, within the grace
+        drain.started -= 30.0 + 16.0  # past the drain timeout and the report grace
+        assert drain.finished(3, 30.0)  # given up: those leases expire and are reclaimed
+        drain.signal(signal.SIGINT, 30.0, "status")
+        assert stopped == ["second signal"]
+    finally:
+        sup.loop.close()
+
+
+def test_a_failed_lease_extension_is_retried_soon_not_a_period_later(tmp_path, redis_url,
+                                                                    queue):
+    config = load_config(write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                                      lease_ttl="2s"))
+    sup = Supervisor(config)
+    try:
+        queue.enqueue("tests.echo", 1)
+        [lease] = queue.claim(sup.id, 1, 2000).leases
+        sup.leases.add(queue.name, lease.id, lease.token, time.monotonic())
+        before = sup.leases.proven_until(lease.id)
+        sup.renewal.client = Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens
+        sup.renewal.extend()
+        assert sup.renewal.retrying and not sup.health.ready()
+        due = sup.loop.timers.timeout(10.0)
+        assert due <= 0.25  # the retry, not lease_ttl/3 later
+        sup.renewal.client = sup.redis
+        deadline = time.monotonic() + 2
+        while sup.renewal.retrying and time.monotonic() < deadline:
+            sup.loop.run_once(cap=0.05)
+        assert not sup.renewal.retrying
+        assert sup.leases.proven_until(lease.id) > before  # the retry extended it
+    finally:
+        sup.loop.close()
+
 
 def test_one_sync_claims_and_reports_an_unknown_task_dead_without_forking(tmp_path,
                                                                           redis_url, queue):

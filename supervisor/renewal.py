@@ -1,0 +1,61 @@
+"""LeaseRenewal: the timer that keeps this supervisor's leases alive.
+
+Every ``lease_ttl/3`` it asks the `LeaseKeeper` to extend every lease in one round
+trip, then hands the answers to the `Fencer`: a lease Redis calls lost, or a job
+cancelled, has its child killed now. A Redis error is retried within a fraction of
+the TTL rather than a whole period later, so a short blip never costs a running job
+its lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import redis
+
+from forq import Queue
+from forq.supervisor.fencing import Fencer
+from forq.supervisor.leases import LeaseKeeper, Riders
+from forq.supervisor.metrics import Metrics
+from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.spawner import Spawner
+from forq.supervisor.timers import Timers
+
+
+class LeaseRenewal:
+    def __init__(self, leases: LeaseKeeper, client: redis.Redis, queues: Mapping[str, Queue],
+                 fencer: Fencer, spawner: Spawner, health: RedisHealth, metrics: Metrics,
+                 timers: Timers, on_worked: Callable[[], None],
+                 riders: Riders | None = None) -> None:
+        self.leases = leases
+        self.client = client
+        self.queues = queues
+        self.fencer = fencer
+        self.spawner = spawner
+        self.health = health
+        self.metrics = metrics
+        self.timers = timers
+        self.on_worked = on_worked  # Redis answered (after an outage: resubscribe)
+        self.riders = riders  # commands that ride along (running jobs' progress)
+        self.retrying = False  # a quick retry of a failed extension is scheduled
+
+    def extend(self) -> None:
+        if not len(self.leases):
+            return
+        try:
+            lost, cancelled = self.leases.extend(self.client, self.queues, self.riders)
+        except (redis.RedisError, OSError) as exc:
+            self.health.failed("extend", exc)
+            if not self.retrying:
+                self.retrying = True
+                self.timers.schedule(max(0.05, min(0.25, self.leases.ttl / 10)), self._retry)
+            return
+        self.on_worked()
+        self.metrics.lease_extended(len(self.leases))
+        self.fencer.lost(lost)
+        self.fencer.cancelled(cancelled)
+        self.spawner.fence(self.fencer.deadlines())
+
+    def _retry(self) -> None:
+        self.retrying = False
+        self.extend()
