@@ -111,6 +111,7 @@ class Dashboard:
             Route("/jobs/{queue}/{job_id:path}/cancel", self.action(self.cancel),
                   methods=["POST"]),
             Route("/jobs/{queue}/{job_id:path}", self.page(self.job)),
+            Route("/batches/{queue}/{batch_id:path}", self.page(self.batch)),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         app = Starlette(routes=routes)
@@ -249,6 +250,12 @@ class Dashboard:
                            if limits.get("max_in_flight") else "",
                            paused="paused" in limits,
                            title=f"{name}: {state}")
+
+    def batch(self, request: Request) -> Response:
+        name = _queue_name(request)
+        batch_id = request.path_params["batch_id"]
+        page = data.batch_page(self.client, name, batch_id, _int_param(request, "offset", 0))
+        return self.render(request, "batch.html", b=page, queue=name, title=f"batch {batch_id}")
 
     def job(self, request: Request) -> Response:
         name = _queue_name(request)

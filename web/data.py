@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import redis
 
@@ -30,6 +31,7 @@ OUTPUT_TAIL = 4096  # characters of a job's output shown on its page
 LISTS: dict[str, tuple[str, bool, str]] = {
     "pending": ("pending", False, "claim order"),
     "scheduled": ("scheduled", False, "due"),
+    "waiting": ("waiting", False, "enqueued; waits on its dependencies"),
     "active": ("active", False, "lease deadline"),
     "dead": ("dead", True, "died"),
     "finished": ("finished", True, "finished"),
@@ -80,20 +82,21 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         pipe.zcard(k.scheduled)
         pipe.zcard(k.active)
         pipe.zcard(k.dead)
+        pipe.zcard(k.waiting)
         pipe.hgetall(k.limits)
         pipe.zrange(k.pending, 0, 0)
         pipe.get(k.groups_pending)  # grouped jobs wait in their groups' sets
         for m in range(minute - CHART_MINUTES + 1, minute + 1):
             pipe.hmget(k.minute(m), "succeeded", "failed", "crashed")
-    per_queue = 7 + CHART_MINUTES
+    per_queue = 8 + CHART_MINUTES
     replies = pipe.execute() if names else []
     queues = []
     heads = []
     for i, name in enumerate(names):
         r = replies[i * per_queue:(i + 1) * per_queue]
-        pending, scheduled, active, dead, limits, head, grouped = r[:7]
+        pending, scheduled, active, dead, waiting, limits, head, grouped = r[:8]
         pending += _int(grouped)
-        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[7:]]
+        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[8:]]
         # a sliding minute, as `forq stats` has it: this minute so far plus the part of
         # the previous one that is still within the last 60 s
         frac = (now_ms % 60000) / 60000
@@ -102,6 +105,7 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         rate_per_ms = float(limits["rate"]) if limits.get("rate") else None
         queues.append({
             "name": name, "pending": pending, "scheduled": scheduled, "active": active,
+            "waiting": waiting,
             # a paused queue (issue #15) has "paused" in its limits hash
             "dead": dead, "paused": "paused" in limits, "ok_per_min": ok_min,
             "failed_per_min": failed_min, "chart": chart,
@@ -296,9 +300,15 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
     if f.get("parent"):
         links.append({"label": "parent", "id": str(f["parent"]),
                       "queue": queue if parent_here else None})
-    for name in ("batch", "depends_on"):
-        if f.get(name):
-            links.append({"label": name, "id": str(f[name]), "queue": None})
+    for parent in job.depends_on:  # within one queue (depends_on is refused across queues)
+        links.append({"label": "depends on", "id": str(parent), "queue": queue})
+    if job.batch:
+        links.append({"label": "batch", "id": job.batch,
+                      "href": f"/batches/{quote(str(f.get('batch_queue') or queue))}/"
+                              f"{quote(job.batch)}"})
+    if f.get("child_batch"):  # the batch this job opened from its handler
+        links.append({"label": "opened batch", "id": str(f["child_batch"]),
+                      "href": f"/batches/{quote(queue)}/{quote(str(f['child_batch']))}"})
     return {
         "job": job,
         "fields": f,
@@ -316,6 +326,43 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
         "progress_message": str(f.get("progress_message") or "")[:500],
         "steps": job.step_records(),  # durable steps (`current().step`), in order
     }
+
+
+# -- batches ---------------------------------------------------------------------------
+
+
+def batch_page(client: redis.Redis, queue: str, batch_id: str, offset: int = 0,
+               limit: int = PAGE_SIZE) -> dict[str, Any]:
+    """A batch's record and one page of its members (a batch of 100,000 is never
+    read whole); `JobNotFound` if no such batch."""
+    keys = QueueKeys(queue)
+    status = Queue(queue, redis=client).get_batch(batch_id).status()
+    offset = max(0, offset)
+    members = keys.batch(batch_id) + ":members"
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(members)
+    pipe.lrange(members, offset, offset + limit - 1)
+    total, listed = pipe.execute()
+    pairs = []
+    for entry in listed:
+        try:
+            member_queue, member_id = json.loads(entry)
+            pairs.append((str(member_queue), str(member_id)))
+        except (ValueError, TypeError):
+            continue  # not written by batch.lua: skip rather than fail the page
+    pipe = client.pipeline(transaction=False)
+    for member_queue, member_id in pairs:
+        pipe.hmget(QueueKeys(member_queue).job(member_id), *ROW_FIELDS)
+    rows_ = []
+    for (member_queue, member_id), values in zip(pairs, pipe.execute() if pairs else [],
+                                                 strict=True):
+        fields = {f: v for f, v in zip(ROW_FIELDS, values, strict=True) if v is not None}
+        rows_.append({"id": member_id, "queue": member_queue, "exists": bool(fields),
+                      "task": fields.get("task", ""), "state": fields.get("state", "expired"),
+                      "attempts": _int(fields.get("attempts")),
+                      "finished_at": _int(fields.get("finished_at")) or None,
+                      "reason": _reason(fields)})
+    return {"status": status, "rows": rows_, "total": total, "offset": offset, "limit": limit}
 
 
 # -- dead letters ---------------------------------------------------------------------
