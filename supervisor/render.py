@@ -98,6 +98,8 @@ def job(job: Job) -> str:
         row("priority", f["priority"])
     if f.get("key"):
         row("key", f["key"])
+    if f.get("group"):
+        row("group", f["group"])
     if f.get("parent"):
         row("parent", f["parent"])
     if job.depends_on:

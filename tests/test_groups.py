@@ -372,3 +372,11 @@ def test_a_delayed_grouped_job_is_claimed_once_due(queue, r):
     wait_for(lambda: redis_ms(r) > due, timeout=5)
     assert claim_ids(queue) == [job.id]
     assert running(queue) == {"a": "1"}
+
+
+def test_forq_job_shows_the_group(queue):
+    from forq.supervisor import render
+
+    job = queue.enqueue("t.task", group="customer-42")
+    assert any(line.split()[:2] == ["group", "customer-42"]
+               for line in render.job(queue.get(job.id)).splitlines())
