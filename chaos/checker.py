@@ -205,6 +205,7 @@ class Checker:
             (6, "reclaim latency within bounds"),
             (7, "supervisors survive, drain cleanly, log no tracebacks"),
             (8, "no two executions of a job overlap in time"),
+            (9, "durable steps: a success saw the recorded results, never re-ran one"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -359,6 +360,7 @@ class Checker:
         latency = self.check_latency(jobs, claims_by_job, by_job)
         self.check_supervisors()
         self.check_overlap(by_job)
+        self.check_steps(jobs, by_job)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
         states = Counter(j.state if j is not None else "missing" for j in told_jobs)
@@ -818,6 +820,36 @@ class Checker:
         return False
 
     # -- 7 -----------------------------------------------------------------------------------
+
+    def check_steps(self, jobs: dict[str, Job | None], by_job: dict[str, list[Exec]]) -> None:
+        """A durable step's function runs again only while its result was not recorded:
+        the execution that succeeded returned exactly the recorded results, each made by
+        one of the job's executions (its id prefixes the value), and one that came after
+        a recorded step was never made by a later execution."""
+        inv = self.inv[9]
+        n = reused = 0
+        for jid, told in self.ctx.told.items():
+            job = jobs.get(jid)
+            if told.kind != "steps" or job is None or job.state != "succeeded":
+                continue
+            n += 1
+            result = job.result if isinstance(job.result, dict) else {}
+            recorded = job.steps
+            seen = result.get("steps")
+            if seen != [recorded.get(name) for name in ("a", "b", "c")]:
+                inv.fail(f"{jid}: its success returned steps {seen}, Redis recorded {recorded}")
+                continue
+            xs = [e.x for e in by_job.get(jid, [])]  # executions, oldest first
+            makers = [str(v).rsplit("/", 1)[0] for v in seen]
+            if any(m not in xs for m in makers):
+                inv.fail(f"{jid}: recorded steps {seen} made by no execution of it ({xs})")
+                continue
+            order = [xs.index(m) for m in makers]
+            if order != sorted(order):  # a later step recorded by an earlier execution
+                inv.fail(f"{jid}: steps {seen} recorded out of execution order ({xs})")
+            reused += makers[0] != result.get("x")
+        inv.notes.append(f"{n} jobs with durable steps succeeded; {reused} of them reused "
+                         f"a step recorded by an earlier execution")
 
     def check_supervisors(self) -> None:
         inv = self.inv[7]

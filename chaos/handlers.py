@@ -174,6 +174,26 @@ def hostile(attack: str = "garbage", crash_times: int = 1):
                     garbage=True)
 
 
+STEPS = ("a", "b", "c")
+
+
+@task("chaos.steps")
+def steps(crash_times: int = 0, ms: float = 5):
+    """Three durable steps, each returning "<execution id>/<name>": crashes (exits)
+    between the second and the third `crash_times` times. The result lists what each
+    step returned, so the checker can tell the recorded results from re-runs."""
+    x, ctx = _start("steps")
+    seen = []
+    for name in STEPS:
+        seen.append(current().step(name, lambda n=name: f"{x}/{n}"))
+        if name == "b" and crash_times and ctx.crashes < crash_times:
+            _end(ctx.id, x, "crash")
+            os._exit(13)
+        time.sleep(ms / 1000)
+    _end(ctx.id, x, "ok")
+    return {"x": x, "steps": seen}
+
+
 @task("chaos.memhog")
 def memhog(megabytes: int = 1024, step: int = 16):
     """Allocate (touching every page) until the supervisor kills it for its memory."""

@@ -20,7 +20,7 @@ from .context import QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.30,
+    "quick": 0.26,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -29,6 +29,7 @@ MIX = {
     "idem-option": 0.06,
     "fatal": 0.04,
     "hostile": 0.06,  # escapees, output floods, garbage on the result pipe
+    "steps": 0.04,  # three durable steps, some crashing between the second and the third
 }
 
 
@@ -80,6 +81,12 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
             kwargs["crash_times"] = crash_times
             if crash_times >= max_crashes:
                 expect = "dead:crashes"
+    elif kind == "steps":
+        task = "chaos.steps"
+        crash_times = rng.choice([0, 1, 1, 2, max_crashes])
+        kwargs["crash_times"] = crash_times
+        if crash_times >= max_crashes:
+            expect = "dead:crashes"
     else:
         raise ValueError(kind)
     item = {"task": task, "kwargs": kwargs, "job_id": f"j{seq:06d}-{kind}", **options}
