@@ -426,3 +426,38 @@ def remove_queue(r: Any, name: str) -> None:
     if batch:
         r.unlink(*batch)
     r.srem("forq:queues", name)
+
+
+def scripts_at(client: Any, commit: str,
+               names: Sequence[str] = ("enqueue", "claim", "ack")) -> dict[str, Any] | None:
+    """The scripts `names` as they were at `commit` (their includes resolved from the
+    same commit), registered on `client`: a feature's cost is measured against the
+    path before it, in the same run. None without the git history (an sdist)."""
+    from forq.scripts import _INCLUDE
+
+    repo = Path(__file__).resolve().parent.parent
+
+    def show(name: str) -> str:
+        return subprocess.run(["git", "show", f"{commit}:lua/{name}.lua"], cwd=repo,
+                              capture_output=True, text=True, check=True).stdout
+    try:
+        return {name: client.register_script(_INCLUDE.sub(lambda m: show(m.group(1)),
+                                                          show(name)))
+                for name in names}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
+def enqueue_noops(q: Any, n: int, extra: Callable[[int], dict[str, Any]] | None = None,
+                  chunk: int = 50_000) -> float:
+    """n no-op jobs by enqueue_many, job i with `extra(i)` added to its spec; jobs/s."""
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        specs = []
+        for i in range(start, min(n, start + chunk)):
+            spec: dict[str, Any] = {"task": "bench.noop", "args": [i, "a short payload"]}
+            if extra is not None:
+                spec.update(extra(i))
+            specs.append(spec)
+        q.enqueue_many(specs)
+    return n / (time.perf_counter() - t0)

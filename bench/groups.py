@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -42,47 +41,29 @@ from bench.common import (  # noqa: E402
     RedisServer,
     command_calls,
     commands_per_job,
+    enqueue_noops,
     log,
     median,
+    scripts_at,
 )
 from forq import Queue  # noqa: E402
 from forq.connection import connect  # noqa: E402
-from forq.scripts import _INCLUDE  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 OWNER = "bench-groups:1"
 LEASE_MS = 600_000
-CHUNK = 50_000
 # the last commit before lua/_groups.lua (groups landed in the commit that added it)
 BEFORE_GROUPS = "d5eba77"
 
 
 def before_groups_scripts(client: Any) -> dict[str, Any] | None:
-    """enqueue, claim and ack as they were before groups, registered on `client` (None
-    without the git history)."""
-    def show(name: str) -> str:
-        return subprocess.run(["git", "show", f"{BEFORE_GROUPS}:lua/{name}.lua"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout
-    try:
-        return {name: client.register_script(_INCLUDE.sub(lambda m: show(m.group(1)),
-                                                          show(name)))
-                for name in ("enqueue", "claim", "ack")}
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None
+    """enqueue, claim and ack as they were before groups (None without git history)."""
+    return scripts_at(client, BEFORE_GROUPS)
 
 
 def fill(q: Queue, n: int, groups: int | None) -> float:
     """n jobs by enqueue_many (grouped round-robin over `groups`); returns jobs/s."""
-    t0 = time.perf_counter()
-    for start in range(0, n, CHUNK):
-        batch = []
-        for i in range(start, min(n, start + CHUNK)):
-            spec: dict[str, Any] = {"task": "bench.noop", "args": [i, "a short payload"]}
-            if groups:
-                spec["group"] = f"customer-{i % groups}"
-            batch.append(spec)
-        q.enqueue_many(batch)
-    return n / (time.perf_counter() - t0)
+    return enqueue_noops(q, n, (lambda i: {"group": f"customer-{i % groups}"}) if groups
+                         else None)
 
 
 def drain(q: Queue, n: int, batch: int) -> float:

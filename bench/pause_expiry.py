@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -34,44 +33,30 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RedisServer, command_calls, commands_per_job, log  # noqa: E402
+from bench.common import (  # noqa: E402
+    RedisServer,
+    command_calls,
+    commands_per_job,
+    enqueue_noops,
+    log,
+    scripts_at,
+)
 from bench.groups import drain  # noqa: E402
 from forq import Queue  # noqa: E402
 from forq.connection import connect  # noqa: E402
-from forq.scripts import _INCLUDE  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 OWNER = "bench-pause:1"
-CHUNK = 50_000
 BEFORE = "8cf5160~1"  # the commit before lua/pause.lua (and then expiry) landed
 
 
 def before_scripts(client: Any) -> dict[str, Any] | None:
-    """enqueue, claim and ack as they were at BEFORE, registered on `client` (None
-    without the git history)."""
-    def show(name: str) -> str:
-        return subprocess.run(["git", "show", f"{BEFORE}:lua/{name}.lua"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout
-    try:
-        return {name: client.register_script(_INCLUDE.sub(lambda m: show(m.group(1)),
-                                                          show(name)))
-                for name in ("enqueue", "claim", "ack")}
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None
+    """enqueue, claim and ack as they were at BEFORE (None without git history)."""
+    return scripts_at(client, BEFORE)
 
 
 def fill(q: Queue, n: int, expires_in: str | None) -> float:
     """n jobs by enqueue_many; returns jobs/s."""
-    t0 = time.perf_counter()
-    for start in range(0, n, CHUNK):
-        batch = []
-        for i in range(start, min(n, start + CHUNK)):
-            spec: dict[str, Any] = {"task": "bench.noop", "args": [i, "a short payload"]}
-            if expires_in:
-                spec["expires_in"] = expires_in
-            batch.append(spec)
-        q.enqueue_many(batch)
-    return n / (time.perf_counter() - t0)
+    return enqueue_noops(q, n, (lambda _i: {"expires_in": expires_in}) if expires_in else None)
 
 
 def scenario(url: str, name: str, jobs: int, measure: int, single: int,

@@ -595,6 +595,23 @@ local function unknown_parent(prefix, spec, earlier)
   return nil
 end
 
+-- The job specs ARGV[first..] (JSON), decoded. A dependency on an unknown job refuses
+-- the whole call before anything is written: then nil and the error reply to return.
+local function decode_specs(prefix, queue, first)
+  local specs, earlier = {}, {}
+  for i = first, #ARGV do
+    local spec = cjson.decode(ARGV[i])
+    local unknown = unknown_parent(prefix, spec, earlier)
+    if unknown then
+      return nil, redis.error_reply('forq: depends_on of job ' .. tostring(spec['id']) ..
+        ': no job ' .. unknown .. ' in queue ' .. queue)
+    end
+    earlier[spec['id']] = true
+    specs[#specs + 1] = spec
+  end
+  return specs
+end
+
 -- Enqueue a job with depends_on (ids of jobs of this queue): `waiting` until they end.
 -- A parent that succeeded already counts as done; one that is dead or cancelled sends
 -- it to dead at once (or counts as done with allow_failure). Returns as enqueue_one,

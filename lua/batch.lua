@@ -38,17 +38,8 @@ if opener ~= '' then
 else
   opener = nil
 end
-local specs, earlier = {}, {}
-for i = 7, #ARGV do
-  local spec = cjson.decode(ARGV[i])
-  local unknown = unknown_parent(prefix, spec, earlier)
-  if unknown then
-    return redis.error_reply('forq: depends_on of job ' .. tostring(spec['id']) ..
-      ': no job ' .. unknown .. ' in queue ' .. queue)
-  end
-  earlier[spec['id']] = true
-  specs[#specs + 1] = spec
-end
+local specs, refused = decode_specs(prefix, queue, 7)
+if not specs then return refused end
 local at = now_ms()
 if not batch_open(prefix, bid, cjson.decode(ARGV[4]), opener, at) then return {'exists', 0} end
 local added, earliest = 0, nil

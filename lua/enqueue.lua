@@ -34,18 +34,9 @@
 --@include _lib
 
 local prefix, queue = ARGV[1], ARGV[2]
-local specs, earlier = {}, {}
-for i = 3, #ARGV do
-  local spec = cjson.decode(ARGV[i])
-  -- a dependency on an unknown job refuses the whole call, before anything is written
-  local unknown = unknown_parent(prefix, spec, earlier)
-  if unknown then
-    return redis.error_reply('forq: depends_on of job ' .. tostring(spec['id']) ..
-      ': no job ' .. unknown .. ' in queue ' .. queue)
-  end
-  earlier[spec['id']] = true
-  specs[#specs + 1] = spec
-end
+-- a dependency on an unknown job refuses the whole call, before anything is written
+local specs, refused = decode_specs(prefix, queue, 3)
+if not specs then return refused end
 local at = now_ms()
 local out = {}
 local earliest = nil

@@ -83,28 +83,28 @@ def cmd_limit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pause(args: argparse.Namespace) -> int:
-    """lua/pause.lua: every supervisor's next claim leases nothing from the queue."""
+def _set_paused(args: argparse.Namespace, paused: bool) -> int:
     queue = queue_named(args.queue, redis_for(args))
-    changed = queue.pause()
+    changed = queue.pause() if paused else queue.resume()
     if args.json:
-        emit({"queue": queue.name, "paused": True, "changed": changed})
-    else:
+        emit({"queue": queue.name, "paused": paused, "changed": changed})
+    elif paused:
         print(f"paused queue {queue.name}: no supervisor claims from it; running jobs go on"
               if changed else f"queue {queue.name} was paused already")
-    return 0
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    """lua/resume.lua: claims again, the supervisors woken over the wake channel."""
-    queue = queue_named(args.queue, redis_for(args))
-    changed = queue.resume()
-    if args.json:
-        emit({"queue": queue.name, "paused": False, "changed": changed})
     else:
         print(f"resumed queue {queue.name}: supervisors claim from it again"
               if changed else f"queue {queue.name} was not paused")
     return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """lua/pause.lua: every supervisor's next claim leases nothing from the queue."""
+    return _set_paused(args, True)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """lua/resume.lua: claims again, the supervisors woken over the wake channel."""
+    return _set_paused(args, False)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
