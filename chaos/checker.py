@@ -32,6 +32,13 @@ Invariants (the issue's numbering):
     partitioned supervisor whose child outlived its lease. An execution killed before
     its end recorded nothing, so only overlaps that it proves are counted (the
     executions that ran to their end, which is what a child left running does).
+ 10. every batch's on_complete was enqueued exactly once, by the transition that ended
+    its last member (its ``enqueued_at`` is that member's ``finished_at`` and the
+    batch's, no earlier than any member's end, one ``enqueued`` entry in its history,
+    the batch's count at exactly 0), and ran to completion at least once, never before
+    the last member ended; on_success the same when every member succeeded, and never
+    enqueued or run otherwise. A callback may run more than once (at-least-once: a
+    crash, or a lost ack), each extra run with a cause checked by invariant 3.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ OWN_CAUSES = ("completed", "failed attempt", "fatal error", "handler crash", "ch
               "memory limit", "drained (released)", "completion recorded earlier")
 MAX_EXAMPLES = 25
 OVERLAP_MARGIN = 0.05  # s: the children's wall clocks are one clock, read a moment apart
+CALLBACKS = ("on_complete", "on_success")
 
 
 @dataclass
@@ -183,6 +191,25 @@ def load_jobs(queue: Queue, ids: list[str]) -> dict[str, Job | None]:
     return out
 
 
+def load_batches(queue: Queue, ids: list[str]) -> dict[str, dict[str, str]]:
+    """Each batch's record, with how many members its ``:ended`` and ``:failed`` sets
+    hold (as ``_ended``, ``_failed``); {} for a batch with no record."""
+    out: dict[str, dict[str, str]] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        pipe = queue.redis.pipeline(transaction=False)
+        for bid in chunk:
+            key = queue.keys.batch(bid)
+            pipe.hgetall(key)
+            pipe.scard(key + ":ended")
+            pipe.scard(key + ":failed")
+        replies = pipe.execute()
+        for i, bid in enumerate(chunk):
+            record, ended, failed = replies[3 * i:3 * i + 3]
+            out[bid] = {**record, "_ended": str(ended), "_failed": str(failed)} if record else {}
+    return out
+
+
 def final_sets(queue: Queue) -> dict[str, list[str]]:
     pipe = queue.redis.pipeline(transaction=True)
     for name in ("pending", "scheduled", "active", "dead"):
@@ -206,6 +233,7 @@ class Checker:
             (7, "supervisors survive, drain cleanly, log no tracebacks"),
             (8, "no two executions of a job overlap in time"),
             (9, "durable steps: a success saw the recorded results, never re-ran one"),
+            (10, "every batch's callbacks enqueued exactly once, after all its members ended"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -361,9 +389,12 @@ class Checker:
         self.check_supervisors()
         self.check_overlap(by_job)
         self.check_steps(jobs, by_job)
+        self.check_batches(jobs, by_job)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
-        states = Counter(j.state if j is not None else "missing" for j in told_jobs)
+        states = Counter(j.state if j is not None else
+                         "not enqueued" if ctx.told[jid].optional else "missing"
+                         for jid, j in zip(ctx.told, told_jobs, strict=True))
         finished = [int(j.fields.get("finished_at", 0)) / 1000 for j in told_jobs
                     if j is not None and j.state in TERMINAL and j.fields.get("finished_at")]
         first = min((t.told_at for t in ctx.told.values()), default=ctx.started)
@@ -454,6 +485,8 @@ class Checker:
         inv = self.inv[1]
         for jid, told in sorted(self.ctx.told.items()):
             job = jobs.get(jid)
+            if job is None and told.optional:
+                continue  # a failed batch's on_success: invariant 10 says whether it is due
             if job is None:
                 inv.fail(f"{jid}: told enqueued at {told.told_at:.3f}, no record in Redis")
             elif job.state not in TERMINAL:
@@ -889,6 +922,106 @@ class Checker:
                                  f"execution {later.x} (pid {later.pid} under {later.sup})")
         inv.notes.append(f"executions compared by their recorded start and end, margin "
                          f"{OVERLAP_MARGIN * 1000:.0f} ms")
+
+    # -- 9 -----------------------------------------------------------------------------------
+
+    def check_batches(self, jobs: dict[str, Job | None], by_job: dict[str, list[Exec]]) -> None:
+        inv = self.inv[10]
+        members: dict[str, list[str]] = defaultdict(list)
+        for jid, told in self.ctx.told.items():
+            if told.batch and told.kind != "batch-cb":
+                members[told.batch].append(jid)
+        records = load_batches(self.queue, sorted(members))
+        outcome: Counter = Counter()
+        runs: Counter = Counter()
+        reruns: Counter = Counter()
+        for bid, ids in sorted(members.items()):
+            record = records.get(bid, {})
+            outcome[record.get("status", "no record")] += 1
+            callbacks = {role: jobs.get(f"{bid}-{role}") for role in CALLBACKS}
+            execs = {role: by_job.get(f"{bid}-{role}", []) for role in CALLBACKS}
+            for problem in self.batch_problems(record, {m: jobs.get(m) for m in ids},
+                                               callbacks, execs):
+                inv.fail(f"{bid}: {problem}")
+            for role, lst in execs.items():
+                if lst:
+                    runs[role] += len(lst)
+                    final = next((e.x for e in lst if e.outcome == "ok"), None)
+                    reruns.update(e.cause or "?" for e in lst if e.x != final)
+        self.stats["batches"] = {"batches": len(members), "by_status": dict(outcome),
+                                 "callback_runs": dict(runs), "callback_reruns": dict(reruns)}
+        inv.notes.append(f"{len(members)} batches ({', '.join(f'{k} {v}' for k, v in outcome.most_common())}); "
+                         f"callback runs {dict(runs)}; runs beyond the first completed one, "
+                         f"by cause (at-least-once, each checked by invariant 3): {dict(reruns)}")
+
+    @staticmethod
+    def batch_problems(record: dict[str, str], members: dict[str, Job | None],
+                       callbacks: dict[str, Job | None],
+                       execs: dict[str, list[Exec]]) -> list[str]:
+        """What is wrong with one batch, from its record (with ``_ended``/``_failed``,
+        see `load_batches`), its members' and callbacks' records (None: no record) and
+        its callbacks' recorded executions. Pure: the self-test feeds it histories."""
+        if not record:
+            return ["no batch record in Redis"]
+        open_ = sorted(m for m, j in members.items() if j is None or j.state not in TERMINAL)
+        if open_:
+            return [f"member {open_[0]} never ended (invariant 1), so no callback is due"]
+        problems = []
+        ended = {m: int(j.fields.get("finished_at") or 0) for m, j in members.items() if j}
+        last, last_at = max(ended.items(), key=lambda kv: (kv[1], kv[0]))
+        failed = sorted(m for m, j in members.items() if j and j.state != "succeeded")
+        total = int(record.get("total", -1))
+        if total != len(members):
+            problems.append(f"its record counts {total} members, the producer gave {len(members)}")
+        remaining = int(record.get("remaining", 0))
+        if remaining != 0:
+            problems.append(f"remaining {remaining} with every member ended: a member counted "
+                            + ("twice" if remaining < 0 else "never"))
+        if int(record.get("_ended", -1)) != len(members):
+            problems.append(f"{record.get('_ended')} members in its ended set, {len(members)} ended")
+        if int(record.get("_failed", -1)) != len(failed):
+            problems.append(f"{record.get('_failed')} members in its failed set, "
+                            f"{len(failed)} did not succeed")
+        status = "failed" if failed else "succeeded"
+        if record.get("status") != status:
+            problems.append(f"status {record.get('status')!r}, expected {status!r}")
+        done_at = int(record.get("finished_at") or 0)
+        for role in CALLBACKS:
+            job, runs = callbacks.get(role), execs.get(role, [])
+            if role == "on_success" and failed:
+                why = f"member {failed[0]} ended {members[failed[0]].state}"  # type: ignore[union-attr]
+                if job is not None:
+                    problems.append(f"on_success enqueued although {why}")
+                if runs:
+                    problems.append(f"on_success ran {len(runs)} time(s) although {why}")
+                continue
+            if job is None:
+                problems.append(f"{role} never enqueued, though every member ended "
+                                f"({last} last, at {last_at})")
+                continue
+            history = [h for h in job.history if isinstance(h, dict)]
+            enqueues = sum(1 for h in history if h.get("event") == "enqueued")
+            if enqueues != 1:
+                problems.append(f"{role} enqueued {enqueues} times (its history)")
+            at = int(job.fields.get("enqueued_at") or 0)
+            early = sorted((t, m) for m, t in ended.items() if t > at)
+            if early:
+                problems.append(f"{role} enqueued at {at}, before member {early[-1][1]} "
+                                f"ended at {early[-1][0]}")
+            elif at != last_at:
+                problems.append(f"{role} enqueued at {at}, not with the end of the last "
+                                f"member ({last} at {last_at})")
+            if at != done_at:
+                problems.append(f"{role} enqueued at {at}, the batch done at {done_at}: "
+                                "the batch was done again, or its callback enqueued apart")
+            if job.state != "succeeded" or not any(e.outcome == "ok" for e in runs):
+                problems.append(f"{role} never ran to completion (it is {job.state}, "
+                                f"{len(runs)} run(s) recorded)")
+            first = min(runs, key=lambda e: e.start) if runs else None
+            if first is not None and first.start < last_at / 1000 - OVERLAP_MARGIN:
+                problems.append(f"{role} ran at {first.start:.3f}, before member {last} "
+                                f"ended at {last_at / 1000:.3f}")
+        return problems
 
 
 def check(ctx: Context, queue: Queue | None = None) -> dict[str, Any]:

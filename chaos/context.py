@@ -72,6 +72,10 @@ class Told:
     told_at: float
     tries: int = 1
     status: str = ""  # pending | duplicate (an earlier try had landed) | dropped (broken mode)
+    batch: str = ""  # the batch it is a member or a callback of
+    # told conditionally: a batch's on_success is enqueued only if every member succeeded,
+    # so its absence is not a loss (invariant 10 decides whether it should exist)
+    optional: bool = False
 
 
 @dataclass

@@ -194,6 +194,14 @@ def steps(crash_times: int = 0, ms: float = 5):
     return {"x": x, "steps": seen}
 
 
+@task("chaos.batch_callback")
+def batch_callback(batch_id: str, role: str = "on_complete", crash_times: int = 0):
+    """A batch's on_complete or on_success callback: records its run like every chaos job
+    (the checker compares it with the batch's members), crashing `crash_times` times first
+    so that a callback's re-run is exercised too."""
+    return _execute("batch-cb", lambda: time.sleep(0.005), crash_times=crash_times)
+
+
 @task("chaos.memhog")
 def memhog(megabytes: int = 1024, step: int = 16):
     """Allocate (touching every page) until the supervisor kills it for its memory."""

@@ -7,6 +7,7 @@ so a try that had in fact landed comes back as "duplicate" and is told then.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -30,7 +31,10 @@ MIX = {
     "fatal": 0.04,
     "hostile": 0.06,  # escapees, output floods, garbage on the result pipe
     "steps": 0.04,  # three durable steps, some crashing between the second and the third
+    "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
 }
+# what a batch's members do: each with the end its kind expects (some crash, some fail)
+BATCH_MEMBER_KINDS = ("quick", "quick", "slow", "cpu", "flaky", "crashy")
 
 
 def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
@@ -93,6 +97,29 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
     return {"item": item, "kind": kind, "expect": expect, "idem": idem}
 
 
+def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: int,
+                slow_ms: tuple[float, float] = (300, 3000)) -> dict[str, Any]:
+    """A batch: 2-5 members (quick, slow, cpu, flaky, crashy; in about a third of the
+    batches one poison member too, so that many batches fail), and its two callbacks.
+    Its members' ids are forq's (batch id and place), its callbacks' the batch id and
+    the callback's name."""
+    bid = f"b{seq:06d}"
+    members = []
+    for _ in range(rng.randint(2, 5)):
+        members.append(build_job(rng, seq, rng.choice(BATCH_MEMBER_KINDS), max_attempts,
+                                 max_crashes, slow_ms))
+    if rng.random() < 0.35:
+        members.insert(rng.randint(0, len(members)),
+                       build_job(rng, seq, "fatal", max_attempts, max_crashes))
+    for job in members:
+        del job["item"]["job_id"]  # a member's id is the batch's and its place: forq's
+    callbacks = {role: {"task": "chaos.batch_callback",
+                        "kwargs": {"role": role,
+                                   "crash_times": 1 if rng.random() < 0.25 else 0}}
+                 for role in ("on_complete", "on_success")}
+    return {"batch": bid, "kind": "batch", "members": members, **callbacks}
+
+
 def memhog_job(seq: int) -> dict[str, Any]:
     item = {"task": "chaos.memhog", "kwargs": {"megabytes": 1024}, "job_id": f"m{seq:04d}-memhog",
             "memory_limit": "128MiB", "max_attempts": 2}
@@ -129,6 +156,45 @@ def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
     return True
 
 
+def enqueue_batch_recorded(ctx: Context, queue: Queue, batch: dict[str, Any],
+                           tries: dict[str, int], early: bool = False) -> bool:
+    """Open a batch; once `Queue.batch` returned, record its members and its on_complete
+    as told, and its on_success as told conditionally (enqueued only if every member
+    succeeds). Opening it again after an error is safe: a batch id opens once, whole
+    (all its members are on this queue: one script). False on error.
+
+    `early` (the broken build ``early-callback``): the producer enqueues the batch's
+    on_complete itself first, as a build whose batch count fired early would."""
+    bid = batch["batch"]
+    tries[bid] = tries.get(bid, 0) + 1
+    ids = [f"{bid}-{i}" for i in range(1, len(batch["members"]) + 1)]
+    ids += [f"{bid}-on_complete", f"{bid}-on_success"]
+    try:
+        if early:
+            queue.enqueue("chaos.batch_callback", kwargs={"batch_id": bid, "role": "on_complete"},
+                          job_id=f"{bid}-on_complete")
+        opened = queue.batch([m["item"] for m in batch["members"]],
+                             on_success=batch["on_success"], on_complete=batch["on_complete"],
+                             batch_id=bid)
+    except (redis.RedisError, OSError, QueueFull):
+        with ctx.lock:
+            ctx.enqueue_errors += 1
+            for jid in ids:
+                ctx.not_told[jid] = tries[bid]
+        return False
+    now = time.time()
+    s = ctx.settings
+    assert opened.member_ids == ids[:-2], (opened.member_ids, ids)
+    for jid, member in zip(opened.member_ids, batch["members"], strict=True):
+        ctx.add_told(Told(jid, "batch", member["item"]["task"], member["expect"], False,
+                          s.max_attempts, s.max_crashes, now, tries=tries[bid], batch=bid))
+    for role in ("on_complete", "on_success"):
+        ctx.add_told(Told(f"{bid}-{role}", "batch-cb", "chaos.batch_callback", "succeed",
+                          False, s.max_attempts, s.max_crashes, now, tries=tries[bid],
+                          batch=bid, optional=role == "on_success"))
+    return True
+
+
 class Producer(threading.Thread):
     def __init__(self, ctx: Context) -> None:
         super().__init__(name="producer", daemon=True)
@@ -138,14 +204,23 @@ class Producer(threading.Thread):
         self.total = s.total_jobs()
         self.rate = s.job_rate()
         kinds, weights = zip(*MIX.items(), strict=True)
-        self.plan = [build_job(self.rng, i, self.rng.choices(kinds, weights)[0],
-                               s.max_attempts, s.max_crashes, s.slow_ms)
-                     for i in range(self.total)]
+        self.plan = []
+        for i in range(self.total):
+            kind = self.rng.choices(kinds, weights)[0]
+            self.plan.append(
+                build_batch(self.rng, i, s.max_attempts, s.max_crashes, s.slow_ms)
+                if kind == "batch" else
+                build_job(self.rng, i, kind, s.max_attempts, s.max_crashes, s.slow_ms))
         self.drop: set[int] = set()
         if "drop-job" in s.breaks and self.total:
-            # the broken producer: says these are enqueued, never sends them
+            # the broken producer: says these are enqueued, never sends them (single jobs)
             step = max(1, self.total // 4)
-            self.drop = {min(self.total - 1, step * k + step // 2) for k in range(3)}
+            for k in range(3):
+                i = min(self.total - 1, step * k + step // 2)
+                while i < self.total - 1 and "batch" in self.plan[i]:
+                    i += 1
+                self.drop.add(i)
+        self.early_callbacks = 2 if "early-callback" in s.breaks else 0
         self.backlog: list[dict[str, Any]] = []
         self.issued = 0
 
@@ -172,9 +247,18 @@ class Producer(threading.Thread):
                         self.backlog.append(job)
                     self.issued += 1
                 if self.backlog:
-                    batch = self.backlog[:100]
-                    if enqueue_recorded(ctx, queue, batch, tries):
-                        del self.backlog[:len(batch)]
+                    if "batch" in self.backlog[0]:
+                        sent = enqueue_batch_recorded(ctx, queue, self.backlog[0], tries,
+                                                      early=self.early_callbacks > 0)
+                        chunk = self.backlog[:1]
+                        if sent and self.early_callbacks:
+                            self.early_callbacks -= 1
+                    else:
+                        chunk = list(itertools.takewhile(lambda j: "batch" not in j,
+                                                         self.backlog[:100]))
+                        sent = enqueue_recorded(ctx, queue, chunk, tries)
+                    if sent:
+                        del self.backlog[:len(chunk)]
                     else:
                         time.sleep(0.1)
                         continue

@@ -60,6 +60,12 @@ def render(result: dict[str, Any]) -> str:
     if st.get("idempotent_excused"):
         lines.append(f"  idempotent extra completions (excused) {_counts(st['idempotent_excused'])}")
     lines.append(f"dead by    {_counts(st['dead_reasons'])}")
+    b = st.get("batches") or {}
+    if b.get("batches"):
+        skipped = st["states"].get("not enqueued", 0)
+        lines.append(f"batches    {b['batches']} ({_counts(b['by_status'])}"
+                     + (f"; on_success not due {skipped}" if skipped else "") + "); callback runs "
+                     f"{_counts(b['callback_runs'])}; re-runs {_counts(b['callback_reruns'])}")
     faults = st["faults"]
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")

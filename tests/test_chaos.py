@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.checker import Checker
+from chaos.checker import Checker, Exec
 from chaos.faults import KINDS
 from forq import Job
 
@@ -53,7 +53,15 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
         assert stats["faults"].get(kind, 0) >= 2, (kind, stats["faults"], out)
     assert stats["told"] >= 1500, out
     assert stats["lost"] == 0
-    assert stats["states"].get("succeeded", 0) + stats["states"].get("dead", 0) == stats["told"]
+    # a failed batch's on_success is told conditionally: never enqueued
+    assert (stats["states"].get("succeeded", 0) + stats["states"].get("dead", 0)
+            + stats["states"].get("not enqueued", 0)) == stats["told"]
+    batches = stats["batches"]
+    assert batches["by_status"].get("succeeded", 0) > 0, batches
+    assert batches["by_status"].get("failed", 0) > 0, batches
+    assert stats["states"].get("not enqueued", 0) == batches["by_status"]["failed"], stats
+    assert batches["callback_runs"]["on_complete"] >= batches["batches"], batches
+    assert batches["callback_reruns"].get("handler crash", 0) > 0, batches
     # the faults did something: jobs were re-run, and for a stated reason
     causes = stats["re_execution_causes"]
     assert causes.get("supervisor killed", 0) + causes.get("supervisor stopped", 0) > 0, out
@@ -72,11 +80,12 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     double-run: an idempotent job's completion is recorded twice;
     no-fencing: a supervisor (and its fork server) keeps children whose lease is lost or
     unproven, and acks with a stale token; slow jobs longer than a stop make a stopped
-    supervisor's child run on while its job runs again elsewhere. Each must be named by
-    the invariant it breaks."""
+    supervisor's child run on while its job runs again elsewhere; early-callback: two
+    batches' on_complete enqueued by the producer before the batch opens. Each must be
+    named by the invariant it breaks."""
     code, result, out = run_chaos(
         tmp_path, "--duration", "20s", "--seed", "7", "--rate", "30", "--slow-ms", "2500-5000",
-        "--break", "drop-job,double-run,no-fencing",
+        "--break", "drop-job,double-run,no-fencing,early-callback",
         # three stops: a stopped supervisor with no child running shows nothing to fence
         "--faults", "sup_stop,child_kill", "--min-each", "3", "--settle", "20s",
         timeout=150)
@@ -97,6 +106,11 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     overlap = invariant(result, 8)
     assert not overlap["ok"] and any(" ran " in ex and " into execution " in ex
                                      for ex in overlap["examples"]), overlap
+    batches = invariant(result, 10)
+    assert not batches["ok"], batches
+    early = [ex for ex in batches["examples"] if "on_complete enqueued at" in ex
+             and ", before member " in ex]
+    assert len(early) >= 2, batches  # the first two batches (examples are in batch order)
 
 
 # -- the checker's pieces, without processes ------------------------------------------------
@@ -141,3 +155,86 @@ def test_claims_end_at_the_next_lease_ending_event() -> None:
     claims = Checker.claims(job(h))
     assert [(c.owner_pid, c.end_event) for c in claims] == [(1, "reclaimed"), (2, "succeeded")]
     assert claims[0].end_at == 3.5 and claims[1].end_source == "completion recorded before"
+
+
+# -- invariant 10: a batch's callbacks, from fabricated histories -----------------------------
+
+
+def rec(jid: str, state: str, history: list[dict], **fields: int) -> Job:
+    record = {"id": jid, "queue": "chaos", "state": state, **{k: str(v) for k, v in fields.items()}}
+    return Job.from_record(None, record, [json.dumps(h) for h in history])
+
+
+def run_of(jid: str, start: float, outcome: str | None = "ok") -> Exec:
+    return Exec(jid, f"x-{jid}-{start}", 1, 2, "chaos-1", start, "batch-cb", 1, start + 0.01,
+                outcome)
+
+
+def a_batch(member_states: tuple[str, ...] = ("succeeded", "succeeded"), done_at: int = 1005_000,
+            cb_at: int = 1005_000, cb_history: list[dict] | None = None, **record: str):
+    """A batch of members ending at 1000 s, 1005 s, ...; its callbacks enqueued at `cb_at`
+    (ms) with history `cb_history`, each run once at 1.01 s after that."""
+    members = {f"b1-{i}": rec(f"b1-{i}", st, [{"event": "enqueued", "at": 999_000}],
+                              finished_at=1000_000 + 5000 * (i - 1))
+               for i, st in enumerate(member_states, 1)}
+    failed = sum(1 for st in member_states if st != "succeeded")
+    history = cb_history or [{"event": "enqueued", "at": cb_at}]
+    roles = ("on_complete",) if failed else ("on_complete", "on_success")
+    callbacks = {role: rec(f"b1-{role}", "succeeded", history, enqueued_at=cb_at)
+                 for role in roles}
+    execs = {role: [run_of(f"b1-{role}", cb_at / 1000 + 0.01)] for role in roles}
+    base = {"total": str(len(members)), "remaining": "0", "_ended": str(len(members)),
+            "_failed": str(failed), "status": "failed" if failed else "succeeded",
+            "finished_at": str(done_at)}
+    return {**base, **record}, members, callbacks, execs
+
+
+def test_batch_check_accepts_a_batch_done_once() -> None:
+    assert Checker.batch_problems(*a_batch()) == []
+    record, members, callbacks, execs = a_batch(("succeeded", "dead"))
+    assert Checker.batch_problems(record, members, callbacks, execs) == []
+    # at-least-once: a callback re-run after a crash is no violation here (invariant 3
+    # checks the crash's cause)
+    record, members, callbacks, execs = a_batch()
+    execs["on_complete"].insert(0, run_of("b1-on_complete", 1005.01, outcome="crash"))
+    assert Checker.batch_problems(record, members, callbacks, execs) == []
+
+
+def test_batch_check_names_a_callback_enqueued_twice() -> None:
+    twice = [{"event": "enqueued", "at": 1005_000}, {"event": "enqueued", "at": 1007_000}]
+    problems = Checker.batch_problems(*a_batch(cb_history=twice, done_at=1007_000))
+    assert any("on_complete enqueued 2 times" in p for p in problems), problems
+    assert any("the batch was done again" in p for p in problems), problems
+    problems = Checker.batch_problems(*a_batch(remaining="-1"))
+    assert any("remaining -1" in p and "counted twice" in p for p in problems), problems
+
+
+def test_batch_check_names_a_callback_enqueued_before_a_member_ended() -> None:
+    problems = Checker.batch_problems(*a_batch(cb_at=1002_000, done_at=1002_000))
+    assert any("on_complete enqueued at 1002000, before member b1-2 ended at 1005000" in p
+               for p in problems), problems
+    assert any("on_complete ran at 1002.010, before member b1-2 ended" in p
+               for p in problems), problems
+    # later than the last member's end, by another transition: not atomic with it
+    problems = Checker.batch_problems(*a_batch(cb_at=1006_000, done_at=1006_000))
+    assert any("not with the end of the last member (b1-2 at 1005000)" in p
+               for p in problems), problems
+
+
+def test_batch_check_names_on_success_of_a_failed_batch_and_a_callback_never_run() -> None:
+    record, members, callbacks, execs = a_batch(("succeeded", "dead"))
+    callbacks["on_success"] = rec("b1-on_success", "succeeded",
+                                  [{"event": "enqueued", "at": 1005_000}], enqueued_at=1005_000)
+    execs["on_success"] = [run_of("b1-on_success", 1005.01)]
+    problems = Checker.batch_problems(record, members, callbacks, execs)
+    assert "on_success enqueued although member b1-2 ended dead" in problems, problems
+    assert "on_success ran 1 time(s) although member b1-2 ended dead" in problems, problems
+    record, members, callbacks, execs = a_batch()
+    execs["on_success"] = []
+    del callbacks["on_complete"]
+    problems = Checker.batch_problems(record, members, callbacks, execs)
+    assert any("on_success never ran to completion" in p for p in problems), problems
+    assert any("on_complete never enqueued" in p for p in problems), problems
+    record, members, callbacks, execs = a_batch()
+    assert Checker.batch_problems({**record, "status": "failed"}, members, callbacks,
+                                  execs) == ["status 'failed', expected 'succeeded'"]
