@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                         k, k, reps)
     one = next(r for r in rows if r["name"] == "1 group")
     print(f"\n{args.jobs:,} jobs per scenario; claim 100 over {args.measure:,}, "
-          f"claim 1 over {args.single:,}\n")
+          f"claim 1 over {args.single:,}; {args.reps} rounds; load average at the end "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print("| scenario | enqueue_many, jobs/s | claim 100 + acks, jobs/s | ÷ 1 group "
           "| claim 1 + ack, jobs/s | Redis commands per job (claim 100) "
           "| µs in scripts per job (claim 100) | bytes per job |")
