@@ -1,4 +1,5 @@
-"""The queue API: what producers call, and the lease transitions the supervisor calls.
+"""The queue API: what producers and operators call. The lease transitions the
+supervisor calls are methods of `Queue` too, written in `forq.leasecalls`.
 
 Every state change is one Lua script call (see ``lua/``), built and parsed by
 `forq.transitions`; this module sends them, alone or batched into pipelines.
@@ -6,7 +7,6 @@ Every state change is one Lua script call (see ``lua/``), built and parsed by
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -20,9 +20,10 @@ from forq.batchspec import build_batch
 from forq.connection import connect
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
+from forq.leasecalls import LeaseTransitions
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
 from forq.pipelines import run_plan
-from forq.policy import fill, flatten, policy_sha
+from forq.policy import fill
 from forq.scripts import Scripts
 from forq.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
@@ -42,7 +43,7 @@ T = TypeVar("T")
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
-class Queue:
+class Queue(LeaseTransitions):
     """One named queue on one Redis.
 
     >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
@@ -163,15 +164,6 @@ class Queue:
             fill(record, self._stored_policy(record["policy"]))
         return Job.from_record(self, record, history)
 
-    def _stored_policy(self, sha: str) -> dict[str, str]:
-        """The policy claim stored under `sha` (named by content: cached for good)."""
-        if sha not in self._policies:
-            flat = self.redis.hgetall(self.keys.policy(sha))
-            if not flat:
-                return {}
-            self._policies[sha] = {str(k): str(v) for k, v in flat.items()}
-        return self._policies[sha]
-
     def stats(self) -> dict[str, Any]:
         """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
         return self._run(plans.stats(self.keys))
@@ -253,137 +245,6 @@ class Queue:
     def limits(self) -> dict[str, float]:
         limits: dict[str, str] = self.redis.hgetall(self.keys.limits)  # type: ignore[assignment]
         return {k: float(v) for k, v in limits.items()}
-
-    # -- lease transitions (the supervisor's side) --------------------------------
-
-    def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "",
-              client: Any = None) -> Any:
-        """Lease up to `count` jobs to `owner` (see lua/claim.lua). With a pipeline as
-        `client`, queues the call (parse the reply with `parse_claim`)."""
-        self._claim_policy = policy
-        reply = self.scripts.run(tr.claim_call(self.keys, owner, count, lease_ttl_ms, policy),
-                                 client)
-        return client if client is not None else self.parse_claim(reply)
-
-    def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:
-        return tr.parse_claim([*reply[:5], *(self._with_policy(flat) for flat in reply[5:])],
-                              self)
-
-    def _with_policy(self, flat: Sequence[str]) -> list[str]:
-        """A claimed record with the limits it lacks from its policy (forq.policy)."""
-        record = dict(zip(flat[::2], flat[1::2], strict=False))
-        sha = record.get("policy")
-        if not sha:
-            return list(flat)
-        mine = self._claim_policy and sha == policy_sha(self._claim_policy)
-        fill(record, flatten(self._claim_policy) if mine else self._stored_policy(sha))
-        return [part for pair in record.items() for part in pair]
-
-    def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,
-               client: Any = None) -> Any:
-        """Renew (job id, token) leases. Returns an `ExtendResult` (lost ids, cancelled
-        ids, redis ms); with a pipeline as `client`, queues the call and returns it."""
-        reply = self.scripts.run(tr.extend_call(self.keys, leases, lease_ttl_ms), client)
-        return client if client is not None else tr.parse_extend(reply)
-
-    parse_extend = staticmethod(tr.parse_extend)
-
-    def ack(self, job_id: str, token: str, result_json: str,
-            followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
-        """Mark succeeded with its result ("ok"), or "lost" for a stale token."""
-        reply = self.scripts.run(tr.ack_call(self.keys, job_id, token, result_json, followups),
-                                 client)
-        return client if client is not None else tr.parse_lease_reply(reply)
-
-    def ack_many(self, acks: Sequence[tuple[str, str, str, Sequence[Mapping[str, Any]]]],
-                 client: Any = None) -> Any:
-        """Ack several jobs in one script call: (job id, token, result JSON, same-queue
-        follow-up specs) each. Returns "ok"/"lost" per job; with a pipeline, queues the
-        call (`parse_acks` reads its reply)."""
-        reply = self.scripts.run(tr.ack_many_call(self.keys, acks), client)
-        return client if client is not None else tr.parse_acks(reply)
-
-    parse_acks = staticmethod(tr.parse_acks)
-
-    def open_batch(self, batch_id: str, record: Mapping[str, Any],
-                   specs: Sequence[Mapping[str, Any]], opener: str = "", token: str = "",
-                   client: Any = None) -> Any:
-        """Open a batch on this queue with its members here (see lua/batch.lua); the
-        supervisor's, for a batch a handler opened (`opener`, fenced by its `token`).
-        Returns a `BatchOpened`; with a pipeline, queues the call."""
-        reply = self.scripts.run(tr.batch_call(self.keys, batch_id, record, specs, opener, token),
-                                 client)
-        return client if client is not None else tr.parse_batch(reply)
-
-    def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
-             client: Any = None) -> Any:
-        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua)."""
-        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode), client)
-        return client if client is not None else tr.parse_fail(reply)
-
-    parse_fail = staticmethod(tr.parse_fail)
-
-    def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
-        """Report a crashed child: the lease expires now ("ok"), or "lost"."""
-        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason), client)
-        return client if client is not None else tr.parse_lease_reply(reply)
-
-    def set_output(self, job_id: str, token: str, output: str, client: Any = None) -> Any:
-        """Keep the tail of a job's output in its record while `token` holds its lease
-        ("ok"), or "lost"; queued before the transition that reports its end."""
-        reply = self.scripts.run(tr.output_call(self.keys, job_id, token, output), client)
-        return client if client is not None else tr.parse_lease_reply(reply)
-
-    def record_progress(self, entries: Sequence[tuple[str, str, float, str]],
-                        client: Any = None) -> Any:
-        """Keep running jobs' progress, each (id, token, value, message), in their records
-        while each token holds the lease: "ok" or "lost" per job (the supervisor's)."""
-        reply = self.scripts.run(tr.progress_call(self.keys, entries), client)
-        return client if client is not None else tr.parse_progress(reply)
-
-    def record_step(self, job_id: str, token: str, name: str, result_json: str,
-                    client: Any = None) -> Any:
-        """Keep a durable step's result in the job while `token` holds its lease ("ok"),
-        or "lost": the supervisor's, for a handler's `current().step`."""
-        reply = self.scripts.run(tr.step_call(self.keys, job_id, token, name, result_json),
-                                 client)
-        return client if client is not None else tr.parse_lease_reply(reply)
-
-    def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
-        """Give the lease back with nothing counted ("ok"), or "lost"."""
-        reply = self.scripts.run(tr.release_call(self.keys, job_id, token, reason), client)
-        return client if client is not None else tr.parse_lease_reply(reply)
-
-    def reclaim(self, reclaimer: str, default_max_crashes: int = 3,
-                limit: int = RECLAIM_BATCH, client: Any = None) -> Any:
-        """Move expired leases back to pending or to dead. Returns a `ReclaimResult`
-        (to pending, to dead, completed, ids); with a pipeline, queues the call."""
-        reply = self.scripts.run(tr.reclaim_call(self.keys, reclaimer, default_max_crashes,
-                                                 limit), client)
-        return client if client is not None else tr.parse_reclaim(reply)
-
-    parse_reclaim = staticmethod(tr.parse_reclaim)
-
-    def sweep_expired(self, sweeper: str, limit: int = tr.SWEEP_BATCH,
-                      client: Any = None) -> Any:
-        """Move up to `limit` waiting jobs whose expiry before start passed to dead.
-        Returns their ids; with a pipeline, queues the call (`parse_sweep`)."""
-        reply = self.scripts.run(tr.sweep_expired_call(self.keys, sweeper, limit), client)
-        return client if client is not None else tr.parse_sweep(reply)
-
-    parse_sweep = staticmethod(tr.parse_sweep)
-
-    def record_done(self, job_id: str, result_json: str, ttl_ms: int,
-                    followups: Sequence[Mapping[str, Any]] = (), client: Any = None) -> Any:
-        """Record an idempotent job's completion before its ack, so a lost ack
-        leads to "succeeded", not to a second run. Its same-queue `followups` (the specs
-        the ack carries) are recorded first, in the same pipeline: a job found succeeded
-        through this record gets them enqueued then, so a lost ack never loses them."""
-        c = client or self.redis
-        ttl = max(1, ttl_ms)
-        if followups:
-            c.set(self.keys.done_followups(job_id), json.dumps(list(followups)), px=ttl)
-        return c.set(self.keys.done(job_id), result_json, px=ttl)
 
 
 def _bucket(rate: tuple[float, float]) -> tuple[float, float]:
