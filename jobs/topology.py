@@ -42,7 +42,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from forq.errors import NotReplicated
@@ -335,3 +337,12 @@ def check_wait(wait_replies: Sequence[Any], replicas: int, timeout_ms: int,
     acknowledged = short_of(wait_replies, replicas)
     if acknowledged is not None:
         raise NotReplicated(list(job_ids), acknowledged, replicas, timeout_ms, what)
+
+
+def fail_fast(url: str) -> dict[str, Any]:
+    """Client options for a supervisor: on a cluster, no retries inside redis-py (its
+    default re-sends a silent node's commands for seconds, while every lease waits);
+    the supervisor retries by itself, shard by shard (`forq.shards`)."""
+    if scheme_of(url) not in CLUSTER_SCHEMES:
+        return {}
+    return {"retry": Retry(NoBackoff(), 0)}

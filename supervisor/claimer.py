@@ -12,10 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from forq import Queue
+from forq.shards import ShardDown
 from forq.supervisor.children import Children
 from forq.supervisor.config import Config
 from forq.supervisor.leases import LeaseKeeper
-from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.redis_health import BACKOFF_MIN, RedisHealth
+from forq.supervisor.shard_health import ShardHealth
 from forq.supervisor.wakeups import Wakeups
 
 # Jobs leased per claim, at most: their leases run from the claim, and the children are
@@ -26,13 +28,15 @@ CLAIM_BATCH = 32
 
 class Claimer:
     def __init__(self, owner: str, queue_for: Callable[[str], Queue], children: Children,
-                 leases: LeaseKeeper, wakeups: Wakeups, health: RedisHealth) -> None:
+                 leases: LeaseKeeper, wakeups: Wakeups, health: RedisHealth,
+                 shards: ShardHealth | None = None) -> None:
         self.owner = owner
         self.queue_for = queue_for
         self.children = children
         self.leases = leases
         self.wakeups = wakeups
         self.health = health
+        self.shards = shards  # a queue whose shard is backing off is not asked
         self.policies: dict[str, str] = {}  # each queue's job policy, JSON for the script
 
     def send(self, pipe: Any, config: Config) -> list[str]:
@@ -40,7 +44,9 @@ class Claimer:
         asks = []
         for qc in config.queues:
             free = min(self.children.free(qc.name, qc.concurrency), CLAIM_BATCH)
-            if free > 0:
+            if free > 0 and self.shards is not None and not self.shards.ready(qc.name):
+                self.wakeups.claim_at(qc.name, self.shards.wait(qc.name))  # once it may be back
+            elif free > 0:
                 self.queue_for(qc.name).claim(self.owner, free, self.leases.ttl_ms,
                                               self.policies[qc.name], client=pipe)
                 asks.append(qc.name)
@@ -49,6 +55,9 @@ class Claimer:
     def answered(self, name: str, reply: Any, sent_at: float) -> bool:
         """Start the leased jobs; arm a wake-up for what is not due yet. True when the
         claim came back full (CLAIM_BATCH): claim again at once."""
+        if isinstance(reply, ShardDown):  # its shard backs off (ShardHealth); ask later
+            self.wakeups.claim_at(name, self.shards.wait(name) if self.shards else BACKOFF_MIN)
+            return False
         if isinstance(reply, Exception):
             self.health.failed("claim", reply)
             return False

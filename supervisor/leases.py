@@ -1,7 +1,9 @@
 """LeaseKeeper: keep every lease this supervisor holds alive, and know which it can
 no longer prove it holds.
 
-One batched ``extend`` per queue, all queues in one pipeline, every ``lease_ttl/3``.
+One batched ``extend`` per queue, all queues in one pipeline, every ``lease_ttl/3``
+(on a Redis Cluster one pipeline per shard: a shard that is down leaves only its own
+leases unproven, and only their children are fenced).
 A lease is *proven* until the moment the last confirmed extension was sent plus the
 TTL (Redis computed its deadline later than that, so the local figure is never late).
 A child whose lease is unproven (Redis unreachable too long, or the supervisor was
@@ -11,14 +13,29 @@ stopped) must be killed before another supervisor can reclaim and rerun the job.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from forq import Queue
+from forq.shards import PLAIN, execute_by_shard, shard_of
 
 # queues commands on the extension's pipeline; returns what takes their replies (None:
 # the round trip failed)
 Riders = Callable[[Any], Callable[[list[Any] | None], None]]
+
+
+@dataclass
+class Extension:
+    """What one extension round learnt."""
+
+    lost: list[str] = field(default_factory=list)  # ids Redis answered lost
+    cancelled: list[str] = field(default_factory=list)
+    confirmed: int = 0  # leases proven anew
+    failed: dict[str, BaseException] = field(default_factory=dict)  # shard -> error
+    answered: set[str] = field(default_factory=set)  # shards that confirmed
 
 
 class LeaseKeeper:
@@ -54,15 +71,28 @@ class LeaseKeeper:
                riders: Riders | None = None
                ) -> tuple[list[str], list[str]]:
         """Extend every lease in one round trip. Returns (lost ids, cancelled ids).
-        Raises the Redis error when Redis cannot be reached (nothing is proven then).
+        Raises the Redis error when a shard (or the one Redis) could not be reached:
+        what the others confirmed is proven all the same."""
+        result = self.extend_each(client, queues, riders)
+        if result.failed:
+            raise next(iter(result.failed.values()))
+        return result.lost, result.cancelled
+
+    def extend_each(self, client, queues: Mapping[str, Queue], riders: Riders | None = None,
+                    failing: Collection[str] = ()) -> Extension:
+        """Extend every lease, one `extend` call per queue: on a plain Redis in one
+        pipeline, on a cluster one pipeline per shard (the shards in `failing` last), so
+        a shard that cannot be reached leaves only its own leases unproven. Never raises
+        for Redis errors: they are in `Extension.failed`, by shard.
         `riders(pipe)` may queue commands that ride along (running jobs' progress) and
         returns what takes their replies (None if the round trip failed); a rider's
         error never fails the extension."""
         by_queue: dict[str, list[tuple[str, str]]] = {}
         for job_id, (queue, token) in self._held.items():
             by_queue.setdefault(queue, []).append((job_id, token))
+        result = Extension()
         if not by_queue:
-            return [], []
+            return result
         sent_at = time.monotonic()
         pipe = client.pipeline(transaction=False)
         take = riders(pipe) if riders is not None else None
@@ -71,28 +101,31 @@ class LeaseKeeper:
         for name in names:
             queues[name].extend(by_queue[name], self.ttl_ms, client=pipe)
         try:
-            replies = pipe.execute(raise_on_error=False)
-        except BaseException:
+            sent = execute_by_shard(pipe, failing)
+        except (redis.RedisError, OSError) as exc:  # a plain Redis: nothing proven
             if take is not None:
                 take(None)
-            raise
+            result.failed[PLAIN] = exc
+            return result
+        replies = sent.replies
         if take is not None:
             take(replies[:first])
-        replies = replies[first:]
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        lost_all: list[str] = []
-        cancelled_all: list[str] = []
-        for name, reply in zip(names, replies, strict=True):
+        result.failed.update(sent.failed)
+        result.answered = sent.answered - set(sent.failed)
+        for name, reply in zip(names, replies[first:], strict=True):
+            if isinstance(reply, Exception):  # its shard is down, or the script failed
+                result.failed.setdefault(shard_of(client, name), reply)
+                continue
             lost, cancelled, _ = Queue.parse_extend(reply)
             lost_set = set(lost)
             for job_id, _token in by_queue[name]:
                 if job_id not in lost_set and job_id in self._proven:
                     self._proven[job_id] = sent_at + self.ttl
-            lost_all += lost
-            cancelled_all += cancelled
-        return lost_all, cancelled_all
+                    result.confirmed += 1
+            result.lost += lost
+            result.cancelled += cancelled
+        result.answered -= set(result.failed)
+        return result
 
     def provable(self, sent_at: float, now: float | None = None) -> bool:
         """Whether a lease whose claim was sent at `sent_at` is still proven (with the

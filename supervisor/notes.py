@@ -108,20 +108,25 @@ class JobNotes:
 
     # -- steps ---------------------------------------------------------------------------
 
-    def send_steps(self, pipe: Any, token: Callable[[str], str | None]
-                   ) -> list[RunningChild]:
-        """Queue a `step` call for each child's open step; returns the children in the
-        order their replies will come (`steps_answered`)."""
+    def send_steps(self, pipe: Any, token: Callable[[str], str | None],
+                   ready: Callable[[str], bool] | None = None) -> list[RunningChild]:
+        """Queue a `step` call for each child's open step (of a queue whose shard is
+        `ready`, the others wait); returns the children in the order their replies will
+        come (`steps_answered`)."""
         sent = []
+        waiting = {}
         for job_id, child in list(self.stepping.items()):
             if not child.reader.steps:
+                continue
+            if ready is not None and not ready(child.queue):
+                waiting[job_id] = child
                 continue
             held = token(job_id) or child.lease.token
             step = child.reader.steps[0]
             self.queue_for(child.queue).record_step(job_id, held, step.name, step.result_json,
                                                     client=pipe)
             sent.append(child)
-        self.stepping.clear()
+        self.stepping = waiting
         return sent
 
     def steps_failed(self, sent: list[RunningChild]) -> None:

@@ -19,9 +19,11 @@ import redis
 
 from forq import Queue
 from forq.defaults import MAX_CRASHES
+from forq.shards import execute_by_shard
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.redis_health import RedisHealth
 from forq.supervisor.relay import BatchRelay
+from forq.supervisor.shard_health import ShardHealth
 
 log = logging.getLogger("forq.supervisor")
 
@@ -51,20 +53,33 @@ class Reaper:
         if ids:
             log.info("%d job(s) in %s expired before start: dead, never run", len(ids), name)
 
-    def reap(self, client: Any, names: list[str], health: RedisHealth, relay: BatchRelay) -> None:
+    def reap(self, client: Any, names: list[str], health: RedisHealth, relay: BatchRelay,
+             shards: ShardHealth | None = None) -> None:
         """The periodic pass, every served queue in one round trip: expired leases,
         expired pending jobs, and the ends of batch members the `relay` carries to
-        batches on other queues."""
-        if not health.ready():
+        batches on other queues. On a cluster (`shards`), one pipeline per shard, the
+        shards backing off left out: one shard down does not stop the others' pass."""
+        if shards is None and not health.ready():
             return
+        if shards is not None:
+            names = [name for name in names if shards.ready(name)]
+            if not names:
+                return
         pipe = client.pipeline(transaction=False)
         self.send(pipe, names)
         self.send_sweeps(pipe, names)
         relay.send(pipe, names)
         try:
-            replies = pipe.execute()
+            sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
         except (redis.RedisError, OSError) as exc:
             health.failed("reclaim", exc)
+            return
+        replies = sent.replies
+        if shards is not None:
+            shards.failed(sent.failed, "reclaim")
+            shards.worked(sent.answered - set(sent.failed))
+        elif any(isinstance(reply, Exception) for reply in replies):
+            health.failed("reclaim", next(r for r in replies if isinstance(r, Exception)))
             return
         n = len(names)
         for name, reply in zip(names, replies[:n], strict=True):

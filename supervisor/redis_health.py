@@ -45,9 +45,10 @@ def wait_until_reachable(client: redis.Redis, loop: EventLoop, *, stopped: Calla
 
 class RedisHealth:
     def __init__(self, on_error: Callable[[str], None] = lambda _op: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, label: str = "redis") -> None:
         self.on_error = on_error  # counts the failure (a metric), by operation
         self.clock = clock
+        self.label = label  # "redis", or "redis shard host:port" (see ShardHealth)
         self.backoff = BACKOFF_MIN
         self.down_until = 0.0
         self.last_log = -LOG_EVERY
@@ -61,7 +62,7 @@ class RedisHealth:
         now = self.clock()
         self.down_until = now + self.backoff
         if now - self.last_log > LOG_EVERY:
-            log.warning("redis %s failed (%s); retrying with backoff", op, exc)
+            log.warning("%s %s failed (%s); retrying with backoff", self.label, op, exc)
             self.last_log = now
         self.backoff = min(self.backoff * 2, BACKOFF_MAX)
 
@@ -69,7 +70,7 @@ class RedisHealth:
         """Redis answered: talk to it again at once. True if it had been failing."""
         recovered = self.backoff > BACKOFF_MIN
         if recovered:
-            log.info("redis reachable again")
+            log.info("%s reachable again", self.label)
         self.backoff = BACKOFF_MIN
         self.down_until = 0.0
         return recovered

@@ -1,8 +1,10 @@
 """LeaseRenewal: the timer that keeps this supervisor's leases alive.
 
 Every ``lease_ttl/3`` it asks the `LeaseKeeper` to extend every lease in one round
-trip, then hands the answers to the `Fencer`: a lease Redis calls lost, or a job
-cancelled, has its child killed now. A Redis error is retried within a fraction of
+trip (one per shard on a cluster), then hands the answers to the `Fencer`: a lease
+Redis calls lost, or a job cancelled, has its child killed now. A shard that did not
+answer backs off on its own (`ShardHealth`); its leases run out of proof and only
+their children are fenced. A Redis error is retried within a fraction of
 the TTL rather than a whole period later, so a short blip never costs a running job
 its lease.
 """
@@ -18,6 +20,7 @@ from forq.supervisor.fencing import Fencer
 from forq.supervisor.leases import LeaseKeeper, Riders
 from forq.supervisor.metrics import Metrics
 from forq.supervisor.redis_health import RedisHealth
+from forq.supervisor.shard_health import ShardHealth
 from forq.supervisor.spawner import Spawner
 from forq.supervisor.timers import Timers
 
@@ -26,7 +29,7 @@ class LeaseRenewal:
     def __init__(self, leases: LeaseKeeper, client: redis.Redis, queues: Mapping[str, Queue],
                  fencer: Fencer, spawner: Spawner, health: RedisHealth, metrics: Metrics,
                  timers: Timers, on_worked: Callable[[], None],
-                 riders: Riders | None = None) -> None:
+                 riders: Riders | None = None, shards: ShardHealth | None = None) -> None:
         self.leases = leases
         self.client = client
         self.queues = queues
@@ -38,23 +41,28 @@ class LeaseRenewal:
         self.on_worked = on_worked  # Redis answered (after an outage: resubscribe)
         self.riders = riders  # commands that ride along (running jobs' progress)
         self.retrying = False  # a quick retry of a failed extension is scheduled
+        self.shards = shards  # a cluster's shards: each one's failures are its own
 
     def extend(self) -> None:
         if not len(self.leases):
             return
-        try:
-            lost, cancelled = self.leases.extend(self.client, self.queues, self.riders)
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("extend", exc)
-            if not self.retrying:
-                self.retrying = True
-                self.timers.schedule(max(0.05, min(0.25, self.leases.ttl / 10)), self._retry)
-            return
-        self.on_worked()
-        self.metrics.lease_extended(len(self.leases))
-        self.fencer.lost(lost)
-        self.fencer.cancelled(cancelled)
-        self.spawner.fence(self.fencer.deadlines())
+        result = self.leases.extend_each(self.client, self.queues, self.riders,
+                                         self.shards.failing() if self.shards else ())
+        for shard, exc in result.failed.items():
+            (self.shards.of(shard) if self.shards else self.health).failed("extend", exc)
+        if result.failed and not self.retrying:
+            self.retrying = True
+            self.timers.schedule(max(0.05, min(0.25, self.leases.ttl / 10)), self._retry)
+        if result.answered:
+            if self.shards:
+                self.shards.worked(result.answered)
+            self.on_worked()
+        if result.confirmed:
+            self.metrics.lease_extended(result.confirmed)
+        self.fencer.lost(result.lost)
+        self.fencer.cancelled(result.cancelled)
+        if result.answered:
+            self.spawner.fence(self.fencer.deadlines())
 
     def _retry(self) -> None:
         self.retrying = False

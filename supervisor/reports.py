@@ -43,6 +43,14 @@ class Pending:
     progress: tuple[str, str, float, str] | None = None
 
 
+def queues_touched(item: Pending) -> set[str]:
+    """Every queue `item`'s report writes to: its own, its follow-ups', its batch's."""
+    names = {item.child.queue, *(f["queue"] for f in item.outcome.followups)}
+    if item.outcome.batch is not None:
+        names.update(m["queue"] for m in item.outcome.batch["members"])
+    return names
+
+
 def open_batch(q: Queue, job_id: str, token: str, opened: dict[str, Any],
                queue_for: Callable[[str], Queue], pipe: Any) -> None:
     """Queue the opening of the batch job `job_id`'s handler opened (checked by

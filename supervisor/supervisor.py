@@ -31,6 +31,7 @@ import redis
 from forq import Queue
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
+from forq.shards import ShardDown, execute_by_shard
 from forq.supervisor import cgroups, protections, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
@@ -49,11 +50,13 @@ from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
 from forq.supervisor.relay import BatchRelay
 from forq.supervisor.renewal import LeaseRenewal
-from forq.supervisor.reports import Pending, Reporter
+from forq.supervisor.reports import Pending, Reporter, queues_touched
 from forq.supervisor.roster import Roster, running_record
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
+from forq.supervisor.shard_health import ShardHealth
 from forq.supervisor.wakeups import POLL_INTERVAL, Wakeups
+from forq.topology import fail_fast, is_cluster
 
 log = logging.getLogger("forq.supervisor")
 
@@ -71,7 +74,8 @@ class Supervisor:
         timeout = max(0.2, min(2.0, config.lease_ttl / 4))
         self.redis = client or connect(
             config.redis_url, password=config.redis_password, socket_timeout=timeout,
-            socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False)
+            socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False,
+            **fail_fast(config.redis_url))
         self.queues: dict[str, Queue] = {}
         self.outbox: list[Pending] = []
         self.want_claim = True
@@ -81,6 +85,9 @@ class Supervisor:
         self.notifier = Notifier.from_env()
         self.roster = Roster(self.redis, self.id)
         self.health = RedisHealth(self.metrics.redis_error)
+        # a cluster's shards back off one by one; on a plain Redis this is `health`
+        self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error)
+        self.sharded = is_cluster(self.redis)
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
@@ -95,14 +102,15 @@ class Supervisor:
             self.leases, self.redis, self.queues, self.fencer, self.spawner, self.health,
             self.metrics, self.loop.timers, self._redis_worked,
             riders=lambda pipe: self.notes.send_progress(pipe, self.children,
-                                                         self.leases.token).answered)
+                                                         self.leases.token).answered,
+            shards=self.shards if self.sharded else None)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
         self.reporter.task_info = self.spawner.task_info  # the fork server's task table
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
-                               self.wakeups, self.health)
+                               self.wakeups, self.health, self.shards)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
         self.relay = BatchRelay(self._queue_for)
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
@@ -259,7 +267,8 @@ class Supervisor:
         self.wakeups.subscribe(self._served())
         self.loop.timers.every(self.config.lease_ttl / 3, self.renewal.extend)
         self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
-            self.redis, self._served(), self.health, self.relay))
+            self.redis, self._served(), self.health, self.relay,
+            self.shards if self.sharded else None))
         self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
         self.loop.timers.every(HEARTBEAT_INTERVAL, self._heartbeat)
         self.loop.timers.every(POLL_INTERVAL, self.wakeups.poll)
@@ -320,7 +329,8 @@ class Supervisor:
         self.want_claim = True
 
     def _redis_worked(self) -> None:
-        self.health.worked()  # it answered: report, claim and reap now
+        if not self.sharded:  # a shard's answer says nothing of the others
+            self.health.worked()  # it answered: report, claim and reap now
         if not self.drain.active:
             self.wakeups.resubscribe()  # the wake connection died with the outage
 
@@ -332,19 +342,22 @@ class Supervisor:
 
         On a Redis error the reports stay queued and are sent again: each is fenced by
         its token, so a report that did land the first time is answered "lost" the
-        second, and changes nothing."""
-        if not self.health.ready():
+        second, and changes nothing. On a cluster the trip is one pipeline per shard
+        (`forq.shards`): a shard that is down (or backing off) holds back only its own
+        queues' claims, steps and reports."""
+        if not self.sharded and not self.health.ready():
             return
         claiming = self.want_claim and not self.drain.active
         self.want_claim = False
-        batch, self.outbox = self.outbox, []
+        batch, self.outbox = self.shards.split_ready(self.outbox, queues_touched)
         pipe = self.redis.pipeline(transaction=False)
         # claims first: a global max_in_flight still counts our finished jobs, so the
         # ack's wake-up lets every supervisor race fairly for the freed slot
         asks = self.claimer.send(pipe, self.config) if claiming else []
         # durable steps before the reports: a handler waits for them, and a step and
         # its job's ack sent in one turn must land in that order
-        stepping = self.notes.send_steps(pipe, self.leases.token)
+        stepping = self.notes.send_steps(pipe, self.leases.token,
+                                         self.shards.ready if self.sharded else None)
         spans = self.reporter.send_batch(pipe, batch)
         # a crash reported now is reclaimed in the same trip, not a reaper tick later
         reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
@@ -354,16 +367,24 @@ class Supervisor:
             return
         sent_at = time.monotonic()
         try:
-            replies = pipe.execute(raise_on_error=False)
+            sent = execute_by_shard(pipe, self.shards.failing())
         except (redis.RedisError, OSError) as exc:
             self.outbox = batch + self.outbox
             self.notes.steps_failed(stepping)
             self.want_claim = self.want_claim or claiming
             self.health.failed("report" if batch else "claim", exc)
             return
+        self.shards.failed(sent.failed, "report" if batch else "claim")
+        self.shards.worked(sent.answered - set(sent.failed))
         self._redis_worked()
-        replies = self.reporter.check_waits(batch, replies, waits)
+        replies = self.reporter.check_waits(batch, sent.replies, waits)
         self.notes.steps_answered(stepping, replies[len(asks):len(asks) + len(stepping)])
+        # a report that did not reach one of its shards is sent again, whole, later
+        retry = {i for i, span in enumerate(spans) if unsent(replies, span)}
+        if retry:
+            self.outbox = [batch[i] for i in sorted(retry)] + self.outbox
+            batch = [item for i, item in enumerate(batch) if i not in retry]
+            spans = [span for i, span in enumerate(spans) if i not in retry]
         self.reporter.answer_batch(batch, spans, replies)
         for offset, name in enumerate(asks):
             if self.claimer.answered(name, replies[offset], sent_at):
@@ -401,6 +422,13 @@ class Supervisor:
             })
         except (redis.RedisError, OSError) as exc:
             self.health.failed("heartbeat", exc)
+
+
+def unsent(replies: list, span: tuple[int, int, int, int]) -> bool:
+    """Whether a report (its `Reporter.send_batch` span) met a shard that was down."""
+    start, end, ack_at, _ = span
+    mine = replies[start:end] + ([replies[ack_at]] if ack_at >= 0 else [])
+    return any(isinstance(reply, ShardDown) for reply in mine)
 
 
 def renamed_hint(module: str) -> str:
