@@ -234,6 +234,7 @@ class Checker:
             (8, "no two executions of a job overlap in time"),
             (9, "durable steps: a success saw the recorded results, never re-ran one"),
             (10, "every batch's callbacks enqueued exactly once, after all its members ended"),
+            (11, "no two jobs of a group run at once (group_concurrency 1)"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -390,6 +391,7 @@ class Checker:
         self.check_overlap(by_job)
         self.check_steps(jobs, by_job)
         self.check_batches(jobs, by_job)
+        self.check_groups(jobs, by_job)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
         states = Counter(j.state if j is not None else
@@ -922,6 +924,38 @@ class Checker:
                                  f"execution {later.x} (pid {later.pid} under {later.sup})")
         inv.notes.append(f"executions compared by their recorded start and end, margin "
                          f"{OVERLAP_MARGIN * 1000:.0f} ms")
+
+    # -- 11 ----------------------------------------------------------------------------------
+
+    def check_groups(self, jobs: dict[str, Job | None], by_job: dict[str, list[Exec]]) -> None:
+        inv = self.inv[11]
+        group_of = {jid: str(job.fields["group"]) for jid, job in jobs.items()
+                    if job is not None and job.fields.get("group")}
+        for problem in self.group_problems(group_of, by_job):
+            inv.fail(problem)
+        inv.notes.append(f"{len(group_of)} grouped jobs in {len(set(group_of.values()))} "
+                         f"groups; executions of different jobs of a group compared by "
+                         f"their recorded start and end, margin {OVERLAP_MARGIN * 1000:.0f} ms")
+
+    @staticmethod
+    def group_problems(group_of: dict[str, str], by_job: dict[str, list[Exec]]) -> list[str]:
+        """Executions of two jobs of one group that overlap in time. As for invariant
+        8, only an execution that recorded its end can prove an overlap."""
+        runs: dict[str, list[Exec]] = defaultdict(list)
+        for jid, group in group_of.items():
+            runs[group].extend(by_job.get(jid, []))
+        problems = []
+        for group, lst in sorted(runs.items()):
+            lst.sort(key=lambda e: e.start)
+            for i, later in enumerate(lst):
+                for earlier in lst[:i]:
+                    if (earlier.job != later.job and earlier.end is not None
+                            and earlier.end > later.start + OVERLAP_MARGIN):
+                        problems.append(
+                            f"group {group}: {earlier.job} (pid {earlier.pid} under "
+                            f"{earlier.sup}) ran {earlier.end - later.start:.3f}s into "
+                            f"{later.job} (pid {later.pid} under {later.sup})")
+        return problems
 
     # -- 9 -----------------------------------------------------------------------------------
 

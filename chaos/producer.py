@@ -32,7 +32,9 @@ MIX = {
     "hostile": 0.06,  # escapees, output floods, garbage on the result pipe
     "steps": 0.04,  # three durable steps, some crashing between the second and the third
     "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
+    "grouped": 0.05,  # one of GROUPS groups (group_concurrency 1): never two at once
 }
+GROUPS = 6
 # what a batch's members do: each with the end its kind expects (some crash, some fail)
 BATCH_MEMBER_KINDS = ("quick", "quick", "slow", "cpu", "flaky", "crashy")
 
@@ -85,6 +87,9 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
             kwargs["crash_times"] = crash_times
             if crash_times >= max_crashes:
                 expect = "dead:crashes"
+    elif kind == "grouped":
+        task, kwargs["ms"] = "chaos.slow", round(rng.uniform(50, 600))
+        options["group"] = f"g{rng.randrange(GROUPS)}"
     elif kind == "steps":
         task = "chaos.steps"
         crash_times = rng.choice([0, 1, 1, 2, max_crashes])

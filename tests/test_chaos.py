@@ -68,6 +68,7 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
     assert causes.get("child killed", 0) + causes.get("handler crash", 0) > 0, out
     assert stats["latency"]["child_crash"]["n"] > 0
     assert all(i["ok"] for i in result["invariants"])
+    assert stats["kinds"].get("grouped", 0) > 0 and invariant(result, 11)["ok"]
     # the one-screen report
     assert "PASS" in out and "lost 0" in out
     assert len(out.strip().splitlines()) <= 30
@@ -238,3 +239,23 @@ def test_batch_check_names_on_success_of_a_failed_batch_and_a_callback_never_run
     record, members, callbacks, execs = a_batch()
     assert Checker.batch_problems({**record, "status": "failed"}, members, callbacks,
                                   execs) == ["status 'failed', expected 'succeeded'"]
+
+
+# -- invariant 11: a group's jobs never overlap, from fabricated executions ---------------------
+
+
+def run_at(jid: str, start: float, end: float | None) -> Exec:
+    return Exec(jid, f"x-{jid}-{start}", 1, 2, "chaos-1", start, "grouped", 1, end, "ok")
+
+
+def test_group_check_names_two_jobs_of_a_group_running_at_once() -> None:
+    group_of = {"a1": "g0", "a2": "g0", "b1": "g1"}
+    by_job = {"a1": [run_at("a1", 10.0, 10.5)], "a2": [run_at("a2", 10.6, 11.0)],
+              "b1": [run_at("b1", 10.1, 10.9)]}  # another group alongside: allowed
+    assert Checker.group_problems(group_of, by_job) == []
+    by_job["a2"] = [run_at("a2", 10.3, 11.0)]
+    [problem] = Checker.group_problems(group_of, by_job)
+    assert problem.startswith("group g0: a1 (pid 2 under chaos-1) ran 0.200s into a2")
+    # an execution killed before recording its end proves nothing (as for invariant 8)
+    by_job["a1"] = [run_at("a1", 10.0, None)]
+    assert Checker.group_problems(group_of, by_job) == []
