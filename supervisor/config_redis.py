@@ -4,14 +4,19 @@ eviction. A URL is checked, and redacted wherever it is printed."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from forq.connection import describe
 from forq.supervisor import config_fields as read
 from forq.topology import as_cluster_url, is_topology_url, url_problem
+
+log = logging.getLogger("forq.supervisor")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout",
@@ -123,3 +128,15 @@ def redact(url: str) -> str:
         return url
     scheme, slashes, user = head.rpartition("//")
     return f"{scheme}{slashes}{user.partition(':')[0]}:***@{host}"
+
+
+def keep_redis_url(old: Any, new: Any) -> Any:
+    """A reloaded config keeps the Redis the supervisor connected to (`--redis`, or the
+    URL it started with): a new URL takes effect at the next start, with a warning."""
+    if new.redis_url == old.redis_url and old.redis_url_source != "--redis":
+        return new
+    if old.redis_url_source != "--redis":
+        log.warning("the Redis URL changed (%s, from %s): it takes effect at the next start, "
+                    "not on reload", describe(new.redis_url), new.redis_url_source)
+    return dataclasses.replace(new, redis_url=old.redis_url,
+                               redis_url_source=old.redis_url_source)

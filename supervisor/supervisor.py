@@ -36,6 +36,7 @@ from forq.supervisor import cgroups, protections, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
 from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
+from forq.supervisor.config_redis import keep_redis_url
 from forq.supervisor.drain import Drain
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.fork.client import ForkServerFatal
@@ -46,6 +47,7 @@ from forq.supervisor.metrics import Metrics
 from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind
+from forq.supervisor.queue_settings import push_queue_settings
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
 from forq.supervisor.relay import BatchRelay
@@ -145,26 +147,8 @@ class Supervisor:
         return self.queues[name]
 
     def _push_limits(self) -> None:
-        """Queues whose TOML sets a global limit get it at start and on reload;
-        the others keep whatever `forq limit` set at run time. So with `paused = true`:
-        the queue is paused then (never resumed by a config: `forq resume` does that)."""
         try:
-            for qc in self.config.queues:
-                if qc.paused and self.queues[qc.name].pause():
-                    log.info("queue %s paused by the config (paused = true): "
-                             "`forq resume %s` starts it", qc.name, qc.name)
-                if qc.rate_limit is not None or qc.max_in_flight is not None:
-                    self.queues[qc.name].set_limits(
-                        rate=qc.rate_limit if qc.rate_limit is not None else False,
-                        max_in_flight=(qc.max_in_flight if qc.max_in_flight is not None
-                                       else False))
-                if qc.group_concurrency is not None or qc.group_rate_limit is not None:
-                    self.queues[qc.name].set_limits(
-                        group_concurrency=(qc.group_concurrency
-                                           if qc.group_concurrency is not None else False),
-                        group_rate=(qc.group_rate_limit
-                                    if qc.group_rate_limit is not None else False))
-                self.redis.sadd("forq:queues", qc.name)
+            push_queue_settings(self.config.queues, self._queue_for, self.redis)
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)
 
@@ -183,14 +167,7 @@ class Supervisor:
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
             return
-        old = self.config
-        if config.redis_url != old.redis_url or old.redis_url_source == "--redis":
-            if old.redis_url_source != "--redis":
-                log.warning("the Redis URL changed (%s, from %s): it takes effect at the next "
-                            "start, not on reload", describe(config.redis_url),
-                            config.redis_url_source)
-            config = dataclasses.replace(config, redis_url=old.redis_url,
-                                         redis_url_source=old.redis_url_source)
+        config = keep_redis_url(self.config, config)
         try:
             self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config))
         except ForkServerFatal as exc:
@@ -391,8 +368,6 @@ class Supervisor:
                 self.want_claim = True  # a full batch: there may be more, and free slots
         for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):
             self.reaper.answered(name, reply)
-
-    # -- leases ----------------------------------------------------------------------------
 
     # -- status ----------------------------------------------------------------------------
 
