@@ -965,48 +965,82 @@ class Checker:
         for jid, told in self.ctx.told.items():
             if told.batch and told.kind != "batch-cb":
                 members[told.batch].append(jid)
+        # a batch a member's handler opened (current().batch) is "<member id>-b"
+        openers = {bid: bid[:-2] for bid in members if bid.endswith("-b")
+                   and bid[:-2] in self.ctx.told}
         records = load_batches(self.queue, sorted(members))
         outcome: Counter = Counter()
         runs: Counter = Counter()
         reruns: Counter = Counter()
         for bid, ids in sorted(members.items()):
             record = records.get(bid, {})
-            outcome[record.get("status", "no record")] += 1
             callbacks = {role: jobs.get(f"{bid}-{role}") for role in CALLBACKS}
             execs = {role: by_job.get(f"{bid}-{role}", []) for role in CALLBACKS}
+            opener = openers.get(bid)
+            if opener is not None:
+                opener_job = jobs.get(opener)
+                if not record and (opener_job is None or opener_job.state != "succeeded"):
+                    # opened with the opener's ack (its report), which never landed
+                    outcome["never opened (its opener died)"] += 1
+                    there = [j for j in [*ids, *(f"{bid}-{r}" for r in CALLBACKS)] if jobs.get(j)]
+                    if there:
+                        inv.fail(f"{bid}: never opened, yet {there[0]} exists")
+                    continue
+                ids = [opener, *ids]  # the opener counts in the batch it opened
+            outcome[record.get("status", "no record")] += 1
+            children = {m: records[f"{m}-b"] for m in ids
+                        if m != opener and records.get(f"{m}-b")}
             for problem in self.batch_problems(record, {m: jobs.get(m) for m in ids},
-                                               callbacks, execs):
+                                               callbacks, execs, children):
                 inv.fail(f"{bid}: {problem}")
             for role, lst in execs.items():
                 if lst:
                     runs[role] += len(lst)
                     final = next((e.x for e in lst if e.outcome == "ok"), None)
                     reruns.update(e.cause or "?" for e in lst if e.x != final)
-        self.stats["batches"] = {"batches": len(members), "by_status": dict(outcome),
+        self.stats["batches"] = {"batches": len(members), "nested": len(openers),
+                                 "by_status": dict(outcome),
                                  "callback_runs": dict(runs), "callback_reruns": dict(reruns)}
-        inv.notes.append(f"{len(members)} batches ({', '.join(f'{k} {v}' for k, v in outcome.most_common())}); "
+        inv.notes.append(f"{len(members)} batches, {len(openers)} of them opened by a member "
+                         f"({', '.join(f'{k} {v}' for k, v in outcome.most_common())}); "
                          f"callback runs {dict(runs)}; runs beyond the first completed one, "
                          f"by cause (at-least-once, each checked by invariant 3): {dict(reruns)}")
 
     @staticmethod
     def batch_problems(record: dict[str, str], members: dict[str, Job | None],
-                       callbacks: dict[str, Job | None],
-                       execs: dict[str, list[Exec]]) -> list[str]:
+                       callbacks: dict[str, Job | None], execs: dict[str, list[Exec]],
+                       children: dict[str, dict[str, str]] | None = None) -> list[str]:
         """What is wrong with one batch, from its record (with ``_ended``/``_failed``,
-        see `load_batches`), its members' and callbacks' records (None: no record) and
-        its callbacks' recorded executions. Pure: the self-test feeds it histories."""
+        see `load_batches`), its members' and callbacks' records (None: no record), its
+        callbacks' recorded executions, and the records of batches its members opened
+        (`children`: such a member ends here when its batch is done, as succeeded only
+        if that batch did). For a batch opened by a member, `members` holds that opener
+        too. Pure: the self-test feeds it histories."""
         if not record:
             return ["no batch record in Redis"]
-        open_ = sorted(m for m, j in members.items() if j is None or j.state not in TERMINAL)
-        if open_:
-            return [f"member {open_[0]} never ended (invariant 1), so no callback is due"]
+        missing = sorted(m for m, j in members.items() if j is None)
+        if missing:
+            return [f"member {missing[0]} has no record, in an opened batch"]
+        ends: dict[str, tuple[int, bool, str]] = {}  # member -> (ended at, ok, how)
+        for m, j in members.items():
+            child = (children or {}).get(m)
+            if j is None or j.state not in TERMINAL or (child and not child.get("finished_at")):
+                return [f"member {m} never ended (invariant 1), so no callback is due"]
+            if child:
+                ends[m] = (int(child["finished_at"]), child.get("status") == "succeeded",
+                           f"{j.state}, the batch it opened {child.get('status')}")
+            else:
+                ends[m] = (int(j.fields.get("finished_at") or 0), j.state == "succeeded", j.state)
         problems = []
-        ended = {m: int(j.fields.get("finished_at") or 0) for m, j in members.items() if j}
+        ended = {m: at for m, (at, _, _) in ends.items()}
         last, last_at = max(ended.items(), key=lambda kv: (kv[1], kv[0]))
-        failed = sorted(m for m, j in members.items() if j and j.state != "succeeded")
+        failed = sorted(m for m, (_, ok, _) in ends.items() if not ok)
+        counted = len(members) - (1 if record.get("opener") else 0)
+        if record.get("opener") and record["opener"] not in members:
+            problems.append(f"opened by {record['opener']}, not by the member expected")
         total = int(record.get("total", -1))
-        if total != len(members):
-            problems.append(f"its record counts {total} members, the producer gave {len(members)}")
+        if total != counted:
+            problems.append(f"its record counts {total} members, the producer gave {counted}")
         remaining = int(record.get("remaining", 0))
         if remaining != 0:
             problems.append(f"remaining {remaining} with every member ended: a member counted "
@@ -1022,8 +1056,12 @@ class Checker:
         done_at = int(record.get("finished_at") or 0)
         for role in CALLBACKS:
             job, runs = callbacks.get(role), execs.get(role, [])
+            if role not in record:  # the batch was opened without this callback
+                if job is not None or runs:
+                    problems.append(f"{role} exists, though the batch has none")
+                continue
             if role == "on_success" and failed:
-                why = f"member {failed[0]} ended {members[failed[0]].state}"  # type: ignore[union-attr]
+                why = f"member {failed[0]} ended {ends[failed[0]][2]}"
                 if job is not None:
                     problems.append(f"on_success enqueued although {why}")
                 if runs:

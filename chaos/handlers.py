@@ -202,6 +202,22 @@ def batch_callback(batch_id: str, role: str = "on_complete", crash_times: int = 
     return _execute("batch-cb", lambda: time.sleep(0.005), crash_times=crash_times)
 
 
+@task("chaos.batch_opener")
+def batch_opener(inner: list, crash_times: int = 0):
+    """A batch member that opens a batch of its own (`current().batch`, with an
+    on_complete): it ends in its batch only once that batch is done. It crashes after
+    opening it `crash_times` times: the batch goes with the result, so a crashed run
+    opened nothing, and the next run opens it."""
+    x, ctx = _start("batch-opener")
+    bid = current().batch(inner, on_complete={"task": "chaos.batch_callback",
+                                              "kwargs": {"role": "on_complete"}})
+    if crash_times and ctx.crashes < crash_times:
+        _end(ctx.id, x, "crash")
+        os._exit(13)
+    _end(ctx.id, x, "ok")
+    return {"x": x, "batch": bid}
+
+
 @task("chaos.memhog")
 def memhog(megabytes: int = 1024, step: int = 16):
     """Allocate (touching every page) until the supervisor kills it for its memory."""

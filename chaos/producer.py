@@ -37,6 +37,8 @@ MIX = {
 GROUPS = 6
 # what a batch's members do: each with the end its kind expects (some crash, some fail)
 BATCH_MEMBER_KINDS = ("quick", "quick", "slow", "cpu", "flaky", "crashy")
+# what the members of a batch opened by a member's handler do (current().batch)
+INNER_MEMBER_KINDS = ("quick", "quick", "crashy", "flaky", "fatal")
 
 
 def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
@@ -105,7 +107,8 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
 def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: int,
                 slow_ms: tuple[float, float] = (300, 3000)) -> dict[str, Any]:
     """A batch: 2-5 members (quick, slow, cpu, flaky, crashy; in about a third of the
-    batches one poison member too, so that many batches fail), and its two callbacks.
+    batches one poison member too, so that many batches fail; in 3 of 10 a member that
+    opens a batch of 1-3 of its own, with an on_complete), and its two callbacks.
     Its members' ids are forq's (batch id and place), its callbacks' the batch id and
     the callback's name."""
     bid = f"b{seq:06d}"
@@ -116,8 +119,19 @@ def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: in
     if rng.random() < 0.35:
         members.insert(rng.randint(0, len(members)),
                        build_job(rng, seq, "fatal", max_attempts, max_crashes))
+    if rng.random() < 0.3:
+        # a member that opens a batch of its own: it ends here once that batch is done
+        inner = [build_job(rng, seq, rng.choice(INNER_MEMBER_KINDS), max_attempts, max_crashes)
+                 for _ in range(rng.randint(1, 3))]
+        for job in inner:
+            del job["item"]["job_id"]
+        members.insert(rng.randint(0, len(members)), {
+            "item": {"task": "chaos.batch_opener",
+                     "kwargs": {"inner": [job["item"] for job in inner],
+                                "crash_times": 1 if rng.random() < 0.3 else 0}},
+            "kind": "batch", "expect": "succeed", "idem": False, "inner": inner})
     for job in members:
-        del job["item"]["job_id"]  # a member's id is the batch's and its place: forq's
+        job["item"].pop("job_id", None)  # a member's id is the batch's and its place: forq's
     callbacks = {role: {"task": "chaos.batch_callback",
                         "kwargs": {"role": role,
                                    "crash_times": 1 if rng.random() < 0.25 else 0}}
@@ -193,6 +207,17 @@ def enqueue_batch_recorded(ctx: Context, queue: Queue, batch: dict[str, Any],
     for jid, member in zip(opened.member_ids, batch["members"], strict=True):
         ctx.add_told(Told(jid, "batch", member["item"]["task"], member["expect"], False,
                           s.max_attempts, s.max_crashes, now, tries=tries[bid], batch=bid))
+    for opener, member in zip(opened.member_ids, batch["members"], strict=True):
+        # told conditionally: opened with the opener's ack, so only if that lands
+        inner = f"{opener}-b"
+        for k, job in enumerate(member.get("inner", ()), 1):
+            ctx.add_told(Told(f"{inner}-{k}", "batch", job["item"]["task"], job["expect"], False,
+                              s.max_attempts, s.max_crashes, now, tries=tries[bid],
+                              batch=inner, optional=True))
+        if member.get("inner"):
+            ctx.add_told(Told(f"{inner}-on_complete", "batch-cb", "chaos.batch_callback",
+                              "succeed", False, s.max_attempts, s.max_crashes, now,
+                              tries=tries[bid], batch=inner, optional=True))
     for role in ("on_complete", "on_success"):
         ctx.add_told(Told(f"{bid}-{role}", "batch-cb", "chaos.batch_callback", "succeed",
                           False, s.max_attempts, s.max_crashes, now, tries=tries[bid],

@@ -63,7 +63,8 @@ def render(result: dict[str, Any]) -> str:
     b = st.get("batches") or {}
     if b.get("batches"):
         skipped = st["states"].get("not enqueued", 0)
-        lines.append(f"batches    {b['batches']} ({_counts(b['by_status'])}"
+        lines.append(f"batches    {b['batches']}, {b.get('nested', 0)} opened by a member "
+                     f"({_counts(b['by_status'])}"
                      + (f"; on_success not due {skipped}" if skipped else "") + "); callback runs "
                      f"{_counts(b['callback_runs'])}; re-runs {_counts(b['callback_reruns'])}")
     faults = st["faults"]
