@@ -13,21 +13,23 @@ supervisor's `RedisHealth` itself: nothing changes there.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from forq.shards import PLAIN, shard_of
 from forq.supervisor.redis_health import BACKOFF_MIN, RedisHealth
+from forq.topology import is_cluster
 
 T = TypeVar("T")
 
 
 class ShardHealth:
-    def __init__(self, client: object, whole: RedisHealth,
+    def __init__(self, client: Any, whole: RedisHealth,
                  on_error: Callable[[str], None] = lambda _op: None) -> None:
         self.client = client
         self.whole = whole  # the supervisor's: heartbeats, schedules (and a plain Redis)
         self.on_error = on_error
         self.by_shard: dict[str, RedisHealth] = {}
+        self.on_down: Callable[[str], None] = lambda _shard: None  # a shard just failed
 
     def shard(self, queue: str) -> str:
         return shard_of(self.client, queue)
@@ -67,7 +69,21 @@ class ShardHealth:
 
     def failed(self, failures: dict[str, BaseException], op: str) -> None:
         for shard, exc in failures.items():
-            self.of(shard).failed(op, exc)
+            health = self.of(shard)
+            first = health.backoff <= BACKOFF_MIN
+            health.failed(op, exc)
+            if first and shard != PLAIN:
+                self.on_down(shard)
+
+    def healthy_node(self) -> Any:
+        """A primary whose shard is not failing (None: none known, or a plain Redis)."""
+        if not is_cluster(self.client):
+            return None
+        failing = self.failing()
+        for node in self.client.get_primaries():
+            if node.name not in failing:
+                return node
+        return None
 
     def worked(self, shards: set[str]) -> None:
         for shard in shards:

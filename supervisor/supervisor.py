@@ -91,6 +91,9 @@ class Supervisor:
         self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error)
         self.sharded = is_cluster(self.redis)
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
+        if self.sharded:  # listen for wake-ups on a shard that answers
+            self.wakeups.pick_node = self.shards.healthy_node
+            self.shards.on_down = self.wakeups.shard_down
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
         self.children = Children(self.loop, self.launcher, self.leases, self.metrics,

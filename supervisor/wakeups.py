@@ -36,6 +36,10 @@ class Wakeups:
         self.sock: Any = None  # the socket registered in the selector
         self.queues: list[str] = []
         self.timers: dict[str, tuple[list, float]] = {}  # queue -> (timer, monotonic due)
+        # on a cluster: the node to listen on (PUBLISH reaches every node, so any will
+        # do: one whose shard is not failing); None lets redis-py choose
+        self.pick_node: Callable[[], Any] | None = None
+        self.node_name: str | None = None  # the cluster node listened on
 
     @property
     def subscribed(self) -> bool:
@@ -46,7 +50,10 @@ class Wakeups:
         self.unsubscribe()
         self.queues = list(queues)
         try:
-            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            node = self.pick_node() if self.pick_node is not None else None
+            where = {"node": node} if node is not None else {}
+            self.node_name = node.name if node is not None else None
+            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True, **where)
             self.pubsub.subscribe(*(QueueKeys(q).wake for q in self.queues))
             self.sock = self.pubsub.connection._sock
             self.loop.add_reader(self.sock, self._on_readable)
@@ -57,6 +64,13 @@ class Wakeups:
     def resubscribe(self) -> None:
         """After an outage the wake connection is gone: back at once."""
         if self.pubsub is None and self.queues:
+            self.subscribe(self.queues)
+
+    def shard_down(self, shard: str) -> None:
+        """A cluster shard stopped answering: if it is the node listened on, listen on
+        another (a stopped node says nothing, not even an error)."""
+        if shard == self.node_name and self.queues:
+            log.info("wake-ups: listening on another node than %s", shard)
             self.subscribe(self.queues)
 
     def unsubscribe(self) -> None:

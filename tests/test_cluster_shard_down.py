@@ -58,6 +58,12 @@ def logged_on_failure(sup: SupervisorProcess) -> Iterator[None]:
         raise
 
 
+def listened_on(nodes: list) -> list:
+    """Those of `nodes` with a pub/sub subscriber (the supervisor's wake-ups)."""
+    return [node for node in nodes
+            if any(int(c.get("sub", 0)) > 0 for c in node.client().client_list())]
+
+
 def runs(path) -> list[tuple[str, int, str]]:
     """tests.touch's lines: (job id, pid, "start" | "end")."""
     if not path.exists():
@@ -67,15 +73,17 @@ def runs(path) -> list[tuple[str, int, str]]:
 
 def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_path):
     names = queues_on_each_shard(cluster)
-    victim = cluster.nodes[0]
-    down = names[victim.port]
-    healthy = [name for port, name in names.items() if port != victim.port]
     rc = connect(cluster.url)
     queues = {name: Queue(name, redis=rc) for name in names.values()}
     log = tmp_path / "runs.txt"
     config = write_config(tmp_path / "forq.toml", cluster.url,
                           {name: 2 for name in names.values()}, lease_ttl=f"{LEASE_TTL:g}s")
     with SupervisorProcess(config) as sup, logged_on_failure(sup):
+        # the node to stop: the one the supervisor listens on for wake-ups
+        victim = wait_for(lambda: next(iter(listened_on(cluster.nodes)), None), timeout=20,
+                          message="the supervisor's wake-up subscription")
+        down = names[victim.port]
+        healthy = [name for port, name in names.items() if port != victim.port]
         # two long jobs running on the shard about to stop
         slow = [queues[down].enqueue("tests.touch", str(log), 5.0).id for _ in range(2)]
         wait_for(lambda: {j for j, _, ev in runs(log) if ev == "start"} >= set(slow),
@@ -95,6 +103,10 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
                      timeout=LEASE_TTL + 5, message="the stopped shard's children fenced")
             fenced_after = time.monotonic() - stopped_at
             assert fenced_after < LEASE_TTL + 1.0, fenced_after
+            # wake-ups are heard on another node
+            others = [node for node in cluster.nodes if node is not victim]
+            wait_for(lambda: listened_on(others), timeout=10,
+                     message="the wake-up subscription to move off the stopped node")
             # ...and the healthy shards' jobs all run, while the node is still stopped
             for name in healthy:
                 for jid in fast[name]:
