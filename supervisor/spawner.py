@@ -57,6 +57,8 @@ class Spawner:
         # why jobs cannot have namespaces of their own ("" they can; None: not asked)
         self.namespaces_problem: str | None = None
         self.accepting = True  # False once draining: a lost server is not replaced
+        # (every, call): what goes on while a new fork server starts (lease extension)
+        self.while_waiting: tuple[float, Callable[[], object]] | None = None
 
     def configure(self, enabled: bool, launch: Launch) -> None:
         """At start and on reload: a change of what it imports, as whom or with which
@@ -80,7 +82,7 @@ class Spawner:
 
     def _new_server(self, launch: Launch) -> ForkServer | None:
         try:
-            return ForkServer(launch)
+            return ForkServer(launch, while_waiting=self.while_waiting)
         except ForkServerFatal:
             raise
         except ForkServerError as exc:

@@ -109,6 +109,8 @@ class Supervisor:
             riders=lambda pipe: self.notes.send_progress(pipe, self.children,
                                                          self.leases.token).answered,
             shards=self.shards if self.sharded else None)
+        # a new fork server (start, reload) may import for longer than a lease lasts
+        self.spawner.while_waiting = (config.lease_ttl / 3, self.renewal.extend)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)

@@ -59,7 +59,9 @@ class Forq:
                  for argv in argvs]
         done = []
         for argv, proc in procs:
-            out, err = proc.communicate(timeout=20)
+            # they start together: on a loaded 2-core machine a dozen Python start-ups
+            # take a while; the bound is for a hang, not for speed
+            out, err = proc.communicate(timeout=90)
             done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
         return done
 

@@ -31,6 +31,7 @@ from forq import Queue
 from forq.connection import connect
 from forq.payload import build_spec
 from forq.scripts import TRANSITIONS
+from forq.supervisor.relay import BatchRelay
 from forq.topology import ForqCluster, is_cluster, parse_url
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
@@ -271,6 +272,17 @@ def workout(queues: list[Queue], rc) -> None:
         grouped = [x for x in q.claim(OWNER, 10, LONG).leases if x.job.task == "t.g"]
         assert len(grouped) == 1 and q.ack(grouped[0].id, grouped[0].token, "1") == "ok"
         q.set_limits(group_concurrency=None, group_rate=None)
+
+    # a batch on one shard with a member on another: its end crosses by the relay
+    home, away = queues[0], queues[1]
+    batch = home.batch([{"task": "t.m", "queue": away.name}], on_complete="t.cb")
+    member = next(x for x in away.claim(OWNER, 10, LONG).leases if x.id == batch.member_ids[0])
+    assert away.ack(member.id, member.token, "1") == "ok"
+    relay = BatchRelay(lambda name: next(q for q in queues if q.name == name))
+    pipe = rc.pipeline(transaction=False)
+    relay.send(pipe, [away.name])
+    assert relay.deliver(rc, [away.name], pipe.execute()) == 1
+    assert batch.status().state == "succeeded"
 
 
 def test_every_key_a_script_touches_hashes_to_its_queues_slot(cluster: LocalCluster, rc):

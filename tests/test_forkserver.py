@@ -136,6 +136,27 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
     assert "Traceback" not in sup.log()
 
 
+def test_a_slow_new_fork_server_does_not_cost_running_jobs_their_leases(tmp_path, redis_url,
+                                                                      queue):
+    """Starting a fork server blocks the supervisor's loop until its handler modules are
+    imported; the leases of the running jobs are extended meanwhile."""
+    sup = start(tmp_path, redis_url, queue)
+    try:
+        jid = queue.enqueue("tests.lineage", 5.0).id
+        wait_children(sup.pid, 1)
+        write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1}, drain_timeout="2s",
+                     imports=("forq.examples", "tests.tasks", "tests.slow_import"))
+        sup.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
+        wait_for(lambda: queue.get(jid).state == "succeeded", timeout=20, message="the job")
+        job = queue.get(jid)
+        assert [e["event"] for e in job.history] == ["enqueued", "claimed", "succeeded"], \
+            job.history  # one run: never reclaimed while the new fork server imported
+    finally:
+        sup.stop()
+    assert "lease lost" not in sup.log() and "Traceback" not in sup.log()
+
+
 @pytest.mark.timeout(60)
 def test_fork_server_off_starts_each_child_alone(tmp_path, redis_url, queue):
     """Exec'd, not forked: the child holds none of the supervisor's memory, and imports

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from forq.queue import Lease
@@ -125,7 +126,11 @@ class ForkServer:
     (`pending_exits`: pid, status, peak RSS in bytes, whether it killed the child for its
     fencing deadline) for the supervisor's loop."""
 
-    def __init__(self, launch: Launch) -> None:
+    def __init__(self, launch: Launch, *,
+                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
+        """Start one and wait for its task table. `while_waiting` (every, call): what the
+        supervisor must go on doing meanwhile — its handler modules may take seconds to
+        import on a loaded machine, longer than a running job's lease would last."""
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
@@ -157,7 +162,7 @@ class ForkServer:
         self.pending_exits: list[tuple[int, int, int, bool]] = []
         self.closed = False
         try:
-            message, fds = self._receive(READY_TIMEOUT, READY_MAX)
+            message, fds = self._receive(self._await_ready(while_waiting), READY_MAX)
             for fd in fds:
                 os.close(fd)
             if "fatal" in message:
@@ -177,6 +182,19 @@ class ForkServer:
 
     def fileno(self) -> int:
         return self.sock.fileno()
+
+    def _await_ready(self, while_waiting: tuple[float, Callable[[], object]] | None) -> float:
+        """Wait for its first message, calling `while_waiting` on its period meanwhile;
+        returns what is left of READY_TIMEOUT."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        if while_waiting is not None:
+            every, call = while_waiting
+            while (left := deadline - time.monotonic()) > 0:
+                ready, _, _ = select.select([self.sock], [], [], min(every, left))
+                if ready:
+                    break
+                call()
+        return max(0.0, deadline - time.monotonic())
 
     def _receive(self, timeout: float | None,
                  size: int = 65536) -> tuple[dict[str, Any], list[int]]:
