@@ -12,6 +12,10 @@ from typing import Any
 from .procs import RedisProc, SupervisorProc
 
 QUEUE = "chaos"
+# a second queue the supervisors serve: a batch member there ends through its queue's
+# relay, which every reaper pass delivers to the batch (lua/batch_relay.lua)
+OTHER_QUEUE = "chaos-b"
+OTHER_CONCURRENCY = 2
 
 
 @dataclass
@@ -40,6 +44,8 @@ class Settings:
     # chaos.slow jobs run this long (ms): past lease_ttl, so a stopped supervisor's child
     # would still run when its job is re-run elsewhere, were it not fenced
     slow_ms: tuple[float, float] = (300.0, 3000.0)
+    # the share of batches with a member that opens a batch of its own (current().batch)
+    nested_batches: float = 0.3
 
     @property
     def reclaim_bound(self) -> float:
@@ -73,6 +79,7 @@ class Told:
     tries: int = 1
     status: str = ""  # pending | duplicate (an earlier try had landed) | dropped (broken mode)
     batch: str = ""  # the batch it is a member or a callback of
+    queue: str = QUEUE
     # told conditionally: a batch's on_success is enqueued only if every member succeeded,
     # so its absence is not a loss (invariant 10 decides whether it should exist)
     optional: bool = False

@@ -228,12 +228,12 @@ def job_children_of(pid: int) -> list[tuple[int, str, float]]:
 def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
                  queue: str, max_attempts: int, max_crashes: int,
-                 job_cgroups: str = "auto") -> Path:
+                 job_cgroups: str = "auto", others: dict[str, int] | None = None) -> Path:
     def ms(seconds: float) -> str:
         return f"{int(seconds * 1000)}ms"
 
     return harness.write_config(
-        path, redis_url, {queue: concurrency}, imports=["chaos.handlers"], name=name,
+        path, redis_url, {queue: concurrency, **(others or {})}, imports=["chaos.handlers"], name=name,
         lease_ttl=ms(lease_ttl), reaper_interval=ms(reaper_interval),
         drain_timeout=ms(drain_timeout), memory_sample_interval="25ms",
         max_attempts=max_attempts, max_crashes=max_crashes,

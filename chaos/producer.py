@@ -17,7 +17,7 @@ import redis
 
 from forq import Queue, QueueFull
 
-from .context import QUEUE, Context, Told
+from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
@@ -105,10 +105,11 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
 
 
 def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: int,
-                slow_ms: tuple[float, float] = (300, 3000)) -> dict[str, Any]:
+                slow_ms: tuple[float, float] = (300, 3000), nested: float = 0.3) -> dict[str, Any]:
     """A batch: 2-5 members (quick, slow, cpu, flaky, crashy; in about a third of the
-    batches one poison member too, so that many batches fail; in 3 of 10 a member that
-    opens a batch of 1-3 of its own, with an on_complete), and its two callbacks.
+    batches one poison member too, so that many batches fail; in `nested` of them a member
+    that opens a batch of 1-3 of its own, with an on_complete; in 3 of 10 a slow member on
+    another queue), and its two callbacks.
     Its members' ids are forq's (batch id and place), its callbacks' the batch id and
     the callback's name."""
     bid = f"b{seq:06d}"
@@ -119,7 +120,7 @@ def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: in
     if rng.random() < 0.35:
         members.insert(rng.randint(0, len(members)),
                        build_job(rng, seq, "fatal", max_attempts, max_crashes))
-    if rng.random() < 0.3:
+    if rng.random() < nested:
         # a member that opens a batch of its own: it ends here once that batch is done
         inner = [build_job(rng, seq, rng.choice(INNER_MEMBER_KINDS), max_attempts, max_crashes)
                  for _ in range(rng.randint(1, 3))]
@@ -132,6 +133,13 @@ def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: in
             "kind": "batch", "expect": "succeed", "idem": False, "inner": inner})
     for job in members:
         job["item"].pop("job_id", None)  # a member's id is the batch's and its place: forq's
+    if rng.random() < 0.3:
+        # a slow member on another queue, often the last to end: its end reaches the
+        # batch through that queue's relay, which a reaper pass delivers
+        job = build_job(rng, seq, "slow", max_attempts, max_crashes, slow_ms)
+        del job["item"]["job_id"]
+        job["item"]["queue"] = job["queue"] = OTHER_QUEUE
+        members.insert(rng.randint(0, len(members)), job)
     callbacks = {role: {"task": "chaos.batch_callback",
                         "kwargs": {"role": role,
                                    "crash_times": 1 if rng.random() < 0.25 else 0}}
@@ -206,7 +214,8 @@ def enqueue_batch_recorded(ctx: Context, queue: Queue, batch: dict[str, Any],
     assert opened.member_ids == ids[:-2], (opened.member_ids, ids)
     for jid, member in zip(opened.member_ids, batch["members"], strict=True):
         ctx.add_told(Told(jid, "batch", member["item"]["task"], member["expect"], False,
-                          s.max_attempts, s.max_crashes, now, tries=tries[bid], batch=bid))
+                          s.max_attempts, s.max_crashes, now, tries=tries[bid], batch=bid,
+                          queue=member.get("queue", QUEUE)))
     for opener, member in zip(opened.member_ids, batch["members"], strict=True):
         # told conditionally: opened with the opener's ack, so only if that lands
         inner = f"{opener}-b"
@@ -238,7 +247,8 @@ class Producer(threading.Thread):
         for i in range(self.total):
             kind = self.rng.choices(kinds, weights)[0]
             self.plan.append(
-                build_batch(self.rng, i, s.max_attempts, s.max_crashes, s.slow_ms)
+                build_batch(self.rng, i, s.max_attempts, s.max_crashes, s.slow_ms,
+                            s.nested_batches)
                 if kind == "batch" else
                 build_job(self.rng, i, kind, s.max_attempts, s.max_crashes, s.slow_ms))
         self.drop: set[int] = set()

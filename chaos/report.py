@@ -67,6 +67,9 @@ def render(result: dict[str, Any]) -> str:
                      f"({_counts(b['by_status'])}"
                      + (f"; on_success not due {skipped}" if skipped else "") + "); callback runs "
                      f"{_counts(b['callback_runs'])}; re-runs {_counts(b['callback_reruns'])}")
+        if b.get("relayed"):
+            lines.append(f"           {b['relayed']} with a member on another queue; relay "
+                         f"(last member's end to callback) {_lat(b['relay_delay'])}")
     faults = st["faults"]
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")

@@ -22,7 +22,7 @@ from forq.units import UnitError, parse_duration
 
 from . import report
 from .checker import check
-from .context import QUEUE, Context, Settings, Told
+from .context import OTHER_CONCURRENCY, OTHER_QUEUE, QUEUE, Context, Settings, Told
 from .faults import KINDS, Injector
 from .monitor import Monitor, Probe
 from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--rate", type=float, default=None, help="jobs per second (default 35)")
     p.add_argument("--slow-ms", default="300-3000",
                    help="chaos.slow jobs last MIN-MAX milliseconds (default 300-3000)")
+    p.add_argument("--nested-batches", type=float, default=0.3, metavar="FRACTION",
+                   help="share of batches with a member that opens a batch of its own "
+                        "(default 0.3; 0: none)")
     p.add_argument("--seed", type=int, default=None, help="seed for jobs and faults (default: random)")
     p.add_argument("--lease-ttl", default="2s", help="supervisors' lease_ttl (default 2s)")
     p.add_argument("--reaper-interval", default="250ms", help="supervisors' reaper_interval")
@@ -86,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     for b in breaks:
         if b not in BREAKS:
             p.error(f"--break: unknown mode {b!r} (known: {', '.join(BREAKS)})")
+    if not 0 <= a.nested_batches <= 1:
+        p.error(f"--nested-batches: a fraction from 0 to 1, got {a.nested_batches:g}")
     if a.supervisors < 1:
         p.error("--supervisors must be >= 1")
     try:
@@ -110,7 +115,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
-        quiet=a.quiet, job_cgroups=a.job_cgroups, slow_ms=(low, high))
+        quiet=a.quiet, job_cgroups=a.job_cgroups, slow_ms=(low, high),
+        nested_batches=a.nested_batches)
 
 
 def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:
@@ -142,19 +148,20 @@ def settle(ctx: Context, bound: float) -> float:
     """Wait until every told job is terminal and nothing is pending, scheduled or active."""
     start = time.monotonic()
     r = client(ctx.redis.url, timeout=5)
-    q = Queue(QUEUE, redis=r)
+    queues = {name: Queue(name, redis=r) for name in (QUEUE, OTHER_QUEUE)}
     last_log = 0.0
     while time.monotonic() - start < bound:
         try:
             pipe = r.pipeline(transaction=False)
-            for key in (q.keys.pending, q.keys.scheduled, q.keys.active):
-                pipe.zcard(key)
+            for q in queues.values():
+                for key in (q.keys.pending, q.keys.scheduled, q.keys.active):
+                    pipe.zcard(key)
             busy = sum(pipe.execute())
             if busy == 0 and ctx.production_done.is_set():
                 ids = list(ctx.told)
                 pipe = r.pipeline(transaction=False)
                 for jid in ids:
-                    pipe.hget(q.keys.job(jid), "state")
+                    pipe.hget(queues[ctx.told[jid].queue].keys.job(jid), "state")
                 states = pipe.execute()
                 # a failed batch's on_success is never enqueued: read after its members
                 # (told after them), so its absence is final once theirs are ended
@@ -185,7 +192,8 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         cfg = write_config(workdir / f"{name}.toml", name=name, redis_url=proxy.url,
                            lease_ttl=s.lease_ttl, reaper_interval=s.reaper_interval,
                            drain_timeout=s.drain_timeout, concurrency=s.concurrency,
-                           queue=QUEUE, max_attempts=s.max_attempts, max_crashes=s.max_crashes,
+                           queue=QUEUE, others={OTHER_QUEUE: OTHER_CONCURRENCY},
+                           max_attempts=s.max_attempts, max_crashes=s.max_crashes,
                            job_cgroups="required" if s.job_cgroups else "auto")
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
                                    supervisor_env(exec_log, name, s.breaks),
