@@ -31,6 +31,7 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, MovedError, TryAgainError
 
+from forq.keys import FORMAT as FORMAT_KEY
 from forq.scripts import finish_pipeline
 from forq.topology import is_cluster
 
@@ -64,6 +65,14 @@ def shard_of(client: Any, queue: str) -> str:
         return str(client.nodes_manager.get_node_from_slot(slot).name)
     except redis.RedisError:  # a slot no node serves (the cluster is being reshaped)
         return f"slot {slot}"
+
+
+def ping_home(client: Any) -> Any:
+    """PING what a supervisor needs to start: on a cluster the node holding forq's data
+    format (`dataformat`), not every node (one shard down must not keep it waiting)."""
+    if not is_cluster(client):
+        return client.ping()
+    return client.execute_command("PING", target_nodes=client.get_node_from_key(FORMAT_KEY))
 
 
 def execute_by_shard(pipe: Any, down: Collection[str] = ()) -> ShardReplies:

@@ -197,6 +197,20 @@ class ForqCluster(_ScriptKeys, RedisCluster):
         super().__init__(*args, **kwargs)
         self._forq_scripts: dict[str, str] = {}
 
+    def command(self, **kwargs: Any) -> Any:
+        """COMMAND (the table of keys redis-py reads once, while the client is made)
+        from the first primary that answers: one node down must not stop a supervisor
+        from starting and serving the other shards."""
+        error: BaseException | None = None
+        for node in self.get_primaries():
+            try:
+                return self.execute_command("COMMAND", target_nodes=node, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                error = exc
+        if error is not None:
+            raise error
+        return super().command(**kwargs)
+
     def register_script(self, script: bytes | str | memoryview) -> Any:
         registered = super().register_script(script)
         self._forq_scripts[registered.sha] = (script if isinstance(script, str)

@@ -38,13 +38,17 @@ class Claimer:
         self.health = health
         self.shards = shards  # a queue whose shard is backing off is not asked
         self.policies: dict[str, str] = {}  # each queue's job policy, JSON for the script
+        self.unsettled: set[str] = set()  # config settings not yet written: not claimed
 
     def send(self, pipe: Any, config: Config) -> list[str]:
         """A claim on `pipe` for each served queue with free slots; returns their names."""
         asks = []
         for qc in config.queues:
             free = min(self.children.free(qc.name, qc.concurrency), CLAIM_BATCH)
-            if free > 0 and self.shards is not None and not self.shards.ready(qc.name):
+            if qc.name in self.unsettled:
+                self.wakeups.claim_at(qc.name, self.shards.wait(qc.name) if self.shards
+                                      else BACKOFF_MIN)  # try to write them again then
+            elif free > 0 and self.shards is not None and not self.shards.ready(qc.name):
                 self.wakeups.claim_at(qc.name, self.shards.wait(qc.name))  # once it may be back
             elif free > 0:
                 self.queue_for(qc.name).claim(self.owner, free, self.leases.ttl_ms,

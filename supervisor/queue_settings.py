@@ -20,9 +20,10 @@ log = logging.getLogger("forq.supervisor")
 
 
 def push_queue_settings(queues: Iterable[QueueConfig], queue_for: Callable[[str], Queue],
-                        client: Any) -> None:
+                        client: Any, register: bool = True) -> None:
     """Raises the Redis error; the caller backs off and tries again at the next start
-    or reload."""
+    or reload. `register=False`: not the names in forq:queues (on a cluster another
+    shard than the queue's: the caller adds them apart)."""
     for qc in queues:
         queue = queue_for(qc.name)
         if qc.paused and queue.pause():
@@ -37,4 +38,5 @@ def push_queue_settings(queues: Iterable[QueueConfig], queue_for: Callable[[str]
                 group_concurrency=(qc.group_concurrency
                                    if qc.group_concurrency is not None else False),
                 group_rate=qc.group_rate_limit if qc.group_rate_limit is not None else False)
-        client.sadd("forq:queues", qc.name)
+        if register:
+            client.sadd("forq:queues", qc.name)

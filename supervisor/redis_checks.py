@@ -38,6 +38,8 @@ def eviction_problem(client: Any) -> tuple[str | None, str | None]:
         policies = eviction_policies(client)
     except redis.ResponseError as exc:  # NOPERM, an unknown or renamed CONFIG
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # a cluster node is down
+        return None, f"a node did not answer: {exc}"
     unsafe = [p for p in policies if p != SAFE_POLICY]
     if not policies:
         return None, "CONFIG GET maxmemory-policy answered nothing"

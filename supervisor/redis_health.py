@@ -24,14 +24,16 @@ LOG_EVERY = 5.0  # seconds between two "redis … failed" warnings
 
 
 def wait_until_reachable(client: redis.Redis, loop: EventLoop, *, stopped: Callable[[], bool],
-                         on_first_miss: Callable[[], object]) -> None:
+                         on_first_miss: Callable[[], object],
+                         ping: Callable[[], object] | None = None) -> None:
     """At start, ping until Redis answers (backing off), serving the loop meanwhile so
-    signals, metrics and the watchdog keep working; give up once `stopped()`."""
+    signals, metrics and the watchdog keep working; give up once `stopped()`. `ping`:
+    another check than `client.ping()` (a cluster: the node forq's format lives on)."""
     delay = BACKOFF_MIN
     missed = False
     while not stopped():
         try:
-            client.ping()
+            (ping or client.ping)()
             return
         except (redis.RedisError, OSError) as exc:
             if not missed:

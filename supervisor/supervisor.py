@@ -31,7 +31,7 @@ import redis
 from forq import Queue
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
-from forq.shards import ShardDown, execute_by_shard
+from forq.shards import ShardDown, execute_by_shard, ping_home
 from forq.supervisor import cgroups, protections, redis_checks, status, tracing
 from forq.supervisor.children import Children
 from forq.supervisor.claimer import Claimer
@@ -90,6 +90,7 @@ class Supervisor:
         # a cluster's shards back off one by one; on a plain Redis this is `health`
         self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error)
         self.sharded = is_cluster(self.redis)
+        self.unregistered: set[str] = set()  # served queues not yet in forq:queues
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
         if self.sharded:  # listen for wake-ups on a shard that answers
             self.wakeups.pick_node = self.shards.healthy_node
@@ -152,10 +153,41 @@ class Supervisor:
         return self.queues[name]
 
     def _push_limits(self) -> None:
+        if self.sharded:
+            self.claimer.unsettled = {qc.name for qc in self.config.queues}
+            self.unregistered = set(self.claimer.unsettled)
+            self._settle()
+            return
         try:
             push_queue_settings(self.config.queues, self._queue_for, self.redis)
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)
+
+    def _settle(self) -> None:
+        """On a cluster, each queue's settings on its own shard: a queue whose shard is
+        down is not claimed from (the config may pause it) until they are written."""
+        for qc in self.config.queues:
+            if qc.name not in self.claimer.unsettled or not self.shards.ready(qc.name):
+                continue
+            try:
+                push_queue_settings([qc], self._queue_for, self.redis, register=False)
+            except (redis.RedisError, OSError) as exc:
+                self.shards.of(self.shards.shard(qc.name)).failed("limits", exc)
+            else:
+                self.claimer.unsettled.discard(qc.name)
+        self._register()
+
+    def _register(self) -> None:
+        """The served queues' names in forq:queues (on a cluster, on a shard of its own:
+        until it answers, each heartbeat tries again)."""
+        if not self.unregistered or not self.health.ready():
+            return
+        try:
+            self.redis.sadd("forq:queues", *sorted(self.unregistered))
+        except (redis.RedisError, OSError) as exc:
+            self.health.failed("limits", exc)
+        else:
+            self.unregistered.clear()
 
     def reload(self) -> None:
         """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
@@ -237,7 +269,8 @@ class Supervisor:
             self.loop.timers.every(interval, self.notifier.watchdog)
         waiting = f"waiting for Redis at {describe(self.config.redis_url)}"
         wait_until_reachable(self.redis, self.loop, stopped=lambda: self.drain.active,
-                             on_first_miss=lambda: self.notifier.ready(waiting))
+                             on_first_miss=lambda: self.notifier.ready(waiting),
+                             ping=lambda: ping_home(self.redis))
         if self.drain.active:
             self._shutdown()
             return 0
@@ -331,6 +364,8 @@ class Supervisor:
             return
         claiming = self.want_claim and not self.drain.active
         self.want_claim = False
+        if claiming and self.claimer.unsettled:
+            self._settle()
         batch, self.outbox = self.shards.split_ready(self.outbox, queues_touched)
         pipe = self.redis.pipeline(transaction=False)
         # claims first: a global max_in_flight still counts our finished jobs, so the
@@ -386,6 +421,7 @@ class Supervisor:
         status.set_title(self.name, len(self.children), self._slots())
 
     def _heartbeat(self) -> None:
+        self._register()
         self.notifier.status(self._status())
         self._set_title()
         if self.metrics_server is not None:

@@ -23,6 +23,7 @@ from redis.crc import key_slot
 
 from forq import Queue
 from forq.connection import connect
+from forq.keys import FORMAT as FORMAT_KEY
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config
@@ -137,3 +138,41 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
         assert mine[0] == (first_pids[jid], "start") and (first_pids[jid], "end") not in mine
         assert [ev for p, ev in mine if p != first_pids[jid]] == ["start", "end"], mine
         assert jid in text and "lease not confirmed in time" in text
+
+
+def test_a_supervisor_starts_and_serves_while_a_shard_is_stopped(cluster: LocalCluster,
+                                                                 tmp_path):
+    names = queues_on_each_shard(cluster)
+    # stop a node that does not hold forq's format key (without it nothing may start)
+    home = cluster.node_for_slot(key_slot(FORMAT_KEY.encode()))
+    victim = next(node for node in cluster.nodes if node is not home)
+    down = names[victim.port]
+    healthy = [name for port, name in names.items() if port != victim.port]
+    paused = next(name for name in ("p" + uuid.uuid4().hex[:10] for _ in range(10_000))
+                  if cluster.node_for_slot(key_slot(name.encode())) is victim)
+    rc = connect(cluster.url)
+    queues = {name: Queue(name, redis=rc) for name in [*names.values(), paused]}
+    waiting = queues[down].enqueue("tests.echo", "after").id
+    held = queues[paused].enqueue("tests.echo", "never").id
+    config = write_config(tmp_path / "forq.toml", cluster.url,
+                          {name: 2 for name in names.values()}, lease_ttl=f"{LEASE_TTL:g}s",
+                          extra=f'[[queue]]\nname = "{paused}"\nconcurrency = 1\n'
+                                f'paused = true\n')
+    victim.kill(signal.SIGSTOP)
+    try:
+        with SupervisorProcess(config) as sup, logged_on_failure(sup):
+            for name in healthy:
+                job = queues[name].enqueue("tests.echo", name)
+                assert job.wait(timeout=30) == {"args": [name], "kwargs": {}}
+            victim.kill(signal.SIGCONT)
+            # the stopped shard's queues are served once the node is back: the paused
+            # one only once its config (paused = true) is written, so never
+            wait_for(lambda: queues[down].get(waiting).state == "succeeded", timeout=40,
+                     message="the job on the shard that came back")
+            wait_for(lambda: queues[paused].is_paused(), timeout=20,
+                     message="the config's pause written once the shard is back")
+            assert queues[paused].get(held).state == "pending"
+            assert rc.sismember("forq:queues", paused)
+            assert "Traceback" not in sup.log(), sup.log()
+    finally:
+        victim.kill(signal.SIGCONT)
