@@ -1011,7 +1011,10 @@ class Checker:
             for role, lst in execs.items():
                 if lst:
                     runs[role] += len(lst)
-                    final = next((e.x for e in lst if e.outcome == "ok"), None)
+                    # the run whose ack won names itself in the result (as for invariant 3)
+                    cb = callbacks[role]
+                    final = (cb.result or {}).get("x") if cb is not None and isinstance(
+                        cb.result, dict) else None
                     reruns.update(e.cause or "?" for e in lst if e.x != final)
         self.stats["batches"] = {"batches": len(members), "nested": len(openers),
                                  "by_status": dict(outcome),

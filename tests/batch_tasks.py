@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from forq import NonRetryable, current, task
 
@@ -45,11 +46,15 @@ def callback(path: str, kind: str, batch_id: str) -> str:
 
 
 @task("batch.open")
-def open_batch(n: int, path: str, other_queue: str = "", fail: int = -1) -> str:
+def open_batch(n: int, path: str, other_queue: str = "", fail: int = -1,
+               sleep: float = 0) -> str:
     """A job that opens a batch of `n` members from its handler (member `fail` fails;
-    odd members on `other_queue` when given), with an on_complete callback."""
+    odd members on `other_queue` when given), with an on_complete callback; it returns
+    `sleep` seconds after opening it."""
     jobs = [{"task": "batch.work", "args": [i, "fail" if i == fail else "ok", path],
              **({"queue": other_queue} if other_queue and i % 2 else {})}
             for i in range(n)]
-    return current().batch(
+    opened = current().batch(
         jobs, on_complete={"task": "batch.callback", "kwargs": {"path": path, "kind": "inner"}})
+    time.sleep(sleep)
+    return opened
