@@ -95,10 +95,14 @@ def execute_by_shard(pipe: Any, down: Collection[str] = ()) -> ShardReplies:
             continue
         groups.setdefault(node.name, []).append(i)
         nodes[node.name] = node
-    for name in sorted(groups, key=lambda n: n in down):
+    # every node's commands written before any is read, as one cluster pipeline did:
+    # the nodes work at once, and a silent node's timeout is waited for last
+    order = sorted(groups, key=lambda n: n in down)
+    trips = [_NodeTrip(client, nodes[name], [stack[i] for i in groups[name]]) for name in order]
+    for name, trip in zip(order, trips, strict=True):
         indexes = groups[name]
         try:
-            replies = _run_on_node(client, nodes[name], [stack[i] for i in indexes])
+            replies = trip.finish()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             out.failed[name] = exc
             replies = [ShardDown(name, exc)] * len(indexes)
@@ -120,36 +124,88 @@ def _node_for(client: Any, args: tuple[Any, ...], options: dict[str, Any]) -> An
     return client.nodes_manager.get_node_from_slot(client.keyslot(keys[0]))
 
 
-def _run_on_node(client: Any, node: Any, stack: list[tuple[tuple[Any, ...], dict[str, Any]]]
-                 ) -> list[Any]:
-    conn = client.get_redis_connection(node)
-    pipe = conn.pipeline(transaction=False)
-    for args, options in stack:
-        pipe.execute_command(*args, **_plain(options))
-    replies = pipe.execute(raise_on_error=False)
+class _NodeTrip:
+    """One node's commands on one of its connections: sent at once (`__init__`), read
+    later (`finish`), as redis-py's own pipeline does but split in two."""
 
-    def reload(shas: Any) -> None:
-        for sha in shas:
-            text = client._forq_scripts.get(sha)
-            if text is not None:
-                conn.script_load(text)
-
-    def fresh() -> Any:
-        return conn.pipeline(transaction=False)
-
-    replies = finish_pipeline(pipe, stack, replies, reload, fresh, False)
-    moved = [i for i, r in enumerate(replies) if isinstance(r, (MovedError, AskError, TryAgainError))]
-    if moved:  # they did not run: the cluster pipeline follows the redirection
-        again = client.pipeline(transaction=False)
-        for i in moved:
-            again.execute_command(*stack[i][0], **stack[i][1])
+    def __init__(self, client: Any, node: Any,
+                 stack: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+        self.client = client
+        self.node = node
+        self.redis = client.get_redis_connection(node)  # the node's own client
+        self.stack = stack
+        self.connection: Any = None
+        self.error: BaseException | None = None
         try:
-            redirected = again.execute(raise_on_error=False)
+            self.connection = self.redis.connection_pool.get_connection()
+            self.connection.send_packed_command(
+                self.connection.pack_commands([args for args, _ in stack]))
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            redirected = [ShardDown(f"(moved from {node.name})", exc)] * len(moved)
-        for i, reply in zip(moved, redirected, strict=True):
-            replies[i] = reply
-    return list(replies)
+            self.error = exc
+            self._release(dirty=True)
+
+    def _release(self, dirty: bool) -> None:
+        if self.connection is None:
+            return
+        if dirty:  # replies may still be on their way: never hand this socket out again
+            self.connection.disconnect()
+        self.redis.connection_pool.release(self.connection)
+        self.connection = None
+
+    def finish(self) -> list[Any]:
+        """The replies (an error reply in place); raises when the node did not answer."""
+        if self.error is not None:
+            raise self.error
+        replies: list[Any] = []
+        try:
+            for args, options in self.stack:
+                try:
+                    replies.append(self.redis.parse_response(self.connection, args[0],
+                                                             **_plain(options)))
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            self._release(dirty=True)
+            raise
+        self._release(dirty=False)
+        return self._redo(replies)
+
+    def _redo(self, replies: list[Any]) -> list[Any]:
+        """Send again what did not run: NOSCRIPT (the scripts loaded on this node
+        first) and MOVED/ASK (through a cluster pipeline, which follows them)."""
+        conn, client, stack = self.redis, self.client, self.stack
+
+        def reload(shas: Any) -> None:
+            for sha in shas:
+                text = client._forq_scripts.get(sha)
+                if text is not None:
+                    conn.script_load(text)
+
+        def fresh() -> Any:
+            pipe = conn.pipeline(transaction=False)
+            pipe.execute_command = _without_targets(pipe.execute_command)
+            return pipe
+
+        replies = finish_pipeline(None, stack, replies, reload, fresh, False)
+        moved = [i for i, r in enumerate(replies)
+                 if isinstance(r, (MovedError, AskError, TryAgainError))]
+        if moved:
+            again = client.pipeline(transaction=False)
+            for i in moved:
+                again.execute_command(*stack[i][0], **stack[i][1])
+            try:
+                redirected = again.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                redirected = [ShardDown(f"(moved from {self.node.name})", exc)] * len(moved)
+            for i, reply in zip(moved, redirected, strict=True):
+                replies[i] = reply
+        return list(replies)
+
+
+def _without_targets(execute: Any) -> Any:
+    def call(*args: Any, **options: Any) -> Any:
+        return execute(*args, **_plain(options))
+    return call
 
 
 def _plain(options: dict[str, Any]) -> dict[str, Any]:
