@@ -269,6 +269,13 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        self.shard_down = Gauge(
+            "forq_redis_shard_down",
+            "1 while a Redis Cluster shard (host:port) does not answer this supervisor: "
+            "its queues are not served and their running jobs are fenced; 0 once it does.",
+            ["shard"],
+            registry=r,
+        )
         self.info = Gauge(
             "forq_supervisor_info",
             "Always 1; labels identify the supervisor config and forq version.",
@@ -366,6 +373,10 @@ class Metrics:
     def redis_error(self, op: str) -> None:
         """A Redis call for operation ``op`` failed (claim, extend, ack, reclaim, scrape, ...)."""
         self.redis_errors.labels(op=op).inc()
+
+    def shard_state(self, shard: str, down: bool) -> None:
+        """A Redis Cluster shard stopped answering (`down`), or answers again."""
+        self.shard_down.labels(shard=shard).set(1 if down else 0)
 
     # -- exposition ----------------------------------------------------------
 

@@ -30,6 +30,7 @@ class ShardHealth:
         self.on_error = on_error
         self.by_shard: dict[str, RedisHealth] = {}
         self.on_down: Callable[[str], None] = lambda _shard: None  # a shard just failed
+        self.on_up: Callable[[str], None] = lambda _shard: None  # it answers again
 
     def shard(self, queue: str) -> str:
         return shard_of(self.client, queue)
@@ -87,4 +88,5 @@ class ShardHealth:
 
     def worked(self, shards: set[str]) -> None:
         for shard in shards:
-            self.of(shard).worked()
+            if self.of(shard).worked() and shard != PLAIN:
+                self.on_up(shard)

@@ -94,7 +94,8 @@ class Supervisor:
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
         if self.sharded:  # listen for wake-ups on a shard that answers
             self.wakeups.pick_node = self.shards.healthy_node
-            self.shards.on_down = self.wakeups.shard_down
+            self.shards.on_down = self._shard_down
+            self.shards.on_up = lambda shard: self.metrics.shard_state(shard, False)
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
         self.children = Children(self.loop, self.launcher, self.leases, self.metrics,
@@ -334,6 +335,10 @@ class Supervisor:
             self.launcher.cgroups.sweep()
         self.loop.close()
         log.info("stopped")
+
+    def _shard_down(self, shard: str) -> None:
+        self.metrics.shard_state(shard, True)
+        self.wakeups.shard_down(shard)
 
     def _wake(self) -> None:
         self.want_claim = True

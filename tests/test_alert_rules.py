@@ -44,6 +44,7 @@ def exported_names() -> set[str]:
     m.lease_extended(1)
     m.reclaimed("q", 1)
     m.redis_error("claim")
+    m.shard_state("10.0.0.2:7001", True)
     names = set()
     for family in text_string_to_metric_families(m.render().decode()):
         names.add(family.name)
@@ -301,6 +302,19 @@ UNIT_TESTS = [
             A("ForqRedisErrors", "25m",
               {"severity": "warning", "instance": "a:9464", "op": "extend"}),
             A("ForqLeasesLost", "15m", {"severity": "warning", "queue": "emails"}),
+        ],
+    },
+    {
+        "interval": "1m",
+        "input_series": [  # one shard down for 5 minutes, then back
+            S(f'forq_redis_shard_down{{{SUP["a"]},shard="10.0.0.2:7001"}}', "0x3 1x5 0x5"),
+            S(f'forq_redis_shard_down{{{SUP["a"]},shard="10.0.0.1:7000"}}', "0x13"),
+        ],
+        "alert_rule_test": [
+            A("ForqRedisShardDown", "4m"),
+            A("ForqRedisShardDown", "7m",
+              {"severity": "warning", "instance": "a:9464", "shard": "10.0.0.2:7001"}),
+            A("ForqRedisShardDown", "12m"),
         ],
     },
 ]

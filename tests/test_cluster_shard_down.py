@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -26,6 +27,7 @@ from forq.connection import connect
 from forq.keys import FORMAT as FORMAT_KEY
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
+from tests.redis_server import free_port
 from tests.supervisors import SupervisorProcess, write_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -65,6 +67,11 @@ def listened_on(nodes: list) -> list:
             if any(int(c.get("sub", 0)) > 0 for c in node.client().client_list())]
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
 def runs(path) -> list[tuple[str, int, str]]:
     """tests.touch's lines: (job id, pid, "start" | "end")."""
     if not path.exists():
@@ -79,6 +86,8 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
     log = tmp_path / "runs.txt"
     config = write_config(tmp_path / "forq.toml", cluster.url,
                           {name: 2 for name in names.values()}, lease_ttl=f"{LEASE_TTL:g}s")
+    port = free_port()
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
     with SupervisorProcess(config) as sup, logged_on_failure(sup):
         # the node to stop: the one the supervisor listens on for wake-ups
         victim = wait_for(lambda: next(iter(listened_on(cluster.nodes)), None), timeout=20,
@@ -104,6 +113,9 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
                      timeout=LEASE_TTL + 5, message="the stopped shard's children fenced")
             fenced_after = time.monotonic() - stopped_at
             assert fenced_after < LEASE_TTL + 1.0, fenced_after
+            gauge = f'forq_redis_shard_down{{shard="127.0.0.1:{victim.port}"}}'
+            wait_for(lambda: f"{gauge} 1.0" in scrape(port), timeout=10,
+                     message="the metric saying the shard is down")
             # wake-ups are heard on another node
             others = [node for node in cluster.nodes if node is not victim]
             wait_for(lambda: listened_on(others), timeout=10,
@@ -121,6 +133,7 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
         for jid in slow:
             wait_for(lambda j=jid: queues[down].get(j).state == "succeeded", timeout=60,
                      message=f"job {jid} on the shard that came back")
+        assert f"{gauge} 0.0" in scrape(port)
         text = sup.log()
         assert "Traceback" not in text, text
     lines = runs(log)

@@ -139,3 +139,35 @@ def test_a_plain_redis_is_one_shard(r, queue):
     sent = execute_by_shard(pipe)
     assert sent.answered == {PLAIN} and not sent.failed
     assert len(queue.parse_claim(sent.replies[0]).leases) == 1 and sent.replies[1] == 1
+
+
+def test_shard_health_backs_off_each_shard_on_its_own(cluster, rc):
+    from forq.supervisor.metrics import Metrics
+    from forq.supervisor.redis_health import RedisHealth
+    from forq.supervisor.shard_health import ShardHealth
+
+    now = [100.0]
+    metrics = Metrics(name="t")
+    whole = RedisHealth(metrics.redis_error, clock=lambda: now[0])
+    shards = ShardHealth(rc, whole, metrics.redis_error)
+    downs: list[str] = []
+    shards.on_down = lambda shard: (downs.append(shard), metrics.shard_state(shard, True))
+    shards.on_up = lambda shard: metrics.shard_state(shard, False)
+    names = queue_per_node(cluster)
+    (a_port, a), (b_port, b) = list(names.items())[:2]
+    a_shard = shard_of(rc, a)
+    shards.failed({a_shard: TimeoutError("silent")}, "extend")
+    shards.failed({a_shard: TimeoutError("silent")}, "claim")  # still down: said once
+    assert downs == [a_shard] and shards.failing() == {a_shard}
+    assert not shards.ready(a) and shards.ready(b) and whole.ready()
+    assert 0 < shards.wait(a) <= 0.25 and shards.wait(b) == 0
+    ready, held = shards.split_ready([a, b, b], lambda name: [name])
+    assert (ready, held) == ([b, b], [a])
+    assert shards.healthy_node().name != a_shard
+    gauge = f'forq_redis_shard_down{{shard="{a_shard}"}}'
+    assert f"{gauge} 1.0" in metrics.render().decode()
+    now[0] += 1
+    assert shards.ready(a)  # the backoff ran out: try it again
+    shards.worked({a_shard})
+    assert shards.failing() == set() and f"{gauge} 0.0" in metrics.render().decode()
+    assert 'forq_redis_errors_total{op="extend"} 1.0' in metrics.render().decode()
