@@ -7,7 +7,6 @@ Nothing here imports `supervisor`: the benchmarks use forq as a user does, throu
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -155,13 +154,9 @@ class RedisServer:
         redis.Redis(port=self.port).flushall()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        from forq.testing.waiting import stop_process
+
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
@@ -276,34 +271,16 @@ def write_forq_config(path: Path, redis_url: str, queue: str, concurrency: int =
                       imports: Sequence[str] = ("bench.tasks",), timeout: str = "5m",
                       memory_sample_interval: str = "50ms", extra: str = "",
                       queue_extra: str = "", supervisor_extra: str = "") -> Path:
-    path.write_text(f"""
-[redis]
-url = "{redis_url}"
+    """One queue, the benchmarks' defaults (a lease long enough never to matter), the
+    test harness's writer (forq.testing.supervisor.write_config)."""
+    from forq.testing.supervisor import write_config
 
-[supervisor]
-lease_ttl = "{lease_ttl}"
-reaper_interval = "{reaper_interval}"
-drain_timeout = "10s"
-imports = {json.dumps(list(imports))}
-memory_sample_interval = "{memory_sample_interval}"
-{supervisor_extra}
-
-[defaults]
-timeout = "{timeout}"
-memory_limit = "512MiB"
-max_attempts = 3
-max_crashes = 5
-
-[[queue]]
-name = "{queue}"
-concurrency = {concurrency}
-{queue_extra}
-
-[metrics]
-listen = ""
-{extra}
-""")
-    return path
+    return write_config(path, redis_url, {queue: concurrency}, imports=imports,
+                        lease_ttl=lease_ttl, reaper_interval=reaper_interval,
+                        drain_timeout="10s", memory_sample_interval=memory_sample_interval,
+                        timeout=timeout, memory_limit="512MiB", max_crashes=5,
+                        queue_extra=queue_extra, supervisor_extra=supervisor_extra,
+                        extra=extra)
 
 
 class ForqSupervisor:

@@ -21,6 +21,8 @@ from typing import Any
 
 import redis
 
+from forq.testing.waiting import stop_process
+
 DEFAULT_TEST_URL = "redis://127.0.0.1:6379/15"
 
 
@@ -129,14 +131,10 @@ class RedisServer:
             return
         if sig == "kill":
             self.proc.kill()
+            self.proc.wait(timeout=10)
         else:
             self.signal(signal.SIGCONT)  # a stopped server cannot shut down
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            stop_process(self.proc)
 
     def __enter__(self) -> RedisServer:
         return self.start()

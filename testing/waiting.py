@@ -1,7 +1,9 @@
-"""Wait on a condition with a deadline — never a bare sleep."""
+"""Wait on a condition with a deadline — never a bare sleep — and stop a process within
+one."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,3 +49,16 @@ def wait_job(queue: Any, job_id: str, states: tuple[str, ...], timeout: float = 
         detail = f"state {job.state!r}, history {job.history}" if job else "no record"
         raise AssertionError(f"job {job_id} never reached {states}: {detail}\n"
                              f"{context()}") from None
+
+
+def stop_process(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `grace` seconds; reaped either
+    way (a test never leaves a process behind, nor waits on one forever)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from forq.testing.waiting import stop_process
 from tests.helpers import wait_for
 from tests.redis_server import free_port
 
@@ -55,13 +56,7 @@ class WebProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self._log.close()
 
     def __enter__(self) -> WebProcess:
