@@ -211,7 +211,7 @@ def workout(queues: list[Queue], rc) -> None:
     """Every transition, for every queue, batched across shards as a supervisor does."""
     for q in queues:
         q.enqueue_many([
-            {"task": "t.a"}, {"task": "t.b", "priority": 5}, {"task": "t.c", "delay": "1h"},
+            {"task": "t.a", "backoff": {"base": "1h"}}, {"task": "t.b", "priority": 5}, {"task": "t.c", "delay": "1h"},
             {"task": "t.d", "max_attempts": 1}, {"task": "t.e", "key": "only-one"},
         ])
     pipe = rc.pipeline(transaction=False)
