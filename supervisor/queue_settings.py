@@ -13,8 +13,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
+
 from forq import Queue
 from forq.supervisor.config import QueueConfig
+from forq.supervisor.shard_health import ShardHealth
 
 log = logging.getLogger("forq.supervisor")
 
@@ -40,3 +43,48 @@ def push_queue_settings(queues: Iterable[QueueConfig], queue_for: Callable[[str]
                 group_rate=qc.group_rate_limit if qc.group_rate_limit is not None else False)
         if register:
             client.sadd("forq:queues", qc.name)
+
+
+class ShardSettings:
+    """On a Redis Cluster, each queue's settings written on its own shard, the names in
+    forq:queues apart (another shard): a queue whose shard is down at start is not
+    claimed from (`unsettled`, which the `Claimer` skips: its config may pause it)
+    until they are written, retried when its shard may answer again."""
+
+    def __init__(self, client: Any, queue_for: Callable[[str], Queue], shards: ShardHealth,
+                 unsettled: set[str]) -> None:
+        self.client = client
+        self.queue_for = queue_for
+        self.shards = shards
+        self.unsettled = unsettled  # the Claimer's: the same set
+        self.unregistered: set[str] = set()  # served queues not yet in forq:queues
+
+    def push_each(self, queues: Iterable[QueueConfig]) -> None:
+        queues = list(queues)
+        self.unsettled.clear()
+        self.unsettled.update(qc.name for qc in queues)
+        self.unregistered = set(self.unsettled)
+        self.settle(queues)
+
+    def settle(self, queues: Iterable[QueueConfig]) -> None:
+        for qc in queues:
+            if qc.name not in self.unsettled or not self.shards.ready(qc.name):
+                continue
+            try:
+                push_queue_settings([qc], self.queue_for, self.client, register=False)
+            except (redis.RedisError, OSError) as exc:
+                self.shards.of(self.shards.shard(qc.name)).failed("limits", exc)
+            else:
+                self.unsettled.discard(qc.name)
+        self.register()
+
+    def register(self) -> None:
+        """Each heartbeat tries again until forq:queues' shard answers."""
+        if not self.unregistered or not self.shards.whole.ready():
+            return
+        try:
+            self.client.sadd("forq:queues", *sorted(self.unregistered))
+        except (redis.RedisError, OSError) as exc:
+            self.shards.whole.failed("limits", exc)
+        else:
+            self.unregistered.clear()

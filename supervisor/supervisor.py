@@ -47,7 +47,7 @@ from forq.supervisor.metrics import Metrics
 from forq.supervisor.metrics_server import MetricsServer
 from forq.supervisor.notes import JobNotes
 from forq.supervisor.outcomes import Kind
-from forq.supervisor.queue_settings import push_queue_settings
+from forq.supervisor.queue_settings import ShardSettings, push_queue_settings
 from forq.supervisor.reaper import Reaper
 from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
 from forq.supervisor.relay import BatchRelay
@@ -90,7 +90,6 @@ class Supervisor:
         # a cluster's shards back off one by one; on a plain Redis this is `health`
         self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error)
         self.sharded = is_cluster(self.redis)
-        self.unregistered: set[str] = set()  # served queues not yet in forq:queues
         self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
         if self.sharded:  # listen for wake-ups on a shard that answers
             self.wakeups.pick_node = self.shards.healthy_node
@@ -120,6 +119,8 @@ class Supervisor:
         self.reporter.task_info = self.spawner.task_info  # the fork server's task table
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
                                self.wakeups, self.health, self.shards)
+        self.settings = ShardSettings(self.redis, self._queue_for, self.shards,
+                                      self.claimer.unsettled)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
         self.relay = BatchRelay(self._queue_for)
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
@@ -155,40 +156,12 @@ class Supervisor:
 
     def _push_limits(self) -> None:
         if self.sharded:
-            self.claimer.unsettled = {qc.name for qc in self.config.queues}
-            self.unregistered = set(self.claimer.unsettled)
-            self._settle()
+            self.settings.push_each(self.config.queues)
             return
         try:
             push_queue_settings(self.config.queues, self._queue_for, self.redis)
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)
-
-    def _settle(self) -> None:
-        """On a cluster, each queue's settings on its own shard: a queue whose shard is
-        down is not claimed from (the config may pause it) until they are written."""
-        for qc in self.config.queues:
-            if qc.name not in self.claimer.unsettled or not self.shards.ready(qc.name):
-                continue
-            try:
-                push_queue_settings([qc], self._queue_for, self.redis, register=False)
-            except (redis.RedisError, OSError) as exc:
-                self.shards.of(self.shards.shard(qc.name)).failed("limits", exc)
-            else:
-                self.claimer.unsettled.discard(qc.name)
-        self._register()
-
-    def _register(self) -> None:
-        """The served queues' names in forq:queues (on a cluster, on a shard of its own:
-        until it answers, each heartbeat tries again)."""
-        if not self.unregistered or not self.health.ready():
-            return
-        try:
-            self.redis.sadd("forq:queues", *sorted(self.unregistered))
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("limits", exc)
-        else:
-            self.unregistered.clear()
 
     def reload(self) -> None:
         """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
@@ -370,7 +343,7 @@ class Supervisor:
         claiming = self.want_claim and not self.drain.active
         self.want_claim = False
         if claiming and self.claimer.unsettled:
-            self._settle()
+            self.settings.settle(self.config.queues)
         batch, self.outbox = self.shards.split_ready(self.outbox, queues_touched)
         pipe = self.redis.pipeline(transaction=False)
         # claims first: a global max_in_flight still counts our finished jobs, so the
@@ -426,7 +399,7 @@ class Supervisor:
         status.set_title(self.name, len(self.children), self._slots())
 
     def _heartbeat(self) -> None:
-        self._register()
+        self.settings.register()
         self.notifier.status(self._status())
         self._set_title()
         if self.metrics_server is not None:
