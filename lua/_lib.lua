@@ -141,7 +141,7 @@ local function finish(prefix, id, retention_ms, at, key, state, links)
     links = redis.call('HMGET', jkey, 'state', unpack(LINK_FIELDS))
     state = table.remove(links, 1)
   end
-  if links[1] or links[4] then links_ended(prefix, id, state, links, at) end
+  if links[1] or links[3] or links[4] then links_ended(prefix, id, state, links, at) end
   if retention_ms ~= 0 then
     local fkey = prefix .. 'finished'
     redis.call('ZADD', fkey, at, id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forq import Queue, topology
+from forq import transitions as tr
 from forq.defaults import IDEMPOTENCY_TTL_MS
 from forq.keys import QueueKeys
 from forq.supervisor import tracing
@@ -41,6 +42,11 @@ class Pending:
     token: str
     # its last progress, taken from the child, sent first (replies[0]), again on a retry
     progress: tuple[str, str, float, str] | None = None
+    # the batch its handler opened: sent alone first (`opening`), its ack only once Redis
+    # said it is open (`batch_open`). In one pipeline, a full Redis refuses the opening
+    # (batch.lua) but lets the ack land: the batch would be lost with its members
+    opening: bool = False
+    batch_open: bool = False
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -81,6 +87,9 @@ class Reporter:
         self._acks: dict[str, list[tuple[Pending, AckArgs]]] | None = None
         # a task's registration (`idempotent=True`), as the fork server reported it
         self.task_info: Callable[[str], TaskInfo | None] = lambda _task: None
+        # reports to send again (their batch opened, or not yet): `take_again`
+        self.again: list[Pending] = []
+        self.again_errors: list[Exception] = []
 
     def send_batch(self, pipe: Any, batch: list[Pending]) -> list[tuple[int, int, int, int]]:
         """Queue every item's transition on `pipe`, the acks of one queue together in one
@@ -139,8 +148,10 @@ class Reporter:
             for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
                 specs = [f for f in outcome.followups if f["queue"] == other]
                 self.queue_for(other).send_specs(specs, pipe)
-            if outcome.batch is not None:
+            if outcome.batch is not None and not item.batch_open:
                 open_batch(q, job_id, token, outcome.batch, self.queue_for, pipe)
+                item.opening = True  # its ack waits for the answer (see `opened`)
+                return
             fields = child.lease.job.fields
             task = self.task_info(child.task)
             if fields.get("idempotent") in ("1", 1) or (task is not None and task.idempotent):
@@ -159,6 +170,28 @@ class Reporter:
             q.expire(job_id, token, outcome.reason, client=pipe)
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
+
+    def opened(self, item: Pending, reply: Any) -> bool:
+        """The answer to the opening of `item`'s batch: open (or opened before), so its
+        ack goes next; refused (a full Redis, an error), so the opening is sent again.
+        False when the report goes on: in `again`. True: the lease was lost."""
+        if isinstance(reply, Exception):
+            log.warning("job %s %s: the batch it opened could not be written yet (%s); its "
+                        "ack waits", item.child.job_id, item.child.task, reply)
+            self.again.append(item)
+            self.again_errors.append(reply)
+            return False
+        if tr.parse_batch(reply).status == "lost":
+            return True
+        item.batch_open = True
+        self.again.append(item)
+        return False
+
+    def take_again(self) -> tuple[list[Pending], list[Exception]]:
+        """The reports to send again, and why any could not go (for the backoff)."""
+        again, errors = self.again, self.again_errors
+        self.again, self.again_errors = [], []
+        return again, errors
 
     def send_waits(self, pipe: Any, batch: list[Pending]) -> int:
         """WAIT after the reports, on the connection(s) that sent them (one per shard in
@@ -188,6 +221,11 @@ class Reporter:
         """Redis answered `item`'s commands: log it, count it. Returns the outcome
         counted in forq_jobs_finished_total (None: the report itself failed)."""
         child, outcome = item.child, item.outcome
+        if item.opening:
+            item.opening = False
+            if not self.opened(item, replies[-1] if replies else None):
+                return None
+            replies = ["lost"]  # the opening found the lease gone: as a lost ack
         if self.leases.token(child.job_id) == item.token:
             self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric: Metric | None = outcome.metric

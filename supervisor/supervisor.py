@@ -381,6 +381,10 @@ class Supervisor:
             batch = [item for i, item in enumerate(batch) if i not in retry]
             spans = [span for i, span in enumerate(spans) if i not in retry]
         self.reporter.answer_batch(batch, spans, replies)
+        again, refused = self.reporter.take_again()
+        self.outbox = again + self.outbox
+        if refused:  # a full Redis: try the batch's opening again after a backoff
+            self.health.failed("report", refused[0])
         for offset, name in enumerate(asks):
             if self.claimer.answered(name, replies[offset], sent_at):
                 self.want_claim = True  # a full batch: there may be more, and free slots
