@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from forq import Queue, topology
 from forq import transitions as tr
 from forq.defaults import IDEMPOTENCY_TTL_MS
@@ -42,11 +44,12 @@ class Pending:
     token: str
     # its last progress, taken from the child, sent first (replies[0]), again on a retry
     progress: tuple[str, str, float, str] | None = None
-    # the batch its handler opened: sent alone first (`opening`), its ack only once Redis
-    # said it is open (`batch_open`). In one pipeline, a full Redis refuses the opening
-    # (batch.lua) but lets the ack land: the batch would be lost with its members
-    opening: bool = False
-    batch_open: bool = False
+    # what its ack needs written by other scripts first (the batch its handler opened,
+    # its follow-ups on other queues) goes alone (`writing`: how many commands), its ack
+    # only once Redis wrote them (`written`). In one pipeline, a full Redis refuses those
+    # scripts (batch.lua, enqueue.lua) but lets the ack land: they would be lost
+    writing: int = 0
+    written: bool = False
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -145,12 +148,15 @@ class Reporter:
             same = [f for f in outcome.followups if f["queue"] == child.queue]
             # other queues' follow-ups first (deterministic ids, so a re-run adds none):
             # Redis runs the pipeline in order, so once a completion record exists they do
-            for other in sorted({f["queue"] for f in outcome.followups} - {child.queue}):
-                specs = [f for f in outcome.followups if f["queue"] == other]
-                self.queue_for(other).send_specs(specs, pipe)
-            if outcome.batch is not None and not item.batch_open:
-                open_batch(q, job_id, token, outcome.batch, self.queue_for, pipe)
-                item.opening = True  # its ack waits for the answer (see `opened`)
+            others = sorted({f["queue"] for f in outcome.followups} - {child.queue})
+            if (others or outcome.batch is not None) and not item.written:
+                start = len(pipe.command_stack)
+                for other in others:
+                    specs = [f for f in outcome.followups if f["queue"] == other]
+                    self.queue_for(other).send_specs(specs, pipe)
+                if outcome.batch is not None:
+                    open_batch(q, job_id, token, outcome.batch, self.queue_for, pipe)
+                item.writing = len(pipe.command_stack) - start  # the ack waits: `wrote`
                 return
             fields = child.lease.job.fields
             task = self.task_info(child.task)
@@ -171,19 +177,24 @@ class Reporter:
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
 
-    def opened(self, item: Pending, reply: Any) -> bool:
-        """The answer to the opening of `item`'s batch: open (or opened before), so its
-        ack goes next; refused (a full Redis, an error), so the opening is sent again.
-        False when the report goes on: in `again`. True: the lease was lost."""
-        if isinstance(reply, Exception):
-            log.warning("job %s %s: the batch it opened could not be written yet (%s); its "
-                        "ack waits", item.child.job_id, item.child.task, reply)
+    def wrote(self, item: Pending, replies: list[Any]) -> bool:
+        """The answers to what `item`'s ack needs written first: written (its ack goes
+        next), or refused by a full Redis (sent again after a backoff). False when the
+        report goes on: in `again`. True: the batch's opening found the lease lost."""
+        refused = next((r for r in replies if isinstance(r, Exception)), None)
+        if isinstance(refused, redis.OutOfMemoryError):
+            log.warning("job %s %s: the batch it opened or its follow-ups on other queues "
+                        "could not be written yet (%s); its ack waits", item.child.job_id,
+                        item.child.task, refused)
             self.again.append(item)
-            self.again_errors.append(reply)
+            self.again_errors.append(refused)
             return False
-        if tr.parse_batch(reply).status == "lost":
+        if refused is not None:  # not Redis being full: as before, the ack goes anyway
+            log.error("job %s %s: writing its batch or follow-ups failed: %s",
+                      item.child.job_id, item.child.task, refused)
+        elif item.outcome.batch is not None and tr.parse_batch(replies[-1]).status == "lost":
             return True
-        item.batch_open = True
+        item.written = True
         self.again.append(item)
         return False
 
@@ -221,9 +232,9 @@ class Reporter:
         """Redis answered `item`'s commands: log it, count it. Returns the outcome
         counted in forq_jobs_finished_total (None: the report itself failed)."""
         child, outcome = item.child, item.outcome
-        if item.opening:
-            item.opening = False
-            if not self.opened(item, replies[-1] if replies else None):
+        if item.writing:
+            n, item.writing = item.writing, 0
+            if not self.wrote(item, replies[-n:]):
                 return None
             replies = ["lost"]  # the opening found the lease gone: as a lost ack
         if self.leases.token(child.job_id) == item.token:

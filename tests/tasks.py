@@ -64,13 +64,15 @@ def connect(host: str, port: int):
 
 
 @task("tests.fanout")
-def fanout(path: str, other: str):
+def fanout(path: str, other: str, sleep: float = 0.0):
     """Record this execution, then ask for two follow-ups: `tests.touch` on queue `other`
-    (id `<this id>-1`) and `tests.touch` on this job's own queue (id `<this id>-2`)."""
+    (id `<this id>-1`) and `tests.touch` on this job's own queue (id `<this id>-2`);
+    return `sleep` seconds later."""
     with open(path, "a") as f:
         f.write(f"{current().id} {os.getpid()} start\n")
     there = current().enqueue("tests.touch", path, queue=other)
     here = current().enqueue("tests.touch", path)
+    time.sleep(sleep)
     return {"there": there, "here": here}
 
 

@@ -7,6 +7,9 @@ the batch, its members and its callback were lost. The report now sends the open
 alone, and the ack once Redis said the batch is open. Each test has a private
 redis-server: the first changes its maxmemory.
 
+A follow-up bound for another queue had the same fault (enqueue.lua refused, the ack
+landed): it is written first too.
+
 Found with it: a job outside any batch that opened one never counted in it (finish in
 lua/_lib.lua acted on a job's links only for a batch member or a parent of
 dependents), so that batch's callback never came.
@@ -63,3 +66,29 @@ def test_a_batch_opened_by_a_job_outside_any_batch_completes(tmp_path) -> None:
                      message=f"the opened batch's callback: {sup.log()}")
             status = q.get_batch(f"{opener}-b").status()
             assert (status.state, status.ended, status.opener) == ("succeeded", 2, opener)
+
+
+@pytest.mark.timeout(90)
+def test_a_follow_up_to_another_queue_while_redis_is_full_is_not_lost(tmp_path) -> None:
+    """The same for a follow-up bound for another queue: enqueued by its queue's
+    enqueue call (refused when Redis is full) in the pipeline of the ack."""
+    runs = tmp_path / "runs"
+    with RedisServer() as server:
+        client = connect(server.url)
+        q = Queue("q", redis=client)
+        config = write_config(tmp_path / "forq.toml", server.url, {"q": 2, "q2": 1},
+                              lease_ttl="1s")
+        with SupervisorProcess(config) as sup:
+            job = q.enqueue("tests.fanout", kwargs={"path": str(runs), "other": "q2",
+                                                    "sleep": 1.5}).id
+            wait_for(lambda: children_of(sup.pid), message="the job's child")
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+            try:
+                wait_for(lambda: "could not be written yet" in sup.log(), timeout=20,
+                         message=f"the job's report refused: {sup.log()}")
+                assert q.get(job).state == "active"
+            finally:
+                client.config_set("maxmemory", 0)
+            wait_for(lambda: runs.exists() and f"{job}-1 " in runs.read_text(), timeout=20,
+                     message=f"the follow-up on q2: {sup.log()}")
+            assert q.get(job).state == "succeeded"
