@@ -312,6 +312,18 @@ class MetricsServer:
         """Client connections currently open (for tests and debugging)."""
         return len(self._conns)
 
+    @classmethod
+    def serving(cls, metrics: Metrics, listen: tuple[str, int] | None,
+                selector: selectors.BaseSelector) -> MetricsServer | None:
+        """A server on `listen` ([metrics].listen), registered with the supervisor's
+        `selector`; None when metrics are off. Raises OSError if it cannot bind."""
+        if not listen:
+            return None
+        server = cls(metrics, *listen)
+        server.register(selector)
+        log.info("metrics on http://%s:%d/metrics", *server.address)
+        return server
+
     def close(self) -> None:
         """Unregister and close the listener and every open connection. Idempotent."""
         for conn in list(self._conns.values()):

@@ -12,7 +12,7 @@ The collaborators, each in its own module: `EventLoop` (one selector, timers, si
 `RedisHealth` (backoff after a Redis error), `Wakeups` (when to claim: pub/sub, timers,
 a poll), `Spawner` (the fork server and the children's ends), `Launcher` (each child's
 spec and cgroup), `LeaseKeeper` + `LeaseRenewal` + `Fencer`, `LimitPolice`, `Reaper`,
-`Reporter`, `Scheduler` (cron), `Metrics`, `Roster` (live supervisors: heartbeats),
+`Reporter`, `Scheduler` (cron), `Metrics`, `Heartbeat` + `Roster` (live supervisors),
 `Notifier` (sd_notify).
 """
 
@@ -40,6 +40,8 @@ from forq.supervisor.config_redis import keep_redis_url
 from forq.supervisor.drain import Drain
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.fork.client import ForkServerFatal
+from forq.supervisor.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
+from forq.supervisor.heartbeat import Heartbeat
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.loop import EventLoop
@@ -53,7 +55,7 @@ from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
 from forq.supervisor.relay import BatchRelay
 from forq.supervisor.renewal import LeaseRenewal
 from forq.supervisor.reports import Pending, Reporter, queues_touched
-from forq.supervisor.roster import Roster, running_record
+from forq.supervisor.roster import Roster
 from forq.supervisor.scheduler import Scheduler
 from forq.supervisor.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.shard_health import ShardHealth
@@ -62,7 +64,6 @@ from forq.topology import fail_fast, is_cluster
 
 log = logging.getLogger("forq.supervisor")
 
-HEARTBEAT_INTERVAL = 2.0
 
 
 class Supervisor:
@@ -84,6 +85,7 @@ class Supervisor:
         self.metrics = Metrics(lambda: status.read_depths(self.redis, self._served()),
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
+        self.heartbeat = Heartbeat(self)
         self.notifier = Notifier.from_env()
         self.roster = Roster(self.redis, self.id)
         self.health = RedisHealth(self.metrics.redis_error)
@@ -98,7 +100,7 @@ class Supervisor:
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
         self.children = Children(self.loop, self.launcher, self.leases, self.metrics,
-                                 self._report, self._set_title)
+                                 self._report, lambda: self.heartbeat.set_title())
         self.spawner = self.children.spawner
         self.notes = JobNotes(self._queue_for, self.metrics)  # children's progress and steps
         self.children.on_notes = self.notes.heard
@@ -170,7 +172,7 @@ class Supervisor:
         try:
             self._reload()
         finally:
-            self.notifier.ready(self._status())
+            self.notifier.ready(self.heartbeat.status())
 
     def _reload(self) -> None:
         try:
@@ -236,7 +238,14 @@ class Supervisor:
         self.loop.watch_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal)
         # able to serve before Redis answers: metrics bound, the watchdog fed, READY=1
         # (a Redis that is down is not a start failure; systemd would kill and restart us)
-        if not self._serve_metrics():
+        try:
+            self.metrics_server = MetricsServer.serving(self.metrics, self.config.metrics_listen,
+                                                        self.loop.selector)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s:%s: %s ([metrics].listen in %s)",
+                      *(self.config.metrics_listen or ("", "")), exc.strerror or exc,
+                      self.config.path)
+            self.loop.close()
             return 1
         interval = watchdog_interval()
         if interval:
@@ -259,11 +268,11 @@ class Supervisor:
             self.redis, self._served(), self.health, self.relay,
             self.shards if self.sharded else None))
         self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
-        self.loop.timers.every(HEARTBEAT_INTERVAL, self._heartbeat)
+        self.loop.timers.every(HEARTBEAT_INTERVAL, self.heartbeat.beat)
         self.loop.timers.every(POLL_INTERVAL, self.wakeups.poll)
         self.scheduler.run_on(self.loop.timers, self.health, lambda: self.drain.active)
-        self._heartbeat()
-        self.notifier.ready(self._status())
+        self.heartbeat.beat()
+        self.notifier.ready(self.heartbeat.status())
         log.info("ready")
         while not self.drain.finished(len(self.outbox), self.config.drain_timeout):
             self.fencer.unproven()
@@ -274,26 +283,11 @@ class Supervisor:
         self._shutdown()
         return 0
 
-    def _serve_metrics(self) -> bool:
-        if not self.config.metrics_listen:
-            return True
-        host, port = self.config.metrics_listen
-        try:
-            self.metrics_server = MetricsServer(self.metrics, host, port)
-        except OSError as exc:
-            log.error("cannot serve metrics on %s:%d: %s ([metrics].listen in %s)",
-                      host, port, exc.strerror or exc, self.config.path)
-            self.loop.close()
-            return False
-        self.metrics_server.register(self.loop.selector)
-        log.info("metrics on http://%s:%d/metrics", *self.metrics_server.address)
-        return True
-
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
             self.reload()
             return
-        self.drain.signal(signum, self.config.drain_timeout, self._status())
+        self.drain.signal(signum, self.config.drain_timeout, self.heartbeat.status())
 
     def _shutdown(self) -> None:
         try:
@@ -390,36 +384,6 @@ class Supervisor:
                 self.want_claim = True  # a full batch: there may be more, and free slots
         for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):
             self.reaper.answered(name, reply)
-
-    # -- status ----------------------------------------------------------------------------
-
-    def _slots(self) -> int:
-        return sum(q.concurrency for q in self.config.queues)
-
-    def _status(self) -> str:
-        return status.status_line(self.drain.active, len(self.children), self._slots())
-
-    def _set_title(self) -> None:
-        status.set_title(self.name, len(self.children), self._slots())
-
-    def _heartbeat(self) -> None:
-        self.settings.register()
-        self.notifier.status(self._status())
-        self._set_title()
-        if self.metrics_server is not None:
-            self.metrics_server.sweep()
-        if not self.health.ready():
-            return
-        try:
-            self.roster.beat({
-                "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
-                "queues": self._served(), "busy": len(self.children), "slots": self._slots(),
-                "draining": self.drain.active,
-                **running_record(self.children, self.leases, per_job_cgroups=bool(
-                    self.launcher.cgroups and not self.launcher.cgroups_failed)),
-            })
-        except (redis.RedisError, OSError) as exc:
-            self.health.failed("heartbeat", exc)
 
 
 def unsent(replies: list, span: tuple[int, int, int, int]) -> bool:

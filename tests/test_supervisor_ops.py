@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -137,3 +138,20 @@ def test_json_logs_one_line_per_transition(tmp_path, redis_url, queue: Queue):
     mine = [entry for entry in lines if entry.get("job") == job.id]
     assert [entry["event"] for entry in mine] == ["started", "succeeded"], mine
     assert all(entry["level"] == "info" and entry["time"].endswith("Z") for entry in mine)
+
+
+def test_a_metrics_address_in_use_is_one_line_and_exit_1(tmp_path, redis_url, queue: Queue):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "forq.toml"
+        config.write_text(f'[redis]\nurl = "{redis_url}"\n[supervisor]\n'
+                          f'imports = ["forq.examples"]\n[[queue]]\nname = "{queue.name}"\n'
+                          f'concurrency = 1\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+        done = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "run", "--config",
+                               str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"cannot serve metrics on 127.0.0.1:{port}" in errors[0]
+    assert "[metrics].listen" in errors[0] and "Traceback" not in done.stderr
