@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,6 +187,16 @@ class LocalCluster:
                 port = int(primary[1])
                 return next(n for n in self.nodes if n.port == port)
         raise LookupError(f"no node serves slot {slot}")
+
+    def queue_per_node(self, prefix: str = "c", count: int | None = None) -> dict[int, str]:
+        """Fresh queue names, one on each of `count` nodes (all by default), by port."""
+        from redis.crc import key_slot
+
+        by_node: dict[int, str] = {}
+        while len(by_node) < (count or len(self.nodes)):
+            name = prefix + uuid.uuid4().hex[:10]
+            by_node.setdefault(self.node_for_slot(key_slot(name.encode())).port, name)
+        return by_node
 
     def stop(self) -> None:
         for node in self.nodes:

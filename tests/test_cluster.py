@@ -99,11 +99,7 @@ def redis_url(cluster: LocalCluster) -> str:
 
 def names_on_distinct_shards(cluster: LocalCluster, count: int = 3) -> list[str]:
     """Fresh queue names whose slots are served by `count` different nodes."""
-    by_node: dict[int, str] = {}
-    while len(by_node) < count:
-        name = "c" + uuid.uuid4().hex[:10]
-        by_node.setdefault(cluster.node_for_slot(key_slot(name.encode())).port, name)
-    return list(by_node.values())
+    return list(cluster.queue_per_node("c", count).values())
 
 
 def drop_queue(client, name: str) -> None:

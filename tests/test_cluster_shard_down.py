@@ -43,15 +43,6 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def queues_on_each_shard(cluster: LocalCluster) -> dict[int, str]:
-    """A fresh queue name for each node, by the node's port."""
-    by_node: dict[int, str] = {}
-    while len(by_node) < len(cluster.nodes):
-        name = "s" + uuid.uuid4().hex[:10]
-        by_node.setdefault(cluster.node_for_slot(key_slot(name.encode())).port, name)
-    return by_node
-
-
 @contextlib.contextmanager
 def logged_on_failure(sup: SupervisorProcess) -> Iterator[None]:
     try:
@@ -80,7 +71,7 @@ def runs(path) -> list[tuple[str, int, str]]:
 
 
 def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_path):
-    names = queues_on_each_shard(cluster)
+    names = cluster.queue_per_node("s")
     rc = connect(cluster.url)
     queues = {name: Queue(name, redis=rc) for name in names.values()}
     log = tmp_path / "runs.txt"
@@ -155,7 +146,7 @@ def test_a_stopped_shard_fences_only_its_own_jobs(cluster: LocalCluster, tmp_pat
 
 def test_a_supervisor_starts_and_serves_while_a_shard_is_stopped(cluster: LocalCluster,
                                                                  tmp_path):
-    names = queues_on_each_shard(cluster)
+    names = cluster.queue_per_node("s")
     # stop a node that does not hold forq's format key (without it nothing may start)
     home = cluster.node_for_slot(key_slot(FORMAT_KEY.encode()))
     victim = next(node for node in cluster.nodes if node is not home)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -47,16 +46,8 @@ def rc(cluster: LocalCluster):
                    **fail_fast(cluster.url))
 
 
-def queue_per_node(cluster: LocalCluster) -> dict[int, str]:
-    by_node: dict[int, str] = {}
-    while len(by_node) < len(cluster.nodes):
-        name = "h" + uuid.uuid4().hex[:10]
-        by_node.setdefault(cluster.node_for_slot(key_slot(name.encode())).port, name)
-    return by_node
-
-
 def test_each_node_answers_its_commands_noscript_and_moved_included(cluster, rc):
-    names = queue_per_node(cluster)
+    names = cluster.queue_per_node("h")
     queues = [Queue(name, redis=rc) for name in names.values()]
     for q in queues:
         q.enqueue_many([{"task": "t.x"} for _ in range(3)])
@@ -87,7 +78,7 @@ def test_each_node_answers_its_commands_noscript_and_moved_included(cluster, rc)
 
 
 def test_a_stopped_node_fails_only_its_own_commands(cluster, rc):
-    names = queue_per_node(cluster)
+    names = cluster.queue_per_node("h")
     victim = cluster.nodes[1]
     queues = {port: Queue(name, redis=rc) for port, name in names.items()}
     leases = {}
@@ -153,7 +144,7 @@ def test_shard_health_backs_off_each_shard_on_its_own(cluster, rc):
     downs: list[str] = []
     shards.on_down = lambda shard: (downs.append(shard), metrics.shard_state(shard, True))
     shards.on_up = lambda shard: metrics.shard_state(shard, False)
-    names = queue_per_node(cluster)
+    names = cluster.queue_per_node("h")
     (a_port, a), (b_port, b) = list(names.items())[:2]
     a_shard = shard_of(rc, a)
     shards.failed({a_shard: TimeoutError("silent")}, "extend")

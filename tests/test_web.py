@@ -14,6 +14,7 @@ import textwrap
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -142,9 +143,12 @@ def test_batch_page_waiting_list_and_dependency_links(web, queue):
     assert f'href="/jobs/{queue.name}/{first}"' in html  # the waiting job links its parent
     _, html, _ = client.get(f"/queues/{queue.name}/waiting")
     assert f'data-job="{child.id}"' in html and "1 waiting" in html
-    _, html, _ = client.get("/")
-    row = re.search(rf'<tr data-queue="{queue.name}">(.*?)</tr>', html, re.S).group(1)
-    assert re.search(r'class="n waiting"><a [^>]*>1<', row)
+
+    def waiting_cell() -> Any:  # the overview is refreshed every second
+        row = re.search(rf'<tr data-queue="{queue.name}">(.*?)</tr>', client.get("/")[1], re.S)
+        return row and re.search(r'class="n waiting"><a [^>]*>1<', row.group(1))
+
+    wait_for(waiting_cell, timeout=5, message="1 waiting in the queue's overview row")
     status, html, _ = client.get(f"/batches/{queue.name}/no-such-batch")
     assert status == 404 and "no batch no-such-batch" in html
 

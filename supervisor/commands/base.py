@@ -17,7 +17,6 @@ import redis
 
 from forq import Queue
 from forq.connection import connect
-from forq.units import UnitError, parse_duration
 
 DEFAULT_CONFIG = "/etc/forq/forq.toml"
 
@@ -96,14 +95,14 @@ def json_arg(text: str | None, what: str, kind: type) -> Any:
 
 
 def duration_arg(text: str, option: str, *, positive: bool = False) -> float:
-    """A duration option ("30s", "2m") in seconds; a bad one is a usage error."""
+    """A duration option ("30s", "2m") in seconds, read as the config reads one; a bad
+    one is a usage error."""
+    from forq.supervisor import config_fields
+
     try:
-        seconds = parse_duration(text, where=option)
-    except UnitError as exc:
+        return config_fields.duration(text, option, positive=positive)
+    except config_fields.Invalid as exc:
         raise UsageError(str(exc)) from None
-    if positive and seconds <= 0:
-        raise UsageError(f"{option}: must be more than 0, got {text!r}")
-    return seconds
 
 
 def emit(value: Any) -> None:
