@@ -53,9 +53,13 @@ def measure(jobs: int, reps: int, profiles: list[str],
         for rep in range(reps):
             for profile in profiles if rep % 2 == 0 else profiles[::-1]:
                 python = pythons.get(profile)
-                run = drain_once(server.url(), jobs,
+                # an older forq ("before") speaks an older data format: a database of
+                # its own, filled by its own client
+                older = profile == "before"
+                run = drain_once(server.url(1 if older else 0), jobs,
                                  supervisor_extra=PROFILES.get(profile, ""),
-                                 launcher=_with_python(python) if python else None)
+                                 launcher=_with_python(python) if python else None,
+                                 producer=python if older else None)
                 rates[profile].append(run["jobs_per_s"])
                 log(f"{profile:11s} run {rep + 1}: {run['jobs_per_s']:.0f} jobs/s")
     return rates

@@ -141,17 +141,33 @@ def _redis_cpu(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+_ENQUEUE_NOOPS = """
+import sys
+from forq import Queue
+url, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+q = Queue(name, url=url)
+for start in range(0, n, 5000):
+    q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
+"""
+
+
 def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = None,
                profile_to: Path | None = None, queue_extra: str = "",
-               supervisor_extra: str = "", launcher: list[str] | None = None) -> dict[str, Any]:
+               supervisor_extra: str = "", launcher: list[str] | None = None,
+               producer: str | None = None) -> dict[str, Any]:
     """Enqueue n no-op jobs, start a supervisor, time first finish → last finish.
-    `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup)."""
+    `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup); `producer`:
+    another venv's python that enqueues instead of this process (an older forq, whose
+    data format this one would refuse — give it a Redis database of its own)."""
     workdir = workdir or _tmpdir()
     r = connect(url)
     name = _queue_name("e2e")
     q = Queue(name, redis=r)
-    for start in range(0, n, 5000):
-        q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
+    if producer:
+        subprocess.run([producer, "-c", _ENQUEUE_NOOPS, url, name, str(n)], check=True)
+    else:
+        for start in range(0, n, 5000):
+            q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, concurrency,
                             queue_extra=queue_extra, supervisor_extra=supervisor_extra)
     sup = ForqSupervisor(cfg, workdir / f"{name}.log")
