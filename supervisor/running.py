@@ -62,6 +62,9 @@ class RunningChild:
     sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
     pipe_open: bool = True
     server: int = 0  # the pid of the fork server that forked it (0: forked here)
+    # its pid as that fork server names it (in its exit reports and fencing deadlines):
+    # not `pid` when the fork server runs in a PID namespace of its own
+    server_pid: int = 0
     oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
     output: int = -1  # the read end of its stdout and stderr (-1: none)
     out: OutputReader = field(init=False)

@@ -160,7 +160,7 @@ class Spawner:
         by_server: dict[int, list[tuple[int, float]]] = {}
         for child, at in deadlines:
             if child.forked_by_server:
-                by_server.setdefault(child.server, []).append((child.pid, at))
+                by_server.setdefault(child.server, []).append((child.server_pid, at))
         for server in [self.server, *self.retiring]:
             if server is not None and server.pid in by_server:
                 server.fence(by_server[server.pid])
@@ -196,7 +196,7 @@ class Spawner:
     def _dispatch_exits(self, server: ForkServer) -> None:
         while server.pending_exits:
             pid, status, peak, fenced = server.pending_exits.pop(0)
-            child = next((c for c in self._of(server) if c.pid == pid), None)
+            child = next((c for c in self._of(server) if c.server_pid == pid), None)
             if child is not None:
                 if fenced and child.kill_reason is None:
                     log.warning("job %s %s: lease not confirmed in time, its fork server "

@@ -219,3 +219,25 @@ def shout(lines: int, size: int = 0, truncate: bool = False):
         size -= os.write(1, chunk[:size])
     print("the end", file=sys.stderr)
     return "shouted"
+
+
+@task("hostile.whoami")
+def whoami(hold: float = 0.0):
+    """What a job is, seen from inside: its pid, its capabilities, the processes it
+    sees. Holds `hold` seconds first (to be looked at from outside)."""
+    import time
+
+    time.sleep(hold)
+    with open("/proc/self/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    return {"pid": os.getpid(), "cap_eff": status.get("CapEff", "").strip(),
+            "cap_bnd": status.get("CapBnd", "").strip(),
+            "sees": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+
+
+@task("hostile.proc_self")
+def proc_self():
+    """/proc/<os.getpid()> is this process (what psutil.Process() reads)."""
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        return f.read().split()[0] == str(os.getpid()) and os.path.samefile(
+            f"/proc/{os.getpid()}", "/proc/self")

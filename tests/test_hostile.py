@@ -433,6 +433,36 @@ def test_with_namespaces_a_job_sees_no_other_process(tmp_path, redis_url, queue)
     assert "Traceback" not in sup.log(), sup.log()
 
 
+def processes_of_job(job_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info["cmdline"] and proc.info["cmdline"][0].startswith(f"forq: job {job_id} "):
+            found.append(proc)
+    return found
+
+
+def assert_one_process_pid_1_of_its_own(queue, job_id: str) -> None:
+    """The job's child is PID 1 of its namespaces itself: one process per job (not a
+    child that waits for PID 1), whose last pid in NSpid is 1."""
+    wait_for(lambda: processes_of_job(job_id), timeout=20, message="the job's process")
+    [proc] = processes_of_job(job_id)
+    with open(f"/proc/{proc.pid}/status") as f:
+        nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+    assert nspid[0] == str(proc.pid) and nspid[-1] == "1" and len(nspid) >= 2, nspid
+
+
+def test_a_namespaced_job_is_one_process_pid_1_of_its_own(tmp_path, redis_url, queue):
+    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    try:
+        job = queue.enqueue("hostile.whoami", 3)
+        assert_one_process_pid_1_of_its_own(queue, job.id)
+        seen = job.wait(timeout=20)
+        assert seen["pid"] == 1 and seen["sees"] == [1], seen
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
 # -- network and /tmp ------------------------------------------------------------------
 
 @pytest.mark.parametrize("per", ["queue", "task"])
@@ -566,6 +596,44 @@ require = ["run_as", "namespaces", "network", "private_tmp", "max_processes"]
         assert not seen["outside"] and seen["loopback"], seen
         assert "wrote it all" == queue.enqueue("hostile.fill_tmp", marker, 1 << 20).wait()
         assert not os.path.exists(f"/tmp/{marker}")
+        # the fork server made a user and PID namespace of its own to fork each job as
+        # PID 1 of its own; the job keeps no capability of either
+        job = queue.enqueue("hostile.whoami", 3)
+        assert_one_process_pid_1_of_its_own(queue, job.id)
+        seen = job.wait(timeout=20)
+        assert seen["cap_eff"] == seen["cap_bnd"] == "0000000000000000", seen
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+def test_under_run_as_a_job_without_namespaces_holds_no_capability(
+        tmp_path, redis_url, queue, system_python):
+    """One task without network gives the fork server a user namespace of its own
+    (where it holds every capability, to make each such job's namespaces): the other
+    tasks' jobs, forked plainly from it, must hold none of them."""
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, extra="""
+[sandbox]
+run_as = "nobody"
+[sandbox.tasks."hostile.dial"]
+network = "none"
+""")
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        seen = queue.enqueue("hostile.whoami").wait(timeout=20)
+        assert seen["pid"] != 1 and seen["cap_eff"] == "0000000000000000", seen
+        assert seen["cap_bnd"] == "0000000000000000", seen
+        port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+        dialled = queue.enqueue("hostile.dial", port).wait(timeout=20)
+        assert not dialled["outside"] and dialled["loopback"], dialled
+        # a job of it exits with its own status and its fork server reports its end
+        # by the name it knows it by: many in a row, on two slots
+        jobs = [queue.enqueue("hostile.whoami") for _ in range(20)]
+        assert all(j.wait(timeout=30)["cap_eff"] == "0000000000000000" for j in jobs)
+        # its pid is of the fork server's PID namespace: /proc is that namespace's too
+        assert queue.enqueue("hostile.proc_self").wait(timeout=20) is True
+        assert not queue.enqueue("hostile.prowl", sup.pid).wait(timeout=20)["supervisor"][
+            "in /proc"]
     finally:
         sup.stop()
     assert "Traceback" not in sup.log(), sup.log()

@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import traceback
 from dataclasses import dataclass, field
@@ -77,13 +78,17 @@ def _find_prctl() -> Any:
 _PRCTL = _find_prctl()  # resolved once in the supervisor, not in every child
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, parent_pidfd: int = -1) -> None:
     """Ask the kernel for SIGKILL when the parent dies (the fork server, which dies with
     the supervisor; or the supervisor), then re-check: if the parent died between fork
-    and prctl, nobody else will kill us."""
+    and prctl, nobody else will kill us. By its pidfd when it gave us one (readable
+    once it exited): PID 1 of a namespace of its own has no parent pid to compare."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
+    if parent_pidfd >= 0:
+        if select.select([parent_pidfd], [], [], 0)[0]:
+            os._exit(70)
+    elif os.getppid() != parent_pid:
         os._exit(70)
 
 
@@ -233,9 +238,11 @@ def _write_all(fd: int, data: bytes) -> None:
 def _enter_namespaces(spec: ChildSpec) -> bytes:
     """Returns in the job's namespaces (see `namespaces`) with b"", or with the report
     of why they could not be made (a failure of the job, retried)."""
+    # PID 1 already when the fork server made our PID namespace (`fork_as_init`)
+    enter = namespaces.enter_as_init if os.getpid() == 1 else namespaces.enter
     try:
-        namespaces.enter(network=spec.network == "none", private_tmp=spec.private_tmp,
-                         tmp_bytes=spec.tmp_bytes, max_processes=spec.max_processes)
+        enter(network=spec.network == "none", private_tmp=spec.private_tmp,
+              tmp_bytes=spec.tmp_bytes, max_processes=spec.max_processes)
     except OSError as exc:
         reason = f"sandbox not set up: {exc.strerror or exc}"[:ERROR_CAPS["reason"]]
         err = {"type": "SandboxError", "message": reason, "traceback": "", "reason": reason}
@@ -248,11 +255,11 @@ def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> A
 
 
 def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
-              output_fd: int = -1) -> None:
+              output_fd: int = -1, parent_pidfd: int = -1) -> None:
     """The child's whole life. Never returns."""
     code = 0
     try:
-        _die_with_parent(parent_pid)
+        _die_with_parent(parent_pid, parent_pidfd)
         # its own process group and default signals first: joining a cgroup can wait for
         # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
         fd = _isolate(spec, result_fd, output_fd)
@@ -269,6 +276,8 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
             if problem:
                 _write_all(fd, problem)
                 os._exit(0)
+        elif namespaces.holds_namespace_capabilities():
+            namespaces.drop_capabilities()  # those of its fork server's user namespace
         _sandbox(spec)
         _limit(spec)
         report = _import(spec.imports) or encode_report(spec, _call, fd)

@@ -293,15 +293,19 @@ class ForkServer:
                     pidfd = fds[0]
                     for fd in fds[1:]:
                         os.close(fd)
+                    name = reply["pid"]  # what it calls the child (in its PID namespace)
+                    if type(name) is not int or name <= 0:
+                        os.close(pidfd)
+                        raise ForkServerError(f"a fork reply with a bad pid: {reply}"[:300])
                     try:  # the kernel's word for which process it is, not the message's
                         pid = pid_of(pidfd)
                     except (OSError, ValueError) as exc:
                         os.close(pidfd)
                         raise ForkServerError(f"no pidfd with its fork reply: {exc}") from None
-                    if pid == -1 and type(reply["pid"]) is int and reply["pid"] > 0:
-                        # already exited and reaped: the pid names it in the exit report,
-                        # and is never signalled (its pidfd says it exited)
-                        pid = reply["pid"]
+                    if pid == -1:
+                        # already exited and reaped: never signalled (its pidfd says it
+                        # exited); the exit report names it by `name`
+                        pid = name
                     if pid <= 0:
                         os.close(pidfd)
                         raise ForkServerError(f"a fork reply without a live child: {reply}"[:300])
@@ -318,7 +322,7 @@ class ForkServer:
         os.set_blocking(out_r, False)
         now = time.monotonic()
         return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout,
-                            server=self.pid, output=out_r)
+                            server=self.pid, server_pid=name, output=out_r)
 
     def read_output(self) -> bool:
         """Log what it printed; False at EOF."""

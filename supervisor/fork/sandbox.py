@@ -36,19 +36,25 @@ def drop_to(user_name: str) -> None:
     os.environ["USER"] = os.environ["LOGNAME"] = user.pw_name
 
 
-def probe_namespaces(network: bool, private_tmp: bool) -> str:
-    """Set up a job's namespaces once, in a throwaway child, as every job will: "" if
-    that works, else why not (said at start-up; jobs then run without them)."""
+def probe_namespaces(network: bool, private_tmp: bool) -> tuple[str, bool]:
+    """Set up a job's namespaces once, in a throwaway child, as every job will: ("",
+    by_init) if that works, else (why not, False) (said at start-up; jobs then run
+    without them). `by_init`: the child could be forked as PID 1 of its own PID
+    namespace (`namespaces.fork_as_init`), the cheaper way."""
     from forq.supervisor.fork import namespaces
 
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        pid, by_init = namespaces.fork_as_init(), True
+    except namespaces.NamespaceError:
+        pid, by_init = os.fork(), False
     if pid == 0:
         os.close(read_fd)
         why = ""
+        enter = namespaces.enter_as_init if by_init else namespaces.enter
         try:
-            namespaces.enter(network=network, private_tmp=private_tmp, tmp_bytes=1 << 20,
-                             max_processes=0)
+            enter(network=network, private_tmp=private_tmp, tmp_bytes=1 << 20,
+                  max_processes=0)
         except OSError as exc:
             why = str(exc.strerror or exc)
         os.write(write_fd, why.encode()[:500])
@@ -58,5 +64,6 @@ def probe_namespaces(network: bool, private_tmp: bool) -> str:
         why_bytes = f.read(1000)
     _, status = os.waitpid(pid, 0)
     if not why_bytes and status != 0:
-        return f"the probe ended with status {status}"
-    return why_bytes.decode(errors="replace")
+        return f"the probe ended with status {status}", False
+    why = why_bytes.decode(errors="replace")
+    return why, by_init and not why

@@ -31,16 +31,22 @@ import time
 from typing import Any
 
 from forq import registry
-from forq.supervisor.fork import sandbox, tasks
+from forq.supervisor.fork import namespaces, sandbox, tasks
 from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
 
 class Server:
-    def __init__(self, sock: socket.socket, supervisor_pid: int) -> None:
+    def __init__(self, sock: socket.socket, supervisor_pid: int,
+                 init_forks: bool = False) -> None:
         self.sock = sock
         self.supervisor_pid = supervisor_pid
         self.me = os.getpid()
+        # readable once we exit: how a child that is PID 1 of its own namespace (no
+        # parent pid to compare) checks that we did not die before it asked to die with us
+        self.pidfd = os.pidfd_open(self.me)
+        # a job that gets namespaces is forked as PID 1 of its own (`fork_as_init`)
+        self.init_forks = init_forks
         self.wake_r, self.wake_w = os.pipe()
         self.children: set[int] = set()
         # pid -> monotonic fencing deadline (see `protocol`); pids killed for it
@@ -113,8 +119,10 @@ class Server:
 
     def reap(self) -> None:
         """Report every exited child: its group SIGKILLed first (while the zombie still
-        holds its pid, so the group id cannot have been reused), then reaped."""
-        while self.children:
+        holds its pid, so the group id cannot have been reused), then reaped. As PID 1
+        of a namespace of our own (`namespaces.become_init`) we also inherit what a job
+        left behind when it ran without namespaces: reaped, never reported."""
+        while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -122,6 +130,9 @@ class Server:
             if info is None or not info.si_pid:
                 return
             pid = info.si_pid
+            if pid not in self.children:
+                os.waitpid(pid, 0)
+                continue
             try:
                 os.killpg(pid, signal.SIGKILL)  # no grandchild outlives its job
             except (ProcessLookupError, PermissionError):
@@ -168,7 +179,7 @@ class Server:
             self.tell({"error": f"bad request: {exc}"})
             return
         try:
-            pid = os.fork()
+            pid = self.fork_child(spec)
         except OSError as exc:
             os.close(result_fd)
             os.close(output_fd)
@@ -178,7 +189,7 @@ class Server:
             self.sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            run_child(spec, result_fd, self.me, title, output_fd)
+            run_child(spec, result_fd, self.me, title, output_fd, self.pidfd)
         os.close(result_fd)
         os.close(output_fd)
         self.children.add(pid)
@@ -189,6 +200,18 @@ class Server:
             self.tell({"pid": pid}, [pidfd])
         finally:
             os.close(pidfd)
+
+
+    def fork_child(self, spec: ChildSpec) -> int:
+        """`os.fork()` for one job: as PID 1 of a PID namespace of its own when the job
+        gets namespaces and we may make them (else the child makes its own, the slower
+        way: `namespaces.enter`)."""
+        if spec.namespaces and self.init_forks:
+            try:
+                return namespaces.fork_as_init()
+            except namespaces.NamespaceError:
+                pass
+        return os.fork()
 
 
 def _fail(sock: socket.socket, why: str, module: str = "") -> None:
@@ -222,7 +245,12 @@ def main(argv: list[str]) -> None:
                     f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)")
     # before any handler code: can this user give a job namespaces of its own?
     probe = settings.get("probe")
-    problem = sandbox.probe_namespaces(**probe) if probe else None
+    if probe and os.geteuid() != 0:
+        try:  # unprivileged: the privilege to make a PID namespace per job, in our own
+            namespaces.become_init(sock.fileno())
+        except OSError:
+            pass  # no user namespaces for us: the probe says whether jobs can have any
+    problem, init_forks = sandbox.probe_namespaces(**probe) if probe else (None, False)
     for name in settings.get("imports", []):
         try:
             importlib.import_module(name)
@@ -241,7 +269,7 @@ def main(argv: list[str]) -> None:
         pass
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
-    Server(sock, supervisor_pid).serve(problem)
+    Server(sock, supervisor_pid, init_forks).serve(problem)
 
 
 if __name__ == "__main__":
