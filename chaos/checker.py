@@ -241,12 +241,15 @@ class Checker:
         self.cause_examples: dict[str, list[dict[str, Any]]] = {}
         # fault indexes
         self.child_kills: dict[int, dict[str, Any]] = {}
+        self.child_kills_by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.execs_by_job: dict[str, list[Exec]] = {}  # each sorted by start (run())
         self.sup_faults: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for f in ctx.faults:
             if f.get("skipped"):
                 continue
             if f["kind"] == "child_kill":
                 self.child_kills[f["pid"]] = f
+                self.child_kills_by_job[f["job"]].append(f)
             elif f["kind"] in ("sup_kill", "sup_stop", "sup_term", "partition"):
                 self.sup_faults[f["pid"]].append(f)
         for u in ctx.unexpected_exits:
@@ -296,8 +299,17 @@ class Checker:
     def killed_by_chaos(self, e: Exec) -> bool:
         """This execution's process is the one the injector SIGKILLed (pids recycle)."""
         f = self.child_kills.get(e.pid)
-        return (f is not None and e.outcome is None and e.start <= f["t"]
-                and f["job"] == e.job)
+        if f is not None and e.outcome is None and e.start <= f["t"] and f["job"] == e.job:
+            return True
+        if e.pid != 1 or e.outcome is not None:
+            return False
+        # PID 1 of namespaces of its own (--namespaces): its record cannot say its pid
+        # outside; the injector killed the execution of its job that started last before
+        for f in self.child_kills_by_job.get(e.job, ()):
+            started = [x for x in self.execs_by_job.get(e.job, ()) if x.start <= f["t"]]
+            if started and started[-1] is e:
+                return True
+        return False
 
     @staticmethod
     def pid_of(sup_id: str) -> int:
@@ -382,6 +394,7 @@ class Checker:
             by_job[e.job].append(e)
         for lst in by_job.values():
             lst.sort(key=lambda e: e.start)
+        self.execs_by_job = by_job
 
         claims_by_job: dict[str, list[Claim]] = {}
         for jid, job in jobs.items():

@@ -41,6 +41,7 @@ class Settings:
     keep: bool = False
     quiet: bool = False
     job_cgroups: bool = False  # supervisors in cgroups of their own, job_cgroups = "required"
+    namespaces: bool = False  # [sandbox].namespaces = true: every job PID 1 of its own
     # chaos.slow jobs run this long (ms): past lease_ttl, so a stopped supervisor's child
     # would still run when its job is re-run elsewhere, were it not fenced
     slow_ms: tuple[float, float] = (300.0, 3000.0)

@@ -51,7 +51,10 @@ def _record(fields: dict) -> None:
 
 def _supervisor_pid() -> int:
     """The supervisor that runs this job: the parent, or the parent's parent when the
-    parent is the supervisor's fork server."""
+    parent is the supervisor's fork server; a job in namespaces of its own sees neither,
+    and reads what chaos put in the supervisor's environment."""
+    if os.getpid() == 1:
+        return int(os.environ.get("CHAOS_SUPERVISOR_PID", "0"))
     parent = os.getppid()
     try:
         with open(f"/proc/{parent}/cmdline", "rb") as f:

@@ -105,8 +105,11 @@ class SupervisorProc:
                 with open(procs, "w") as f:
                     f.write("0")
         try:
+            # its own pid in its environment, for a job that cannot see its parents
+            # (PID 1 of namespaces of its own: chaos/handlers.py)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", *self.launcher(), "run", "--config", str(self.config)],
+                ["sh", "-c", 'CHAOS_SUPERVISOR_PID=$$ exec "$@"', "sh",
+                 sys.executable, "-m", *self.launcher(), "run", "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
                 start_new_session=True, preexec_fn=enter,
             )
@@ -228,7 +231,8 @@ def job_children_of(pid: int) -> list[tuple[int, str, float]]:
 def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
                  queue: str, max_attempts: int, max_crashes: int,
-                 job_cgroups: str = "auto", others: dict[str, int] | None = None) -> Path:
+                 job_cgroups: str = "auto", others: dict[str, int] | None = None,
+                 namespaces: bool = False) -> Path:
     def ms(seconds: float) -> str:
         return f"{int(seconds * 1000)}ms"
 
@@ -240,4 +244,5 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
         backoff='{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }',
         supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"',
         # hostile jobs flood their output: a little of it is logged, the rest counted
-        extra='[sandbox]\nmax_output_bytes = "8KiB"\n')
+        extra='[sandbox]\nmax_output_bytes = "8KiB"\n'
+              + ('namespaces = true\nrequire = ["namespaces"]\n' if namespaces else ''))

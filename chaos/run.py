@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                         'Delegate=yes would) with job_cgroups = "required": needs root on a '
                         'cgroup v2 host, e.g. the VM: python -m tests.vm -- python -m chaos '
                         '--job-cgroups')
+    p.add_argument("--namespaces", action="store_true",
+                   help="[sandbox].namespaces = true: every job in namespaces of its own "
+                        "(needs root or user namespaces)")
     p.epilog = ("A failed run keeps its directory (AOF, logs, execution log); "
                 "`python -m chaos --recheck DIR` checks it again.")
     a = p.parse_args(argv)
@@ -115,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
-        quiet=a.quiet, job_cgroups=a.job_cgroups, slow_ms=(low, high),
+        quiet=a.quiet, job_cgroups=a.job_cgroups, namespaces=a.namespaces, slow_ms=(low, high),
         nested_batches=a.nested_batches)
 
 
@@ -194,7 +197,8 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                            drain_timeout=s.drain_timeout, concurrency=s.concurrency,
                            queue=QUEUE, others={OTHER_QUEUE: OTHER_CONCURRENCY},
                            max_attempts=s.max_attempts, max_crashes=s.max_crashes,
-                           job_cgroups="required" if s.job_cgroups else "auto")
+                           job_cgroups="required" if s.job_cgroups else "auto",
+                           namespaces=s.namespaces)
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
                                    supervisor_env(exec_log, name, s.breaks),
                                    own_cgroup=s.job_cgroups, proxy=proxy))
