@@ -63,7 +63,23 @@ class Launcher:
         env = fork_server_env(os.environ, config.sandbox.env_allow,
                               [config.redis_password, config.redis_url])
         return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
-                      probe=Launcher(config).wants_namespaces())
+                      probe=Launcher(config).wants_namespaces(),
+                      spares=Launcher.spares(config))
+
+    @staticmethod
+    def spares(config: Config) -> int:
+        """How many idle children the fork server keeps forked in advance: as many as
+        jobs may start at once here, at most 2 — and none without a fork server.
+
+        Latency: a spare is forked before its job arrives, so the supervisor's wait for
+        the fork server's reply (and the job's wait for its handler to start) no longer
+        includes a fork, the largest cost between a claim and the handler's first line.
+        Memory: a spare is a copy-on-write copy of the fork server, cheap while idle
+        (its page tables, a few MiB), and paid for each spare: 2 covers the burst of one
+        claim turn on a small machine, and more would only hold memory while idle."""
+        if not config.fork_server:
+            return 0
+        return min(sum(q.concurrency for q in config.queues), 2)
 
     @staticmethod
     def timeout(lease: Lease) -> float:

@@ -11,8 +11,8 @@ the event loop: the fork server's exit report, or the child's pidfd becoming rea
 
 A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
 crash — or with its result, if it had written one — and a new fork server takes over.
-After a reload that changed `imports`, the old fork server forks no more and stops
-when its last child ends.
+After a reload that changed `imports`, the old fork server forks no more, lets its
+spare children go at once (`ForkServer.retire`), and stops when its last child ends.
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ class Spawner:
         if server is None:
             return
         if self._of(server):
+            server.retire()  # its spares go now, it stays for its running children
             self.retiring.append(server)
         else:
             self._unwatch(server)

@@ -175,6 +175,29 @@ def _is_fork_server(proc: Any) -> bool:
     return "forq.supervisor.fork.server" in cmdline or cmdline.startswith("forq: fork server")
 
 
+def _is_spare(proc: Any) -> bool:
+    """An idle child its fork server forked in advance (no job yet)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline()).startswith("forq: fork server: spare")
+    except psutil.Error:
+        return False
+
+
+def spares_of(pid: int) -> list[int]:
+    """The idle children (spares) of supervisor `pid`'s fork server(s)."""
+    import psutil
+
+    found: list[int] = []
+    for server in fork_servers_of(pid):
+        try:
+            found.extend(c.pid for c in psutil.Process(server).children() if _is_spare(c))
+        except psutil.Error:
+            pass
+    return found
+
+
 def fork_servers_of(pid: int) -> list[int]:
     """The supervisor's live fork server(s) (more than one only while an old one retires)."""
     import psutil
@@ -187,7 +210,8 @@ def fork_servers_of(pid: int) -> list[int]:
 
 def children_of(pid: int) -> list[int]:
     """Live job children of supervisor `pid`: the processes it or its fork server forked
-    for jobs (not the fork server itself, nor what a job started in turn)."""
+    for jobs (not the fork server itself, nor its idle spares, nor what a job started
+    in turn)."""
     import psutil
 
     try:
@@ -200,7 +224,7 @@ def children_of(pid: int) -> list[int]:
             found.append(proc.pid)  # forked by the supervisor itself (fork_server = false)
             continue
         try:
-            found.extend(c.pid for c in proc.children())
+            found.extend(c.pid for c in proc.children() if not _is_spare(c))
         except psutil.Error:
             pass
     return found

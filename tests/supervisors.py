@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from forq.testing import supervisor as harness
-from forq.testing.supervisor import children_of, fork_servers_of, wait_children
+from forq.testing.supervisor import children_of, fork_servers_of, spares_of, wait_children
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_IMPORTS = ("forq.examples", "tests.tasks", "tests.hostile")
 
 __all__ = ["REPO", "SupervisorProcess", "children_of", "fork_servers_of", "now",
-           "wait_children", "write_config"]
+           "spares_of", "wait_children", "write_config"]
 
 
 def write_config(path: Path, redis_url: str, queues: dict[str, int], *,

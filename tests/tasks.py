@@ -89,9 +89,10 @@ def whoami():
 
 
 @task("tests.lineage")
-def lineage(sleep: float = 0.0):
+def lineage(sleep: float = 0.0, ballast: str = ""):
     """Who forked this child, and what it inherited: redis is not among its modules when
-    a lean fork server forked it."""
+    a lean fork server forked it. `ballast` is ignored: it makes the job as large as a
+    test needs."""
     import sys
 
     time.sleep(sleep)

@@ -1,6 +1,7 @@
 """The fork server: job children are forked by a lean helper process, not by the
 37 MiB supervisor. It must be small (no redis), die with its supervisor, be survived
-when it crashes, be replaced on a reload that changes `imports`, and be optional."""
+when it crashes, be replaced on a reload that changes `imports`, and be optional. It
+keeps spare children forked in advance: a job starts in one without waiting for a fork."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.supervisors import (
     SupervisorProcess,
     children_of,
     fork_servers_of,
+    spares_of,
     wait_children,
     write_config,
 )
@@ -226,6 +228,150 @@ def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
                  in sup.log(), timeout=10, message="the supervisor to give up")
         assert not [p for p in fork_servers_of(sup.pid) if p not in killed]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log()
+
+
+# -- spares: idle children forked in advance --------------------------------------------
+
+def the_spares(sup: SupervisorProcess, count: int = 2, without: tuple[int, ...] = ()) -> set[int]:
+    """Wait until the fork server keeps `count` spares, none of them in `without`."""
+    return set(wait_for(
+        lambda: (found if len(found := [p for p in spares_of(sup.pid) if p not in without])
+                 == count else []), timeout=10, message=f"{count} spare(s)"))
+
+
+def fds_of(pid: int) -> dict[int, str]:
+    path = f"/proc/{pid}/fd"
+    return {int(fd): os.readlink(f"{path}/{fd}") for fd in os.listdir(path)}
+
+
+def errors_in(log: str) -> list[str]:
+    return [line for line in log.splitlines()
+            if " ERROR " in line or "WARNING" in line or "Traceback" in line]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_starts_in_a_spare_forked_before_it_and_the_spare_is_replaced(tmp_path,
+                                                                           redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        server = the_fork_server(sup)
+        spares = the_spares(sup)
+        for spare in spares:
+            assert psutil.Process(spare).ppid() == server
+            # it holds nothing of any job, nor of its fork server: stdio and its own socket
+            fds = fds_of(spare)
+            assert len(fds) == 4 and {0, 1, 2} <= fds.keys(), fds
+            [own] = [target for fd, target in fds.items() if fd > 2]
+            assert own.startswith("socket:"), fds
+        done = queue.enqueue("tests.lineage").wait(timeout=10)
+        # the job ran in a process that was alive, idle, before it was enqueued
+        assert done["pid"] in spares and done["ppid"] == server, (done, spares)
+        assert done["redis"] is False, done
+        # and another took its place
+        refilled = the_spares(sup)
+        assert done["pid"] not in refilled and len(refilled - spares) == 1, (refilled, spares)
+        # a job of its own session, as a freshly forked child has
+        info = queue.enqueue("tests.open_fds").wait(timeout=10)
+        assert info["pid"] in refilled, (info, refilled)
+        assert info["sid"] == info["pid"] == info["pgid"], info
+        assert info["fds"][:4] == [0, 1, 2, 3] and info["sockets"] == [3], info
+    finally:
+        sup.stop()
+    assert not errors_in(sup.log()), sup.log()[-4000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_spare_killed_while_idle_is_replaced_without_a_word(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        server = the_fork_server(sup)
+        spares = the_spares(sup)
+        victim = min(spares)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: gone(victim), timeout=5, message="the spare reaped")
+        refilled = the_spares(sup, without=(victim,))
+        assert victim not in refilled and spares - {victim} < refilled, (spares, refilled)
+        assert fork_servers_of(sup.pid) == [server]  # not lost: a spare is no job
+        done = queue.enqueue("tests.lineage").wait(timeout=10)
+        assert done["pid"] in refilled, (done, refilled)
+    finally:
+        sup.stop()
+    # the supervisor never knew it: no exit report, no crash, no error
+    log = sup.log()
+    assert not errors_in(log) and str(victim) not in log, log[-4000:]
+
+
+@pytest.mark.timeout(60)
+def test_idle_spares_die_with_the_supervisor(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        server = the_fork_server(sup)
+        spares = the_spares(sup)
+        sup.kill()  # SIGKILL: PDEATHSIG chains spare → fork server → supervisor
+        wait_for(lambda: gone(server), timeout=5, message="the fork server to die with it")
+        for spare in spares:
+            wait_for(lambda s=spare: gone(s), timeout=5, message=f"spare {spare} to die too")
+    finally:
+        sup.kill()
+
+
+@pytest.mark.timeout(60)
+def test_a_single_slot_keeps_one_spare(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=1)
+    try:
+        the_fork_server(sup)
+        spare = the_spares(sup, count=1)
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["pid"] in spare
+        the_spares(sup, count=1, without=tuple(spare))
+    finally:
+        sup.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["large", "namespaces"])
+def test_a_job_a_spare_cannot_take_is_forked_for_it(tmp_path, redis_url, queue, kind):
+    """A spec too large for one datagram (it comes in a memfd), or a job in namespaces of
+    its own (forked as its namespaces need): forked then, the spares left as they were."""
+    extra = "[sandbox]\nnamespaces = true\n" if kind == "namespaces" else ""
+    sup = start(tmp_path, redis_url, queue, concurrency=2, extra=extra)
+    try:
+        spares = the_spares(sup)
+        ballast = "x" * (100_000 if kind == "large" else 0)
+        done = queue.enqueue("tests.lineage", kwargs={"ballast": ballast}).wait(timeout=10)
+        if kind == "namespaces":
+            assert done["pid"] == 1, done  # PID 1 of its own PID namespace
+        else:
+            assert done["pid"] not in spares and done["ppid"] == the_fork_server(sup), done
+        assert set(spares_of(sup.pid)) == spares
+    finally:
+        sup.stop()
+    assert not errors_in(sup.log()), sup.log()[-4000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, queue):
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        old = the_fork_server(sup)
+        old_spares = the_spares(sup)
+        jid = queue.enqueue("tests.lineage", 30).id
+        [child] = wait_children(sup.pid, 1)
+        write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
+                     imports=("forq.examples", "tests.tasks", "json"))
+        sup.signal(signal.SIGHUP)
+        new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
+                       message="a new fork server")[0]
+        # the old one stays for its running job, without spares
+        for spare in old_spares - {child}:
+            wait_for(lambda s=spare: gone(s), timeout=5, message=f"old spare {spare} to go")
+        assert [c.pid for c in psutil.Process(old).children()] == [child]
+        new_spares = the_spares(sup, without=tuple(old_spares))
+        assert all(psutil.Process(p).ppid() == new for p in new_spares)
+        queue.cancel(jid)
+        wait_for(lambda: gone(old), timeout=10, message="the old fork server to stop")
     finally:
         sup.stop()
     assert "Traceback" not in sup.log()

@@ -40,12 +40,15 @@ class Launch:
     env: tuple[tuple[str, str], ...] = ()
     # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
     probe: tuple[bool, bool] | None = None
+    # idle children the fork server keeps forked in advance (`Launcher.spares` says how
+    # many); not compared: a reload that changes only concurrency keeps its fork server
+    spares: int = dataclasses.field(default=0, compare=False)
 
     def settings(self) -> str:
         probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
                                                          self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as, "probe": probe})
+                           "run_as": self.run_as, "probe": probe, "spares": self.spares})
 
 
 def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
@@ -339,6 +342,15 @@ class ForkServer:
                 self.sock.send(data, socket.MSG_DONTWAIT)
             except OSError:
                 return  # full, or gone: a dead fork server is noticed by its EOF
+
+    def retire(self) -> None:
+        """Tell it no more children will be asked of it: it lets its spares go at once
+        (the running children end in their own time). Never blocks: if its socket is
+        full the spares stay until it is closed, and die with it."""
+        try:
+            self.sock.send(b'{"retire":true}', socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Stop it (its children die with it: PR_SET_PDEATHSIG) and reap it."""

@@ -5,11 +5,14 @@ travel beside it (SCM_RIGHTS):
 
 * supervisor → server: {"title": ..., "spec": {...ChildSpec...}} with the child's end
   of its channel (a socketpair, `messages.channel`) and the write end of the output
-  pipe (the child's stdout and stderr) attached; a spec too big for one datagram travels in a memfd attached third, and the message
-  says {"title": ..., "memfd": true}. The request may carry "fence_at": the child's
-  first fencing deadline (below).
+  pipe (the child's stdout and stderr) attached; a spec too big for one datagram
+  travels in a memfd attached third, and the message says {"title": ..., "memfd":
+  true}. The request may carry "fence_at": the child's first fencing deadline (below).
 * supervisor → server: {"fence": [[pid, fence_at], ...]} after each confirmed lease
   extension: each child's new fencing deadline. Unknown pids are ignored.
+* supervisor → server: {"retire": true} when it will ask for no more children (a
+  reload replaced this server): the server lets its spares go, and stays until its
+  running children have ended.
 * server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}} once,
   after start-up, or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
   with the child's pidfd attached (opened before the server could reap it; the
@@ -18,6 +21,11 @@ travel beside it (SCM_RIGHTS):
   child's process group and reaped it, with "fenced": true if it killed the child for
   its fencing deadline. The fork server runs handler modules' top-level code: the
   supervisor checks all of this as untrusted input (`client`).
+* server → spare (an idle child it forked in advance, `server.py`), on a
+  SOCK_SEQPACKET socketpair of that spare's own: the supervisor's request as it came,
+  once checked, with its first two fds; EOF means the spare is not needed. The
+  supervisor never sees this hop: a spare's pid reaches it in {"pid": pid} like any
+  child's.
 
 Fencing deadlines are CLOCK_MONOTONIC seconds (`time.monotonic()`, one clock for every
 process on the machine): the moment until which the supervisor can prove the child's

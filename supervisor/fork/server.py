@@ -13,12 +13,27 @@ supervisor, which no longer forks, takes no copy-on-write faults from its childr
 
 FD is its end of a SOCK_SEQPACKET socketpair; `protocol` describes the messages.
 
-It dies with the supervisor (PR_SET_PDEATHSIG), and a child dies with it; EOF on its
-socket (the supervisor closed it or died) ends it too.
+Spare children: it keeps up to `spares` (its settings) idle children forked in
+advance, each blocked reading a socketpair of its own, so the fork — a few
+milliseconds of copying page tables, more than anything else between a claim and the
+handler's first line — happens before the job arrives rather than while the supervisor
+waits for the pid. A request that fits in one datagram and wants no namespaces is
+handed to a spare: the same request bytes and its two fds go down the spare's socket,
+and the spare runs `run_child` exactly as a freshly forked child would (a namespaced
+child is forked for its job: how it is forked depends on the job). Spares are forked
+again only when no request is waiting, so refilling never delays a job. An idle spare
+holds nothing of any job (its own socket and stdio: the server's socket, wake-up pipe
+and the other spares' sockets are closed in it), is titled `SPARE_TITLE`, and the
+supervisor never hears of it until it runs a job: one that dies idle is reaped without
+an exit report, one that reads EOF (the server retires, `{"retire": true}`) exits 0.
+
+It dies with the supervisor (PR_SET_PDEATHSIG), and a child dies with it, spares
+included; EOF on its socket (the supervisor closed it or died) ends it too.
 """
 
 from __future__ import annotations
 
+import array
 import gc
 import importlib
 import json
@@ -28,16 +43,29 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from forq import registry
 from forq.supervisor.fork import namespaces, sandbox, tasks
-from forq.supervisor.fork.child import _PRCTL, PR_SET_PDEATHSIG, ChildSpec, run_child
+from forq.supervisor.fork.child import (
+    _PRCTL,
+    PR_SET_PDEATHSIG,
+    ChildSpec,
+    _die_with_parent,
+    run_child,
+)
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
+
+SERVER_TITLE = "forq: fork server"
+# an idle child's, set around its fork so it never shows the server's: tools that count
+# the fork server's children as jobs (`forq.testing.supervisor`) can leave spares out
+SPARE_TITLE = "forq: fork server: spare"
 
 
 class Server:
-    def __init__(self, sock: socket.socket, supervisor_pid: int,
+    def __init__(self, sock: socket.socket, supervisor_pid: int, spares: int = 0,
+                 set_title: Callable[[str], object] | None = None,
                  init_forks: bool = False) -> None:
         self.sock = sock
         self.supervisor_pid = supervisor_pid
@@ -52,6 +80,11 @@ class Server:
         # pid -> monotonic fencing deadline (see `protocol`); pids killed for it
         self.fence_at: dict[int, float] = {}
         self.fenced: set[int] = set()
+        self.spares = spares  # idle children to keep forked in advance
+        self.idle: dict[int, socket.socket] = {}  # spare pid -> our end of its socket
+        self.dismissed: set[int] = set()  # spares told to go (EOF), not reaped yet
+        self.retiring = False  # the supervisor forks no more here: no more spares
+        self.set_title = set_title
 
     def serve(self, namespaces_problem: str | None = None) -> None:
         table = tasks.describe(registry.registered())
@@ -67,6 +100,7 @@ class Server:
             hello["namespaces"] = namespaces_problem  # "" when they work
         self.tell(hello)
         while True:
+            self.refill()
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
                 ready, _, _ = select.select(watched, [], [], self.fence_timeout())
@@ -119,9 +153,10 @@ class Server:
 
     def reap(self) -> None:
         """Report every exited child: its group SIGKILLed first (while the zombie still
-        holds its pid, so the group id cannot have been reused), then reaped. As PID 1
-        of a namespace of our own (`namespaces.become_init`) we also inherit what a job
-        left behind when it ran without namespaces: reaped, never reported."""
+        holds its pid, so the group id cannot have been reused), then reaped. A spare
+        that ended idle is reaped without a report: the supervisor never knew it; nor
+        is what a job left behind when it ran without namespaces, which we inherit as
+        PID 1 of a namespace of our own (`namespaces.become_init`)."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -131,7 +166,7 @@ class Server:
                 return
             pid = info.si_pid
             if pid not in self.children:
-                os.waitpid(pid, 0)
+                self.forget_spare(pid)
                 continue
             try:
                 os.killpg(pid, signal.SIGKILL)  # no grandchild outlives its job
@@ -145,6 +180,14 @@ class Server:
                 self.fenced.discard(pid)
                 exit_message["fenced"] = True
             self.tell(exit_message)
+
+    def forget_spare(self, pid: int) -> None:
+        """Reap a spare that ended before it was given a job (killed, or dismissed)."""
+        os.waitpid(pid, 0)
+        sock = self.idle.pop(pid, None)
+        if sock is not None:
+            sock.close()
+        self.dismissed.discard(pid)
 
     def request(self) -> None:
         try:
@@ -161,7 +204,11 @@ class Server:
             if isinstance(message, dict) and "fence" in message and not fds:
                 self.update_fences(message["fence"])
                 return
-            if message.get("memfd"):
+            if isinstance(message, dict) and "retire" in message and not fds:
+                self.retire()
+                return
+            inline = not message.get("memfd")
+            if not inline:
                 message["spec"] = json.loads(read_memfd(fds[2]))
             spec = ChildSpec(**message["spec"])
             title = message["title"]
@@ -179,19 +226,21 @@ class Server:
             self.tell({"error": f"bad request: {exc}"})
             return
         try:
-            pid = self.fork_child(spec)
+            # a namespaced child's fork depends on its job: it cannot be made in advance
+            pid = self.hand_to_spare(data, [result_fd, output_fd]) \
+                if inline and not spec.namespaces else None
+            if pid is None:
+                pid = self.fork(spec, result_fd, output_fd, title)
         except OSError as exc:
-            os.close(result_fd)
-            os.close(output_fd)
             self.tell({"error": f"fork failed: {exc}"})
             return
-        if pid == 0:  # the child: never returns
-            self.sock.close()
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-            run_child(spec, result_fd, self.me, title, output_fd, self.pidfd)
-        os.close(result_fd)
-        os.close(output_fd)
+        finally:
+            os.close(result_fd)
+            os.close(output_fd)
+        self.started(pid, fence_at)
+
+    def started(self, pid: int, fence_at: float | None) -> None:
+        """`pid` runs a job now: watch its fencing deadline and tell the supervisor."""
         self.children.add(pid)
         if fence_at is not None:
             self.fence_at[pid] = float(fence_at)
@@ -201,6 +250,13 @@ class Server:
         finally:
             os.close(pidfd)
 
+    def fork(self, spec: ChildSpec, result_fd: int, output_fd: int, title: str) -> int:
+        """Fork a child for this job now (raises OSError if the fork fails)."""
+        pid = self.fork_child(spec)
+        if pid == 0:  # the child: never returns
+            self.close_in_child()
+            run_child(spec, result_fd, self.me, title, output_fd, self.pidfd)
+        return pid
 
     def fork_child(self, spec: ChildSpec) -> int:
         """`os.fork()` for one job: as PID 1 of a PID namespace of its own when the job
@@ -212,6 +268,101 @@ class Server:
             except namespaces.NamespaceError:
                 pass
         return os.fork()
+
+    def close_in_child(self) -> None:
+        """In a child just forked: close what is the server's — its socket to the
+        supervisor, its wake-up pipe (no signal of ours may write to that fd number once
+        it is reused) and every spare's socket."""
+        signal.set_wakeup_fd(-1)
+        self.sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        for sock in self.idle.values():
+            sock.close()
+
+    # -- spares --------------------------------------------------------------------
+
+    def hand_to_spare(self, request: bytes, fds: list[int]) -> int | None:
+        """Give the request (already checked here) and its fds to an idle child; its
+        pid, or None if there is no spare left to take it (one that died cannot)."""
+        while self.idle:
+            pid = next(iter(self.idle))
+            sock = self.idle.pop(pid)
+            try:
+                sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                          array.array("i", fds))])
+            except OSError:  # it died idle: `reap` collects it, without a report
+                self.dismissed.add(pid)
+                continue
+            finally:
+                sock.close()
+            return pid
+        return None
+
+    def refill(self) -> None:
+        """Fork spares up to `spares`, but only while no request waits: a request is
+        never delayed by a fork made for the next one."""
+        while len(self.idle) < self.spares and not self.retiring:
+            waiting, _, _ = select.select([self.sock], [], [], 0)
+            if waiting or not self.fork_spare():
+                return
+
+    def fork_spare(self) -> bool:
+        """Fork one idle child (False if the fork failed: try again on the next turn)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.title(SPARE_TITLE)  # it is a spare from its first instruction on
+        try:
+            pid = os.fork()
+        except OSError:
+            pid = -1
+        if pid == 0:
+            ours.close()
+            self.close_in_child()
+            _wait_for_job(theirs, self.me, self.pidfd)
+        self.title(SERVER_TITLE)
+        theirs.close()
+        if pid < 0:
+            ours.close()
+            return False
+        self.idle[pid] = ours
+        return True
+
+    def retire(self) -> None:
+        """The supervisor forks no more here (a reload replaced us): the spares go now,
+        the running children when they end."""
+        self.retiring = True
+        for pid, sock in self.idle.items():
+            sock.close()  # EOF: it exits 0, and `reap` collects it
+            self.dismissed.add(pid)
+        self.idle.clear()
+
+    def title(self, text: str) -> None:
+        if self.set_title is not None:
+            try:
+                self.set_title(text)
+            except Exception:  # noqa: BLE001 — a title is cosmetic
+                pass
+
+
+def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int) -> NoReturn:
+    """A spare's life: wait for one request (sent by `Server.hand_to_spare`, checked by
+    the server), then run it as a freshly forked child would; EOF: not needed, exit 0."""
+    try:
+        _die_with_parent(server_pid, server_pidfd)
+        data, ancillary, _flags, _ = sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(8))
+        fds = fds_of(ancillary)
+        if not data:
+            os._exit(0)
+        sock.close()
+        message = json.loads(data)
+        spec = ChildSpec(**message["spec"])
+        title = str(message["title"])
+        result_fd, output_fd = fds
+    except BaseException:  # noqa: BLE001 — the server reports an exit without a report: a crash
+        os._exit(71)
+    run_child(spec, result_fd, server_pid, title, output_fd, server_pidfd)
+    os._exit(71)  # not reached: run_child ends the process
+
 
 
 def _fail(sock: socket.socket, why: str, module: str = "") -> None:
@@ -259,17 +410,21 @@ def main(argv: list[str]) -> None:
             _fail(sock, f"cannot import handler module {name}: {type(exc).__name__}: {exc}",
                   failed or name)
     registry.preload_runtime()
+    set_title: Callable[[str], object] | None = None
     try:
         import setproctitle
 
         # initialised here once: a child that had to import and set it up itself
         # would pay ≈ 4 ms CPU more per job
-        setproctitle.setproctitle("forq: fork server")
+        setproctitle.setproctitle(SERVER_TITLE)
+        set_title = setproctitle.setproctitle
     except Exception:  # noqa: BLE001 — a title is cosmetic
         pass
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
-    Server(sock, supervisor_pid, init_forks).serve(problem)
+    spares = settings.get("spares", 0)
+    Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
+           set_title, init_forks).serve(problem)
 
 
 if __name__ == "__main__":
