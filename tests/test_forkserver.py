@@ -261,11 +261,13 @@ def test_a_job_starts_in_a_spare_forked_before_it_and_the_spare_is_replaced(tmp_
         spares = the_spares(sup)
         for spare in spares:
             assert psutil.Process(spare).ppid() == server
-            # it holds nothing of any job, nor of its fork server: stdio and its own socket
+            # it holds nothing of any job, nor of its fork server: stdio, its own socket
+            # and its fork server's pidfd (to check it is alive, `_die_with_parent`)
             fds = fds_of(spare)
-            assert len(fds) == 4 and {0, 1, 2} <= fds.keys(), fds
-            [own] = [target for fd, target in fds.items() if fd > 2]
-            assert own.startswith("socket:"), fds
+            assert len(fds) == 5 and {0, 1, 2} <= fds.keys(), fds
+            assert sorted(target.split(":")[0] for fd, target in fds.items() if fd > 2) == [
+                "anon_inode", "socket"], fds
+            assert "anon_inode:[pidfd]" in fds.values(), fds
         done = queue.enqueue("tests.lineage").wait(timeout=10)
         # the job ran in a process that was alive, idle, before it was enqueued
         assert done["pid"] in spares and done["ppid"] == server, (done, spares)
