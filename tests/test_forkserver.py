@@ -333,6 +333,27 @@ def test_a_single_slot_keeps_one_spare(tmp_path, redis_url, queue):
 
 
 @pytest.mark.timeout(60)
+def test_no_spare_is_forked_while_a_job_runs(tmp_path, redis_url, queue):
+    """Spares are for an idle fork server: while a job runs, each page the fork server
+    writes would be copied for a spare too (Server.refill)."""
+    sup = start(tmp_path, redis_url, queue, concurrency=2)
+    try:
+        spares = the_spares(sup)
+        job = queue.enqueue("tests.lineage", 3)
+        wait_for(lambda: queue.get(job.id).state == "active", timeout=10, message="running")
+        quick = queue.enqueue("tests.lineage").wait(timeout=10)
+        assert quick["pid"] in spares
+        # both spares taken, the first job still running: its fork server has reaped the
+        # second (before the supervisor acked it) and forked no spare since
+        assert queue.get(job.id).state == "active"
+        assert spares_of(sup.pid) == [], spares_of(sup.pid)
+        job.wait(timeout=10)
+        the_spares(sup, without=tuple(spares))  # idle again: refilled
+    finally:
+        sup.stop()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["large", "namespaces"])
 def test_a_job_a_spare_cannot_take_is_forked_for_it(tmp_path, redis_url, queue, kind):
     """A spec too large for one datagram (it comes in a memfd), or a job in namespaces of
