@@ -71,9 +71,13 @@ def test_each_job_runs_in_its_own_cgroup_with_its_memory_limit(tmp_path, redis_u
                                                                base):
     with start(tmp_path, redis_url, queue, base) as sup:
         assert f"memory limits by per-job cgroups under {base}" in sup.log()
-        # the supervisor and its fork server live in the leaf, jobs beside it
+        # the supervisor, its fork server and the fork server's idle spares live in the
+        # leaf, jobs beside it (a spare joins its job's cgroup when it gets one)
         leaf_pids = set(Path(f"{base}/supervisor/cgroup.procs").read_text().split())
-        assert str(sup.pid) in leaf_pids and len(leaf_pids) == 2, leaf_pids
+        titles = sorted(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                        for pid in leaf_pids - {str(sup.pid)})
+        assert str(sup.pid) in leaf_pids and titles[0] == b"forq: fork server", titles
+        assert set(titles[1:]) <= {b"forq: fork server: spare"}, titles
         assert "memory" in Path(f"{base}/cgroup.subtree_control").read_text().split()
 
         jid = queue.enqueue("tests.cgroup", memory_limit="96MiB").id
