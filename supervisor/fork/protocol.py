@@ -16,7 +16,10 @@ travel beside it (SCM_RIGHTS):
 * server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}} once,
   after start-up, or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
   with the child's pidfd attached (opened before the server could reap it; the
-  supervisor takes the pid from the pidfd); {"error": text} if the fork failed;
+  supervisor takes the pid from the pidfd: a fork server that made a PID namespace of
+  its own, `namespaces.become_init`, names its children by their pids in that
+  namespace, and every pid in its messages, "pid", "exit" and "fence" alike, is that
+  name, `RunningChild.server_pid`); {"error": text} if the fork failed;
   {"exit": pid, "status": wait status, "maxrss": KiB} when it has SIGKILLed the
   child's process group and reaped it, with "fenced": true if it killed the child for
   its fencing deadline. The fork server runs handler modules' top-level code: the
