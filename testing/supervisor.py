@@ -159,7 +159,9 @@ class SupervisorProcess:
             self._log = None
 
     def __enter__(self) -> SupervisorProcess:
-        return self.start()
+        # `with SupervisorProcess(c).start() as sup` is started already: starting it
+        # again would leave the first one running, unwatched, after the block
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop(timeout=15)

@@ -56,3 +56,19 @@ def test_a_sample_project_tests_its_handlers_with_the_plugin(tmp_path, redis_url
                           capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "3 passed" in proc.stdout, proc.stdout
+
+
+def test_a_started_supervisor_used_as_a_context_manager_is_one_and_stops(tmp_path, redis_url):
+    """`with SupervisorProcess(config).start() as sup` runs one supervisor, not two, and
+    none is left once the block ends (a second start used to leak the first)."""
+    import psutil
+
+    from forq.testing.supervisor import SupervisorProcess, write_config
+
+    config = write_config(tmp_path / "forq.toml", redis_url, {"harness-once": 1},
+                          imports=("forq.examples",))
+    before = {p.pid for p in psutil.process_iter() if p.ppid() == os.getpid()}
+    with SupervisorProcess(config).start() as sup:
+        ours = {p.pid for p in psutil.process_iter() if p.ppid() == os.getpid()} - before
+        assert ours == {sup.pid}
+    assert not psutil.pid_exists(sup.pid) or psutil.Process(sup.pid).status() == "zombie"
