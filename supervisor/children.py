@@ -150,6 +150,7 @@ class Children:
         if child.output >= 0:
             self.loop.remove_reader(child.output)
             child.close_output()
+        child.close_proc()
         os.close(child.pidfd)
         os.close(child.pipe)
         child.pipe, child.pipe_open = -1, False  # a step answered later is not written

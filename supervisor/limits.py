@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from forq.supervisor import memory
 from forq.supervisor.cgroups import JobCgroups
 from forq.supervisor.running import KillReason, RunningChild
 
@@ -43,30 +42,33 @@ class LimitPolice:
         else:
             start = 0
         for index, child in enumerate(children):
-            if child.forked_by_server and not child.alive():
-                continue  # exited: its pid may be reaped, and reused, before its report
+            sampled = (index - start) % count < SAMPLES_PER_TICK
             if now >= child.deadline and child.kill_reason is None:
+                if child.forked_by_server and not child.alive():
+                    continue  # exited: its pid may be reaped, and reused, before its report
                 timeout = child.deadline - child.started
                 log.info("job %s %s: time limit %.3gs reached, stopping", child.job_id,
                          child.task, timeout)
                 child.stop(KillReason.TIMEOUT, f"{timeout:g}s", grace=KILL_GRACE)
                 self.kill_after_grace(child)
-            if (index - start) % count >= SAMPLES_PER_TICK:
-                continue  # not this one's turn to be sampled
+            if not sampled:
+                continue
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
                 child.peak_rss = max(child.peak_rss, JobCgroups.usage(child.spec.cgroup))
                 continue
-            pids = memory.tree_pids(child.pid)
-            rss = sum(memory.rss(p) for p in pids)
+            usage = child.tree_usage()
+            if usage is None:
+                continue  # exited
+            processes, rss = usage
             child.peak_rss = max(child.peak_rss, rss)
             most = child.spec.max_processes
-            if most and len(pids) > most + 1 and child.kill_reason is None:
+            if most and processes > most + 1 and child.kill_reason is None:
                 # +1: the waiter of a job in its own PID namespace. Where the kernel
                 # enforces the limit (RLIMIT_NPROC in the job's user namespace, pids.max)
                 # it is never reached; elsewhere this is the limit, after the fact
                 log.info("job %s %s: %d processes, over max_processes %d, killing",
-                         child.job_id, child.task, len(pids), most)
-                child.stop(KillReason.PROCESSES, f"{len(pids)} > {most}", grace=0)
+                         child.job_id, child.task, processes, most)
+                child.stop(KillReason.PROCESSES, f"{processes} > {most}", grace=0)
                 continue
             limit = child.spec.memory_limit
             if limit and rss > limit and child.kill_reason is None:

@@ -27,6 +27,7 @@ from forq.supervisor.fork.messages import (
     MessageReader,
     Report,
 )
+from forq.supervisor.memory import RootFiles
 from forq.supervisor.output import OutputReader
 
 log = logging.getLogger("forq.supervisor")
@@ -68,6 +69,7 @@ class RunningChild:
     oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
     output: int = -1  # the read end of its stdout and stderr (-1: none)
     out: OutputReader = field(init=False)
+    proc: RootFiles | None = None  # its /proc files, once sampled (`tree_usage`)
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
@@ -84,6 +86,25 @@ class RunningChild:
         self.out.finish()
         os.close(self.output)
         self.output = -1
+
+    def tree_usage(self) -> tuple[int, int] | None:
+        """(processes, resident bytes) of its process tree; None once it exited."""
+        if self.proc is None:
+            try:
+                self.proc = RootFiles(self.pid)
+            except OSError:
+                return None
+            if self.forked_by_server and not self.alive():
+                # reaped by its fork server before we opened them: they may be a
+                # stranger's that was given its pid
+                self.close_proc()
+                return None
+        return self.proc.usage()
+
+    def close_proc(self) -> None:
+        if self.proc is not None:
+            self.proc.close()
+            self.proc = None
 
     @property
     def forked_by_server(self) -> bool:

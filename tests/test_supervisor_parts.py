@@ -4,6 +4,7 @@ black-box tests (test_supervisor_*.py) run the same logic in real supervisors.""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -329,3 +330,44 @@ def test_a_lease_that_ran_out_before_the_fork_gets_no_child_and_goes_back(tmp_pa
         assert back.history[-1]["event"] == "released"
     finally:
         sup.loop.close()
+
+
+def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
+    """`RootFiles` (the memory sampler's held /proc files): the root, a grandchild
+    started from a second thread, and their memory; None once the root is reaped —
+    its pid may then be another process's, and a held file never answers for it."""
+    import psutil
+
+    from forq.supervisor.memory import RootFiles
+
+    # the grandchild is the second thread's child: only that thread's children file
+    # lists it (and the thread lives on, so it is not handed to the main thread)
+    script = ("import subprocess, threading, time\n"
+              "held = bytearray(40 << 20)\n"
+              "for i in range(0, len(held), 4096): held[i] = 1\n"
+              "ready = threading.Event()\n"
+              "def run():\n"
+              "    subprocess.Popen(['sleep', '30']); ready.set(); time.sleep(30)\n"
+              "threading.Thread(target=run, daemon=True).start()\n"
+              "ready.wait(); print('ready', flush=True); time.sleep(30)\n")
+    root = subprocess.Popen(["python3", "-c", script], stdout=subprocess.PIPE)
+    tree: list[psutil.Process] = []
+    try:
+        assert root.stdout.readline() == b"ready\n"
+        files = RootFiles(root.pid)
+        usage = files.usage()  # `sleep` runs: Popen returned once it was exec'd
+        tree = [psutil.Process(root.pid), *psutil.Process(root.pid).children(recursive=True)]
+        assert usage is not None and usage[0] == len(tree) == 2
+        assert usage[1] >= 40 << 20
+        assert abs(usage[1] - sum(p.memory_info().rss for p in tree)) < 4 << 20
+        root.kill()
+        root.wait(timeout=10)
+        assert files.usage() is None
+        files.close()
+    finally:
+        root.kill()
+        for process in tree[1:]:  # reparented by now: psutil would call it another
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
