@@ -103,15 +103,28 @@ def _join_cgroup(path: str) -> None:
         os._exit(JOIN_FAILED)
 
 
-def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1) -> int:
-    """Detach from the supervisor's signals, fds and session. Returns the new pipe fd.
-    stdout and stderr become `output_fd` (a pipe the supervisor reads), never the
-    supervisor's own log."""
+def detach() -> None:
+    """The part of `_isolate` that needs no job: a session of its own, default signals,
+    stdin from /dev/null. A spare does it while it waits (`server._wait_for_job`), so
+    that these calls, and the copy-on-write faults of their first touches, are off a
+    job's pick-up path."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1,
+             detached: bool = False) -> int:
+    """Detach from the supervisor's signals, fds and session. Returns the new pipe fd.
+    stdout and stderr become `output_fd` (a pipe the supervisor reads), never the
+    supervisor's own log."""
+    if not detached:
+        detach()
     # keep only stdio and the result pipe (moved to fd 3): a handler never holds the
     # supervisor's Redis connection, metrics socket or another child's pipe
     if output_fd >= 0:
@@ -120,9 +133,6 @@ def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1) -> int:
     if result_fd != 3:
         os.dup2(result_fd, 3, inheritable=False)
     os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     return 3
 
 
@@ -255,14 +265,15 @@ def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> A
 
 
 def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
-              output_fd: int = -1, parent_pidfd: int = -1) -> None:
-    """The child's whole life. Never returns."""
+              output_fd: int = -1, parent_pidfd: int = -1, detached: bool = False) -> None:
+    """The child's whole life (`detached`: a spare that ran `detach` already). Never
+    returns."""
     code = 0
     try:
         _die_with_parent(parent_pid, parent_pidfd)
         # its own process group and default signals first: joining a cgroup can wait for
         # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
-        fd = _isolate(spec, result_fd, output_fd)
+        fd = _isolate(spec, result_fd, output_fd, detached)
         if spec.cgroup:
             _join_cgroup(spec.cgroup)
         try:

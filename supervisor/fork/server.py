@@ -53,6 +53,7 @@ from forq.supervisor.fork.child import (
     PR_SET_PDEATHSIG,
     ChildSpec,
     _die_with_parent,
+    detach,
     run_child,
 )
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
@@ -355,6 +356,7 @@ def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int) -> No
     the server), then run it as a freshly forked child would; EOF: not needed, exit 0."""
     try:
         _die_with_parent(server_pid, server_pidfd)
+        detach()
         data, ancillary, _flags, _ = sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(8))
         fds = fds_of(ancillary)
         if not data:
@@ -366,7 +368,7 @@ def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int) -> No
         result_fd, output_fd = fds
     except BaseException:  # noqa: BLE001 — the server reports an exit without a report: a crash
         os._exit(71)
-    run_child(spec, result_fd, server_pid, title, output_fd, server_pidfd)
+    run_child(spec, result_fd, server_pid, title, output_fd, server_pidfd, detached=True)
     os._exit(71)  # not reached: run_child ends the process
 
 
