@@ -96,7 +96,8 @@ def lineage(sleep: float = 0.0, ballast: str = ""):
     import sys
 
     time.sleep(sleep)
-    return {"pid": os.getpid(), "ppid": os.getppid(), "redis": "redis" in sys.modules}
+    return {"pid": os.getpid(), "ppid": os.getppid(), "redis": "redis" in sys.modules,
+            "nice": os.nice(0)}
 
 
 @task("tests.cgroup")

@@ -375,6 +375,31 @@ def test_a_job_a_spare_cannot_take_is_forked_for_it(tmp_path, redis_url, queue, 
 
 
 @pytest.mark.timeout(60)
+def test_a_spare_runs_only_a_job_of_the_priority_it_preset(tmp_path, redis_url, queue):
+    """A spare sets its nice and oom_score_adj while it waits (those of the last job, the
+    defaults before any). A job of another queue's nice is forked for it, with its own
+    nice, and the spares forked next preset that one; each job has its queue's nice."""
+    other = Queue(f"{queue.name}-nice3", redis=queue.redis)
+    extra = f'[[queue]]\nname = "{other.name}"\nconcurrency = 2\nnice = 3\n'
+    sup = start(tmp_path, redis_url, queue, concurrency=2, extra=extra)
+    try:
+        spares = the_spares(sup)
+        niced = other.enqueue("tests.lineage").wait(timeout=10)
+        assert niced["nice"] == 3 and niced["pid"] not in spares, (niced, spares)
+        respares = the_spares(sup, without=tuple(spares))  # those preset 10 went
+        again = other.enqueue("tests.lineage").wait(timeout=10)
+        assert again["nice"] == 3 and again["pid"] in respares, (again, respares)
+        default = queue.enqueue("tests.lineage").wait(timeout=10)
+        assert default["nice"] == 10 and default["pid"] not in respares, (default, respares)
+        seen = queue.enqueue("tests.whoami").wait(timeout=10)
+        assert seen["oom_score_adj"] == 800, seen
+    finally:
+        sup.stop()
+        other.redis.delete(*other.redis.keys(f"forq:{{{other.name}}}*") or ["-"])
+    assert not errors_in(sup.log()), sup.log()[-4000:]
+
+
+@pytest.mark.timeout(60)
 def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, queue):
     sup = start(tmp_path, redis_url, queue, concurrency=2)
     try:

@@ -52,8 +52,11 @@ from forq.supervisor.fork.child import (
     _PRCTL,
     PR_SET_PDEATHSIG,
     ChildSpec,
+    Priority,
     _die_with_parent,
     detach,
+    preset_priority,
+    priority_of,
     run_child,
 )
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
@@ -83,6 +86,9 @@ class Server:
         self.fenced: set[int] = set()
         self.spares = spares  # idle children to keep forked in advance
         self.idle: dict[int, socket.socket] = {}  # spare pid -> our end of its socket
+        # the priority (nice, oom_score_adj) the spares preset: the last request's,
+        # ChildSpec's defaults before any
+        self.priority: Priority = priority_of(ChildSpec("", "", "", [], {}, 0, 0, 0, 0))
         self.dismissed: set[int] = set()  # spares told to go (EOF), not reaped yet
         self.retiring = False  # the supervisor forks no more here: no more spares
         self.set_title = set_title
@@ -229,7 +235,7 @@ class Server:
         try:
             # a namespaced child's fork depends on its job: it cannot be made in advance
             pid = self.hand_to_spare(data, [result_fd, output_fd]) \
-                if inline and not spec.namespaces else None
+                if inline and not spec.namespaces and self.spare_fits(spec) else None
             if pid is None:
                 pid = self.fork(spec, result_fd, output_fd, title)
         except OSError as exc:
@@ -283,6 +289,16 @@ class Server:
 
     # -- spares --------------------------------------------------------------------
 
+    def spare_fits(self, spec: ChildSpec) -> bool:
+        """Whether the spares' preset priority is this job's. If not, the spares go, and
+        those forked next preset this one's: a niced process cannot be un-niced, nor
+        its oom_score_adj lowered, without privileges a fork server may not have."""
+        if priority_of(spec) == self.priority:
+            return True
+        self.priority = priority_of(spec)
+        self.dismiss_spares()
+        return False
+
     def hand_to_spare(self, request: bytes, fds: list[int]) -> int | None:
         """Give the request (already checked here) and its fds to an idle child; its
         pid, or None if there is no spare left to take it (one that died cannot)."""
@@ -325,7 +341,7 @@ class Server:
         if pid == 0:
             ours.close()
             self.close_in_child()
-            _wait_for_job(theirs, self.me, self.pidfd)
+            _wait_for_job(theirs, self.me, self.pidfd, self.priority)
         self.title(SERVER_TITLE)
         theirs.close()
         if pid < 0:
@@ -338,6 +354,9 @@ class Server:
         """The supervisor forks no more here (a reload replaced us): the spares go now,
         the running children when they end."""
         self.retiring = True
+        self.dismiss_spares()
+
+    def dismiss_spares(self) -> None:
         for pid, sock in self.idle.items():
             sock.close()  # EOF: it exits 0, and `reap` collects it
             self.dismissed.add(pid)
@@ -351,12 +370,14 @@ class Server:
                 pass
 
 
-def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int) -> NoReturn:
+def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int,
+                  priority: Priority) -> NoReturn:
     """A spare's life: wait for one request (sent by `Server.hand_to_spare`, checked by
     the server), then run it as a freshly forked child would; EOF: not needed, exit 0."""
     try:
         _die_with_parent(server_pid, server_pidfd)
         detach()
+        preset_priority(priority)
         data, ancillary, _flags, _ = sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(8))
         fds = fds_of(ancillary)
         if not data:
@@ -368,7 +389,7 @@ def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int) -> No
         result_fd, output_fd = fds
     except BaseException:  # noqa: BLE001 — the server reports an exit without a report: a crash
         os._exit(71)
-    run_child(spec, result_fd, server_pid, title, output_fd, server_pidfd, detached=True)
+    run_child(spec, result_fd, server_pid, title, output_fd, server_pidfd, preset=priority)
     os._exit(71)  # not reached: run_child ends the process
 
 
