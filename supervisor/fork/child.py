@@ -104,10 +104,12 @@ def _join_cgroup(path: str) -> None:
 
 
 def detach() -> None:
-    """The part of `_isolate` that needs no job: a session of its own, default signals,
-    stdin from /dev/null. A spare does it while it waits (`server._wait_for_job`), so
-    that these calls, and the copy-on-write faults of their first touches, are off a
-    job's pick-up path."""
+    """The part of `_isolate` and `_sandbox` that needs no job: a session of its own,
+    default signals, stdin from /dev/null, no systemd variables. A spare does it while
+    it waits (`server._wait_for_job`), so that these calls, and the copy-on-write faults
+    of their first touches, are off a job's pick-up path."""
+    for name in _SYSTEMD_VARS:
+        os.environ.pop(name, None)
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
@@ -190,8 +192,6 @@ def _sandbox(spec: ChildSpec) -> None:
     if spec.env_allow is not None:
         for name in [k for k in os.environ if k not in spec.env_allow]:
             del os.environ[name]
-    for name in _SYSTEMD_VARS:
-        os.environ.pop(name, None)
     os.environ.update(spec.extra_env)
     if spec.run_as:  # already done by the fork server; here for a child exec'd alone
         sandbox.drop_to(spec.run_as)
@@ -301,7 +301,8 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
     `preset_priority` already). Never returns."""
     code = 0
     try:
-        _die_with_parent(parent_pid, parent_pidfd)
+        if preset is None:  # a spare asked, and checked, before it waited
+            _die_with_parent(parent_pid, parent_pidfd)
         # its own process group and default signals first: joining a cgroup can wait for
         # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
         fd = _isolate(spec, result_fd, output_fd, detached=preset is not None)

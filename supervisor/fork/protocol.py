@@ -57,8 +57,15 @@ def fds_of(ancillary: list) -> list[int]:
     return list(fds)
 
 
+def encode(message: dict) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
 def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode()
+    send_encoded(sock, encode(message), fds)
+
+
+def send_encoded(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
     if fds:
         sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     else:
