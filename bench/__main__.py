@@ -1,7 +1,7 @@
 """`python -m bench`: forq beside RQ, Celery, Dramatiq and BullMQ and beside the machine's
 limits, in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
 
-    .venv/bin/python -m bench                 # full run (about 7 minutes)
+    .venv/bin/python -m bench                 # full run (under 10 minutes on 2 cores)
     .venv/bin/python -m bench --quick         # smaller N, fewer repetitions (about 2.5 minutes)
     .venv/bin/python -m bench --skip-1m       # full run without the 1,000,000-job backlog
     .venv/bin/python -m bench --only e2e,latency
@@ -49,10 +49,11 @@ class Sizes:
         self.enqueue_single = 2000 if quick else 5000
         self.enqueue_batch = 10_000 if quick else 20_000
         # no-op jobs drained end to end; the slow forking RQ worker gets fewer
-        self.drain = {"forq": 1000 if quick else 3000, "rq-fork": 200 if quick else 600,
-                      "rq-simple": 600 if quick else 2000, "celery": 1000 if quick else 3000,
-                      "dramatiq": 1000 if quick else 3000}
-        self.profile_jobs = 2000
+        # (sized to keep a full run under 10 minutes on a 2-core machine)
+        self.drain = {"forq": 1000 if quick else 2000, "rq-fork": 200 if quick else 600,
+                      "rq-simple": 600 if quick else 1500, "celery": 1000 if quick else 2000,
+                      "dramatiq": 1000 if quick else 2000}
+        self.profile_jobs = 1500
         self.latency_samples = 20 if quick else 100
         self.recovery_reps = 2 if quick else 3
         self.supervisor_kill_reps = 1 if quick else 2
@@ -200,6 +201,10 @@ def _merge_latency(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out.update(samples=len(samples), p50_ms=percentile(samples, 50),
                p99_ms=percentile(samples, 99), max_ms=max(samples), all_ms=samples,
                rounds_p50_ms=[r["p50_ms"] for r in runs])
+    after = [x for r in runs for x in r.get("after_all_ms", [])]
+    if after:  # from the enqueue call's return, as issue 18 measures it
+        out.update(after_p50_ms=percentile(after, 50), after_p99_ms=percentile(after, 99),
+                   after_all_ms=after)
     for key in ("claim_p50_ms", "to_claim_p50_ms", "claim_to_start_p50_ms"):
         if key in out:
             out[key] = median(r[key] for r in runs)

@@ -275,7 +275,7 @@ def latency(url: str, samples: int, workdir: Path | None = None,
     q = Queue(name, redis=r)
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, 2, queue_extra=queue_extra)
     sup = ForqSupervisor(cfg, workdir / f"{name}.log").start()
-    start_ms, claim_ms, enq_claim_ms, fork_ms = [], [], [], []
+    start_ms, after_ms, claim_ms, enq_claim_ms, fork_ms = [], [], [], [], []
     try:
         time.sleep(0.5)  # idle: start-up work done
         q.enqueue("bench.noop")  # warm: scripts loaded on both sides
@@ -283,11 +283,13 @@ def latency(url: str, samples: int, workdir: Path | None = None,
         for _ in range(samples):
             t0 = time.time()
             job = q.enqueue("bench.stamp")
+            t1 = time.time()
             key = q.keys.job(job.id)
             rec = wait_until(lambda k=key: (h := r.hmget(k, "state", "result", "enqueued_at",
                                                          "started_at"))[0] == "succeeded" and h,
                              30, 0.002, "stamp job")
             start_ms.append((float(rec[1]) - t0) * 1000)
+            after_ms.append((float(rec[1]) - t1) * 1000)
             claim_ms.append(int(rec[3]) - int(rec[2]))
             enq_claim_ms.append(int(rec[3]) - t0 * 1000)
             fork_ms.append(float(rec[1]) * 1000 - int(rec[3]))
@@ -303,7 +305,8 @@ def latency(url: str, samples: int, workdir: Path | None = None,
             # and claim → handler running (the reply, fork and the child's set-up)
             "to_claim_p50_ms": percentile(enq_claim_ms, 50),
             "claim_to_start_p50_ms": percentile(fork_ms, 50),
-            "supervisor_rss_idle": idle_rss, "all_ms": [round(x, 3) for x in start_ms]}
+            "supervisor_rss_idle": idle_rss, "all_ms": [round(x, 3) for x in start_ms],
+            "after_all_ms": [round(x, 3) for x in after_ms]}
 
 
 # -- recovery ----------------------------------------------------------------------------

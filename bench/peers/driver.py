@@ -425,7 +425,7 @@ def mode_drain(peer: Peer, n: int, reps: int) -> dict[str, Any]:
 def mode_latency(peer: Peer, samples: int) -> dict[str, Any]:
     peer.flush()
     peer.start()
-    lat = []
+    lat, after = [], []
     try:
         peer.wait_ready()
         time.sleep(1.0)
@@ -434,13 +434,17 @@ def mode_latency(peer: Peer, samples: int) -> dict[str, Any]:
         for _ in range(samples):
             t0 = time.time()
             handle = peer.enqueue_stamp()
-            lat.append((peer.stamp_result(handle) - t0) * 1000)
+            t1 = time.time()
+            started = peer.stamp_result(handle)
+            lat.append((started - t0) * 1000)
+            after.append((started - t1) * 1000)
             time.sleep(random.uniform(0.02, 0.05))
     finally:
         peer.stop()
         peer.flush()
     return {"samples": samples, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
-            "max_ms": max(lat), "all_ms": [round(x, 3) for x in lat]}
+            "max_ms": max(lat), "all_ms": [round(x, 3) for x in lat],
+            "after_all_ms": [round(x, 3) for x in after]}
 
 
 def mode_ceiling(peer: Peer, n: int, procs: int, concurrency: int) -> dict[str, Any]:
