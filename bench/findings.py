@@ -235,4 +235,53 @@ process that did not just fork take microseconds (close_range 2 µs, the signal 
 µs, stdin 4 µs, oom_score_adj 12 µs): the child pays copy-on-write faults on its first
 touches of the fork server's memory, not the steps themselves. Pre-forking one child per
 idle slot (finding 5 below) takes fork and set-up out of the pick-up path; it is not done.
+(Done since: the spares of Findings III.)
+
+## Findings III (issue 18, 2026-12-02): the idle pick-up, hop by hop, and 1,000 children sampled
+
+### Where an idle pick-up's time goes
+
+Time marks written by each process on the path (a temporary patch, not kept), 100 jobs
+one at a time on an idle supervisor with spares, p50 from the start of the enqueue call
+(2026-12-02, load ≈ 1): the enqueue call returns at +1.09 ms, and the supervisor is
+woken by its publish at +1.16; it has read the message at +1.39, built the claim at
++1.59 and sent it at +1.62; the claim's reply is read at +2.05; the request to the fork
+server goes at +2.35 and is read there at +2.63; the spare has it at +3.08, has decoded
+it at +3.24, and is in the handler's module at +3.59: **2.5 ms from the enqueue's
+return**. Each hop is a process woken from idle (the supervisor, the fork server, the
+spare) and a few hundred µs of Python in it; the claim round trip is 0.45 ms.
+
+What was taken out of that path, each measured by 3 × 100 samples interleaved with the
+code before it (claim → handler, p50):
+
+1. The spare **detaches while it waits** (its session, default signals, stdin, systemd
+   variables): 3.6–3.7 → 3.3–3.5 ms.
+2. It **presets its priority** (nice, oom_score_adj, no core dumps) to those of the fork
+   server's last request; a job of another priority is forked for it and the spares are
+   replaced: a niced process cannot be un-niced without privileges. `_limit` was
+   0.54 ms of the child's set-up (the first write to oom_score_adj, and copy-on-write
+   faults): 3.4–3.6 → 2.7–2.9 ms.
+3. The fork server and the new spare **rehearse** the last request's decoding right
+   after the spare's fork: a spare shares every page with its fork server, and the first
+   write to one on either side copies it. The fork server's hand-off went 0.54 →
+   0.34 ms, the spare's decoding 0.29 → 0.22 ms.
+4. The request is JSON-encoded once (it was twice), and a spare does not check its
+   parent again.
+
+Left: the three wake-ups are the floor of this design. A spare that the supervisor
+writes to directly (the fork server told after) would save a hop, about 0.5 ms, at the
+price of moving the spares' bookkeeping (priority, retirement, fencing) into the
+supervisor; not done.
+
+### 1,000 children sampled (`python -m bench.leases`)
+
+`strace -c` of the supervisor holding 1,000 sleeping jobs, 10 s: 22,144 `openat`,
+22,144 `read`, 22,144 `close` and 11,138 `poll` — the memory sampler's 64 trees per
+tick, each an open, read and close of `statm`, a listing of `task/`, the same of each
+thread's `children`, and a pidfd poll first; 11.2–11.5% of a core in all. Now each
+child's `/proc/PID/stat` and `children` are opened once, at its first sample, and read
+with `pread` after (a held /proc file answers for the process it was opened on, never
+for a later one given its pid: ESRCH once it is gone); `stat` gives the rss and the
+thread count, so one `children` file is enough for a single-threaded process; and a
+child with nothing due on a tick costs no syscall. **3.4–3.6% of a core** (target < 5%).
 """
