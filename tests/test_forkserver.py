@@ -415,7 +415,9 @@ def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, q
         # the old one stays for its running job, without spares
         for spare in old_spares - {child}:
             wait_for(lambda s=spare: gone(s), timeout=5, message=f"old spare {spare} to go")
-        assert [c.pid for c in psutil.Process(old).children()] == [child]
+        # and reaped them (a zombie is `gone` before its fork server has reaped it)
+        wait_for(lambda: [c.pid for c in psutil.Process(old).children()] == [child],
+                 timeout=5, message="the old fork server left with its running job alone")
         new_spares = the_spares(sup, without=tuple(old_spares))
         assert all(psutil.Process(p).ppid() == new for p in new_spares)
         queue.cancel(jid)
