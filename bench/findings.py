@@ -248,7 +248,8 @@ woken by its publish at +1.16; it has read the message at +1.39, built the claim
 +1.59 and sent it at +1.62; the claim's reply is read at +2.05; the request to the fork
 server goes at +2.35 and is read there at +2.63; the spare has it at +3.08, has decoded
 it at +3.24, and is in the handler's module at +3.59: **2.5 ms from the enqueue's
-return**. Each hop is a process woken from idle (the supervisor, the fork server, the
+return** (1.6 ms in the full run above, taken in a quieter hour of the same machine,
+when forks also ran three times as fast). Each hop is a process woken from idle (the supervisor, the fork server, the
 spare) and a few hundred µs of Python in it; the claim round trip is 0.45 ms.
 
 What was taken out of that path, each measured by 3 × 100 samples interleaved with the

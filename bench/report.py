@@ -61,6 +61,13 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         share = forq_e2e / fork
         out.append(("end to end ≥ 50% of the raw fork limit", "≥ 50%",
                     f"{share:.0%} ({n(forq_e2e)} of {n(fork)} forks/s)", share >= 0.5))
+        out.append(("isolation for free: end to end ≥ 80% of the fork limit (#18)", "≥ 80%",
+                    f"{share:.0%}", share >= 0.8))
+    dramatiq = get(s, "e2e", "dramatiq", "median")
+    if forq_e2e and dramatiq:
+        ratio = forq_e2e / dramatiq
+        out.append(("isolation for free: end to end ≥ Dramatiq 2 × 1 (#18)", "≥ 1.0×",
+                    f"{ratio:.2f}× ({n(forq_e2e)} vs {n(dramatiq)} jobs/s)", ratio >= 1.0))
     many = get(s, "enqueue", "forq", "enqueue_many", "median")
     if many:
         out.append(("enqueue_many ≥ 40,000 jobs/s", "≥ 40,000/s", f"{n(many)}/s", many >= 40_000))
