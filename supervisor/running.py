@@ -9,6 +9,7 @@ here — no thread and no SIGCHLD race. What its end means is `outcomes.classify
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -27,7 +28,7 @@ from forq.supervisor.fork.messages import (
     MessageReader,
     Report,
 )
-from forq.supervisor.memory import RootFiles
+from forq.supervisor.memory import RootFiles, tree_usage
 from forq.supervisor.output import OutputReader
 
 log = logging.getLogger("forq.supervisor")
@@ -92,8 +93,15 @@ class RunningChild:
         if self.proc is None:
             try:
                 self.proc = RootFiles(self.pid)
-            except OSError:
-                return None
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    return None  # gone
+                # out of fds (a low RLIMIT_NOFILE and many children): sampled by path,
+                # which holds none, rather than not at all
+                if self.forked_by_server and not self.alive():
+                    return None
+                processes, resident = tree_usage(self.pid)
+                return (processes, resident) if processes else None
             if self.forked_by_server and not self.alive():
                 # reaped by its fork server before we opened them: they may be a
                 # stranger's that was given its pid

@@ -371,3 +371,36 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
                 os.kill(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_supervisor_out_of_fds_still_samples_a_childs_memory():
+    """A low RLIMIT_NOFILE and many children: the sampler cannot hold a child's /proc
+    files open, and reads them by path instead, rather than not sampling it."""
+    import errno
+    import resource
+
+    from forq.supervisor.fork.child import ChildSpec
+
+    spec = ChildSpec(job_id="j1", queue="q", task="tests.echo", args=[], kwargs={},
+                     attempts=0, crashes=0, memory_limit=0, max_result_bytes=1024)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    child = RunningChild(None, spec, sleeper.pid, -1, -1, 0.0, 0.0)  # type: ignore[arg-type]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        with pytest.raises(OSError) as full:
+            while True:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+        assert full.value.errno == errno.EMFILE
+        os.close(filler.pop())  # one free fd: a read by path, not two held files
+        usage = child.tree_usage()
+        assert child.proc is None  # nothing held
+        assert usage is not None and usage[0] == 1 and usage[1] > 0, usage
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        sleeper.kill()
+        sleeper.wait()
+    child.close_proc()
