@@ -32,6 +32,14 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _pread_all(fd: int) -> bytes:
+    """A held /proc file's whole content, read afresh from its start."""
+    chunks = [os.pread(fd, 65536, 0)]
+    while len(chunks[-1]) == 65536:  # a fork bomb's children list: read on
+        chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+    return b"".join(chunks)
+
+
 def _stat(pid: int) -> tuple[int, int]:
     """(resident bytes, threads) of `pid` from one read of /proc/PID/stat; (0, 0) once
     it is gone. Its rss is the one statm gives; the thread count says whether its
@@ -70,7 +78,7 @@ def tree_usage(pid: int) -> tuple[int, int]:
     """(processes, resident bytes) of `pid` and its live descendants: two small reads a
     process for most, so that sampling 1,000 jobs' trees stays cheap."""
     if not _HAS_CHILDREN_FILE:
-        pids = tree_pids(pid)
+        pids = _psutil_tree(pid)
         return len(pids), sum(rss(p) for p in pids)
     count, total, todo = 0, 0, [pid]
     while todo:
@@ -111,7 +119,7 @@ class RootFiles:
             if self.children < 0:
                 return tree_usage(self.pid)
             if int(fields[17]) == 1:  # one thread: its children are all in one file
-                kids = [int(p) for p in os.pread(self.children, 65536, 0).split()]
+                kids = [int(p) for p in _pread_all(self.children).split()]
             else:
                 kids = _direct_children(self.pid)
         except (OSError, IndexError, ValueError):
@@ -128,22 +136,11 @@ class RootFiles:
         self.stat = self.children = -1
 
 
-def tree_pids(pid: int) -> list[int]:
-    """`pid` and all of its live descendants."""
-    if not _HAS_CHILDREN_FILE:
-        try:
-            proc = psutil.Process(pid)
-            return [pid] + [c.pid for c in proc.children(recursive=True)]
-        except psutil.Error:
-            return [pid]
-    pids, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        pids.append(current)
-        todo.extend(_direct_children(current))
-    return pids
-
-
-def tree_rss(pid: int) -> int:
-    """Bytes resident in `pid` and its descendants (0 once they are gone)."""
-    return tree_usage(pid)[1]
+def _psutil_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants, by psutil's scan of /proc (kernels without the
+    children files)."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid] + [c.pid for c in proc.children(recursive=True)]
+    except psutil.Error:
+        return [pid]
