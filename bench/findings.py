@@ -285,4 +285,17 @@ with `pread` after (a held /proc file answers for the process it was opened on, 
 for a later one given its pid: ESRCH once it is gone); `stat` gives the rss and the
 thread count, so one `children` file is enough for a single-threaded process; and a
 child with nothing due on a tick costs no syscall. **3.4–3.6% of a core** (target < 5%).
+
+### Under load: copy-on-write, not the fork (still open: 61% of the fork limit, target 80%)
+
+`perf stat -p` on the fork server during a 2,000-job drain at concurrency 2 (463 jobs/s,
+2026-12-02): the fork server alone **1.0 ms of CPU and 220 page faults a job** (a bare
+fork's parent: 0.32 ms, 36), its children **1.39 ms and 515 faults** (a bare fork's
+child: 0.98 ms, 262), the supervisor 0.78 ms and no fault. Two children are alive nearly
+all the time, so every page the fork server writes between forks (decoding and checking
+a request, reaping, reporting) is copied, and so is every page a child's Python touches.
+Not done, in the order they would help: fork from a zygote — a process that does nothing
+but fork, in a loop that touches a few pages, while the fork server decodes, checks and
+reaps elsewhere; then an asynchronous spawn, so the supervisor's loop goes on while the
+fork server forks (py-spy: it waits in `ForkServer._receive` 18% of its time).
 """
