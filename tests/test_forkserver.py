@@ -14,6 +14,7 @@ import pytest
 
 from forq import Queue
 from forq.supervisor.fork.client import REPLY_TIMEOUT
+from forq.testing.redis import delete_queue
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import (
     SupervisorProcess,
@@ -395,7 +396,7 @@ def test_a_spare_runs_only_a_job_of_the_priority_it_preset(tmp_path, redis_url, 
         assert seen["oom_score_adj"] == 800, seen
     finally:
         sup.stop()
-        other.redis.delete(*other.redis.keys(f"forq:{{{other.name}}}*") or ["-"])
+        delete_queue(other.redis, other.name)
     assert not errors_in(sup.log()), sup.log()[-4000:]
 
 

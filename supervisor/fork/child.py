@@ -142,6 +142,9 @@ def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1,
 Priority = tuple[int, int]
 
 
+DEFAULT_PRIORITY: Priority = (ChildSpec.nice, ChildSpec.oom_score_adj)  # the field defaults
+
+
 def priority_of(spec: ChildSpec) -> Priority:
     return spec.nice, spec.oom_score_adj
 

@@ -50,6 +50,7 @@ from forq import registry
 from forq.supervisor.fork import namespaces, sandbox, tasks
 from forq.supervisor.fork.child import (
     _PRCTL,
+    DEFAULT_PRIORITY,
     PR_SET_PDEATHSIG,
     ChildSpec,
     Priority,
@@ -88,7 +89,7 @@ class Server:
         self.idle: dict[int, socket.socket] = {}  # spare pid -> our end of its socket
         # the priority (nice, oom_score_adj) the spares preset: the last request's,
         # ChildSpec's defaults before any
-        self.priority: Priority = priority_of(ChildSpec("", "", "", [], {}, 0, 0, 0, 0))
+        self.priority: Priority = DEFAULT_PRIORITY
         self.last_request = b""  # the last job's request, as it came (`rehearse`)
         self.dismissed: set[int] = set()  # spares told to go (EOF), not reaped yet
         self.retiring = False  # the supervisor forks no more here: no more spares
