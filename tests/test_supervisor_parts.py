@@ -25,6 +25,7 @@ from forq.supervisor.running import KillReason, RunningChild
 from forq.supervisor.supervisor import Supervisor
 from forq.supervisor.timers import Timers
 from forq.supervisor.wakeups import Wakeups
+from forq.testing.waiting import wait_for
 from tests.supervisors import write_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -373,6 +374,11 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
                 pass
 
 
+def _resident_pages(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1])
+
+
 def test_a_supervisor_out_of_fds_still_samples_a_childs_memory():
     """A low RLIMIT_NOFILE and many children: the sampler cannot hold a child's /proc
     files open, and reads them by path instead, rather than not sampling it."""
@@ -384,6 +390,9 @@ def test_a_supervisor_out_of_fds_still_samples_a_childs_memory():
     spec = ChildSpec(job_id="j1", queue="q", task="tests.echo", args=[], kwargs={},
                      attempts=0, crashes=0, memory_limit=0, max_result_bytes=1024)
     sleeper = subprocess.Popen(["sleep", "30"])
+    # Popen returns when exec closes its error pipe, before the new image is mapped:
+    # until then the process has no resident pages to find.
+    wait_for(lambda: _resident_pages(sleeper.pid) > 0, timeout=10)
     child = RunningChild(None, spec, sleeper.pid, -1, -1, 0.0, 0.0)  # type: ignore[arg-type]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     filler: list[int] = []
