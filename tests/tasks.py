@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 
@@ -22,6 +23,13 @@ def fail(message: str = "boom"):
 @task("tests.fatal")
 def fatal():
     raise NonRetryable("cannot ever work")
+
+
+@task("tests.random_draw")
+def random_draw() -> float:
+    """The fork server imported `random` (so its generator's state is the fork server's
+    until the child reseeds it)."""
+    return random.random()
 
 
 @task("tests.open_fds")

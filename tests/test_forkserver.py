@@ -17,6 +17,7 @@ from forq.supervisor.fork.client import REPLY_TIMEOUT
 from forq.testing.redis import delete_queue
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import (
+    TEST_IMPORTS,
     SupervisorProcess,
     children_of,
     fork_servers_of,
@@ -426,3 +427,87 @@ def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, q
     finally:
         sup.stop()
     assert "Traceback" not in sup.log()
+
+
+# -- lean forks (supervisor/fork/leanfork.py) ------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_each_job_draws_its_own_random_numbers(tmp_path, redis_url, queue):
+    """A lean fork skips random's at-fork reseed: the child reseeds it, or every job
+    would start from the fork server's state and draw the same numbers."""
+    sup = start(tmp_path, redis_url, queue)
+    try:
+        draws = [queue.enqueue("tests.random_draw").wait(timeout=10) for _ in range(3)]
+        assert len(set(draws)) == 3, draws
+    finally:
+        sup.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_at_fork_hook_of_a_handler_module_runs_in_its_jobs(tmp_path, redis_url, queue):
+    """A hook the lean fork would skip (a library restarting its thread in the child,
+    say) makes the fork server fork with os.fork(), which runs it."""
+    sup = start(tmp_path, redis_url, queue, imports=(*TEST_IMPORTS, "tests.fork_hooks"))
+    try:
+        assert queue.enqueue("tests.fork_hook_ran").wait(timeout=10) is True
+        assert queue.enqueue("tests.fork_hook_ran").wait(timeout=10) is True
+    finally:
+        sup.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_started_by_a_handler_module_is_not_in_its_jobs(tmp_path, redis_url, queue):
+    """With a second thread in the fork server, its children need threading's at-fork
+    clean-up (or they list a thread that is not there, and a join would hang)."""
+    sup = start(tmp_path, redis_url, queue, imports=(*TEST_IMPORTS, "tests.import_thread"))
+    try:
+        assert queue.enqueue("tests.threads").wait(timeout=10) == 1
+    finally:
+        sup.stop()
+
+
+_LEAN_PROBE = """
+import os, threading
+registered = []
+register = os.register_at_fork
+os.register_at_fork = lambda **hooks: (registered.extend(
+    getattr(h, "__module__", None) or type(h).__module__ for h in hooks.values()),
+    register(**hooks))[-1]
+import forq.supervisor.fork.server
+from forq.supervisor.fork import leanfork
+os.register_at_fork = register
+print(sorted(set(registered)))
+print(repr(leanfork.blocker()))
+leanfork.watch_registrations()
+print(repr(leanfork.blocker()))
+pid = leanfork.fork()
+if pid == 0:
+    os._exit(7)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+thread = threading.Thread(target=threading.Event().wait, daemon=True)
+thread.start()
+print(repr(leanfork.blocker()))
+os.register_at_fork(after_in_child=lambda: None)
+print(repr(leanfork.blocker()))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do():
+    """In a fresh process that imports the fork server as it starts: its own imports
+    register only hooks a lean fork may skip, so it forks lean; a second thread, or a
+    hook it has not vetted, and it does not."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LEAN_PROBE], capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    from forq.supervisor.fork.leanfork import _SKIPPABLE
+
+    assert set(eval(out[0])) <= _SKIPPABLE, out[0]  # noqa: S307 — our own repr of a list
+    assert out[1] == "'at-fork registrations not watched'"
+    assert out[2] == "''", out
+    assert out[3] == "7"  # a lean-forked child runs and exits as any other
+    assert out[4] == "'2 threads'", out
+    assert out[5].startswith("'an at-fork hook of __main__."), out

@@ -85,10 +85,11 @@ def _die_with_parent(parent_pid: int, parent_pidfd: int = -1) -> None:
     once it exited): PID 1 of a namespace of its own has no parent pid to compare."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if parent_pidfd >= 0:
-        if select.select([parent_pidfd], [], [], 0)[0]:
+    ppid = os.getppid()  # 0 for PID 1 of a namespace: then only the pidfd can tell
+    if ppid:
+        if ppid != parent_pid:
             os._exit(70)
-    elif os.getppid() != parent_pid:
+    elif parent_pidfd < 0 or select.select([parent_pidfd], [], [], 0)[0]:
         os._exit(70)
 
 
@@ -103,17 +104,25 @@ def _join_cgroup(path: str) -> None:
         os._exit(JOIN_FAILED)
 
 
-def detach() -> None:
-    """The part of `_isolate` and `_sandbox` that needs no job: a session of its own,
-    default signals, stdin from /dev/null, no systemd variables. A spare does it while
-    it waits (`server._wait_for_job`), so that these calls, and the copy-on-write faults
-    of their first touches, are off a job's pick-up path."""
+def scrub_service_vars() -> None:
+    """No systemd per-service variables in a job's `os.environ` (the fork server was
+    exec'd without them, `environment.py`; a handler module's top-level code may have
+    set them since): done once, in the fork server after it imported them, not in every
+    child, where each `os.environ.pop` of an absent name cost 40 µs."""
     for name in _SYSTEMD_VARS:
         os.environ.pop(name, None)
+
+
+def detach() -> None:
+    """The part of `_isolate` that needs no job: a session of its own, default signals,
+    stdin from /dev/null. A spare does it while it waits (`server._wait_for_job`), so
+    that these calls, and the copy-on-write faults of their first touches, are off a
+    job's pick-up path."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+        if signal.getsignal(sig) != signal.SIG_DFL:  # no call (and its faults) for nothing
+            signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -195,7 +204,8 @@ def _sandbox(spec: ChildSpec) -> None:
     if spec.env_allow is not None:
         for name in [k for k in os.environ if k not in spec.env_allow]:
             del os.environ[name]
-    os.environ.update(spec.extra_env)
+    if spec.extra_env:
+        os.environ.update(spec.extra_env)
     if spec.run_as:  # already done by the fork server; here for a child exec'd alone
         sandbox.drop_to(spec.run_as)
 

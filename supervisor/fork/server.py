@@ -21,11 +21,13 @@ waits for the pid. A request that fits in one datagram and wants no namespaces i
 handed to a spare: the same request bytes and its two fds go down the spare's socket,
 and the spare runs `run_child` exactly as a freshly forked child would (a namespaced
 child is forked for its job: how it is forked depends on the job). Spares are forked
-again only when no request is waiting, so refilling never delays a job. An idle spare
-holds nothing of any job (its own socket and stdio: the server's socket, wake-up pipe
-and the other spares' sockets are closed in it), is titled `SPARE_TITLE`, and the
-supervisor never hears of it until it runs a job: one that dies idle is reaped without
-an exit report, one that reads EOF (the server retires, `{"retire": true}`) exits 0.
+again only once no job has run for a few milliseconds (under load they cost more than
+they save: `Server.refill`), and when no request is waiting, so refilling never delays
+a job. An idle spare holds nothing of any job (its own socket and stdio: the server's
+socket, wake-up pipe and the other spares' sockets are closed in it), is titled
+`SPARE_TITLE`, and the supervisor never hears of it until it runs a job: one that dies
+idle is reaped without an exit report, one that reads EOF (the server retires,
+`{"retire": true}`) exits 0.
 
 It dies with the supervisor (PR_SET_PDEATHSIG), and a child dies with it, spares
 included; EOF on its socket (the supervisor closed it or died) ends it too.
@@ -47,7 +49,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from forq import registry
-from forq.supervisor.fork import namespaces, sandbox, tasks
+from forq.supervisor.fork import leanfork, namespaces, sandbox, tasks
 from forq.supervisor.fork.child import (
     _PRCTL,
     DEFAULT_PRIORITY,
@@ -59,6 +61,7 @@ from forq.supervisor.fork.child import (
     preset_priority,
     priority_of,
     run_child,
+    scrub_service_vars,
 )
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
@@ -66,6 +69,10 @@ SERVER_TITLE = "forq: fork server"
 # an idle child's, set around its fork so it never shows the server's: tools that count
 # the fork server's children as jobs (`forq.testing.supervisor`) can leave spares out
 SPARE_TITLE = "forq: fork server: spare"
+# no spare is forked until this long after the last job ended or was asked for: under
+# load the next request comes sooner (a slot's claim, 1–2 ms), and on an idle
+# supervisor 5 ms is well before a job is likely to come
+QUIET_BEFORE_SPARES = 0.005
 
 
 class Server:
@@ -94,6 +101,8 @@ class Server:
         self.dismissed: set[int] = set()  # spares told to go (EOF), not reaped yet
         self.retiring = False  # the supervisor forks no more here: no more spares
         self.set_title = set_title
+        # monotonic time of the last request or reaped job (`refill` waits for quiet)
+        self.busy_at = float("-inf")
 
     def serve(self, namespaces_problem: str | None = None) -> None:
         table = tasks.describe(registry.registered())
@@ -109,10 +118,10 @@ class Server:
             hello["namespaces"] = namespaces_problem  # "" when they work
         self.tell(hello)
         while True:
-            self.refill()
+            timeout = _earliest(self.refill(), self.fence_timeout())
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
-                ready, _, _ = select.select(watched, [], [], self.fence_timeout())
+                ready, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
             self.fence()
@@ -182,6 +191,7 @@ class Server:
             except (ProcessLookupError, PermissionError):
                 pass
             _, status, usage = os.wait4(pid, 0)
+            self.busy_at = time.monotonic()
             self.children.discard(pid)
             self.fence_at.pop(pid, None)
             exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss}
@@ -199,6 +209,7 @@ class Server:
         self.dismissed.discard(pid)
 
     def request(self) -> None:
+        self.busy_at = time.monotonic()
         try:
             data, ancillary, flags, _ = self.sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(12))
         except (ConnectionResetError, BrokenPipeError):
@@ -270,15 +281,16 @@ class Server:
         return pid
 
     def fork_child(self, spec: ChildSpec) -> int:
-        """`os.fork()` for one job: as PID 1 of a PID namespace of its own when the job
-        gets namespaces and we may make them (else the child makes its own, the slower
-        way: `namespaces.enter`)."""
+        """Fork for one job (`leanfork`: without Python's after-fork hooks when they have
+        nothing to do): as PID 1 of a PID namespace of its own when the job gets
+        namespaces and we may make them (else the child makes its own, the slower way:
+        `namespaces.enter`)."""
         if spec.namespaces and self.init_forks:
             try:
                 return namespaces.fork_as_init()
             except namespaces.NamespaceError:
                 pass
-        return os.fork()
+        return leanfork.fork()
 
     def close_in_child(self) -> None:
         """In a child just forked: close what is the server's — its socket to the
@@ -320,27 +332,37 @@ class Server:
             return pid
         return None
 
-    def refill(self) -> None:
-        """Fork spares up to `spares`, but only while no request waits (a request is
-        never delayed by a fork made for the next one) and no job runs. A spare is for
-        the idle case, where a job's start waited for its fork: while a spare lives,
-        every page we write is copied for it, which under a steady load cost more CPU
-        per job than the fork it saves (measured: 0.7 ms of children's CPU a job, 10% of
-        the no-op throughput, at concurrency 2) and saves no time, a slot's next job
-        being claimed only when the last one ended."""
-        while (len(self.idle) < self.spares and not self.retiring
-               and not self.children):
+    def refill(self) -> float | None:
+        """Fork spares up to `spares`, but only once no job has run or been asked for
+        for `QUIET_BEFORE_SPARES`, and while no request waits (a request is never
+        delayed by a fork made for the next one). Returns how long until a refill may
+        be due, None if none is.
+
+        A spare is for the idle case, where a job's start waited for its fork. Under
+        load it costs: while a spare lives, every page we write is copied for it
+        (measured: 0.7 ms of children's CPU a job, 10% of the no-op throughput, at
+        concurrency 2, when spares were kept while jobs ran), and a job handed to one
+        pays a second decoding and the rehearsals. It saves no time there either: a
+        slot's next job is claimed only when the last one ended, and on a busy machine
+        the CPU a spare's set-up takes "in advance" is taken from the running jobs."""
+        if len(self.idle) >= self.spares or self.retiring or self.children:
+            return None
+        quiet_for = time.monotonic() - self.busy_at
+        if quiet_for < QUIET_BEFORE_SPARES:
+            return QUIET_BEFORE_SPARES - quiet_for
+        while len(self.idle) < self.spares:
             waiting, _, _ = select.select([self.sock], [], [], 0)
             if waiting or not self.fork_spare():
-                return
+                return None
             rehearse(self.last_request)
+        return None
 
     def fork_spare(self) -> bool:
         """Fork one idle child (False if the fork failed: try again on the next turn)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.title(SPARE_TITLE)  # it is a spare from its first instruction on
         try:
-            pid = os.fork()
+            pid = leanfork.fork()
         except OSError:
             pid = -1
         if pid == 0:
@@ -373,6 +395,12 @@ class Server:
                 self.set_title(text)
             except Exception:  # noqa: BLE001 — a title is cosmetic
                 pass
+
+
+def _earliest(*timeouts: float | None) -> float | None:
+    """The shortest of these select timeouts (None: no limit)."""
+    given = [t for t in timeouts if t is not None]
+    return min(given) if given else None
 
 
 def rehearse(request: bytes) -> None:
@@ -430,6 +458,8 @@ def main(argv: list[str]) -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != supervisor_pid:
         os._exit(0)
+    # before any handler code: whether a child may skip Python's after-fork hooks
+    leanfork.watch_registrations()
     settings = json.loads(os.environ.pop("FORQ_FORKSERVER", "{}"))
     # the supervisor's import path, so handler modules resolve as they did there
     if settings.get("path"):
@@ -458,6 +488,7 @@ def main(argv: list[str]) -> None:
             _fail(sock, f"cannot import handler module {name}: {type(exc).__name__}: {exc}",
                   failed or name)
     registry.preload_runtime()
+    scrub_service_vars()
     set_title: Callable[[str], object] | None = None
     try:
         import setproctitle
