@@ -298,4 +298,46 @@ Not done, in the order they would help: fork from a zygote — a process that do
 but fork, in a loop that touches a few pages, while the fork server decodes, checks and
 reaps elsewhere; then an asynchronous spawn, so the supervisor's loop goes on while the
 fork server forks (py-spy: it waits in `ForkServer._receive` 18% of its time).
+
+## Findings IV (issue 18, 2026-12-02, a second session): the child's first millisecond
+
+On another host (AMD EPYC, 2 cores; a fork limit of 300–400/s, half the first one's,
+and noisy: the same drain ran at 213–332 jobs/s within minutes), CPU time was the only
+steady measure, so each change was measured in one process, alternating.
+
+- **Where a child's time went.** Thread CPU time at each step of `run_child`, in a
+  process set up as the fork server is: 1.1 ms from the fork to the child's first line
+  of Python — a child that `_exit`s at once costs as much. That is Python's after-fork
+  hooks: importing `threading` alone takes a child from 105 to 214 page faults and
+  from 0.61 to 0.93 ms; `logging` (which setproctitle imports) as much again. The
+  hooks rebuild threading's thread table, logging's locks and random's seed, in Python
+  code whose every first write to an object copies its page.
+- **Fixed: a lean fork** (`supervisor/fork/leanfork.py`): libc's `fork()` when those
+  hooks have nothing to do (one thread; no hook but threading's, logging's and
+  random's; the child reseeds random itself), else `os.fork()`. `python -m
+  bench.childcost`: a child that exits at once 0.57× the CPU of an `os.fork()` child,
+  a no-op job's 0.87× (0.33 ms less).
+- **Fixed: steps that did nothing.** Removing six systemd variables the fork server
+  never had (each `os.environ.pop` of an absent name raises and catches a KeyError),
+  and an `os.environ.update` with nothing to update (an ABC instance check): measured
+  alone in a fresh child, over a call that does nothing, 0.21 and 0.32 ms of CPU (less
+  in `run_child`, where earlier steps touched some of the same pages). With the lean
+  fork: a no-op job's child 2.05–2.33 ms of CPU against 2.36–3.10 ms, ≈ 400 faults
+  against ≈ 490 (300 forks each, old and new code alternating).
+- **Spares wait for quiet.** The fork server forked spares whenever no job ran, which
+  at concurrency 2 happens between jobs: py-spy of the fork server during a drain had
+  a quarter of its samples in forking spares and a tenth in rehearsals. Now a spare is
+  forked only after 5 ms without a job (the idle latency benchmark waits 20–50 ms
+  between jobs).
+- **Measured and left alone: acking on the result.** The supervisor reports a job when
+  its child has exited, not when its result arrives; the gap, measured during a drain,
+  is 0.12 ms at p50 (0.66 ms at p90): the exit report and the end of the result pipe
+  arrive in the same loop turn. Not worth the exit status it would give up.
+- **What a slot waits for.** A no-op job's child lives 4–6 ms from the fork to the
+  report of its end on this host, for 2–3 ms of its own CPU: it is niced (10) and
+  shares 2 cores with the other job, the supervisor, the fork server and Redis. At
+  concurrency 2 the machine is 15–25% idle, so the next lever is not CPU but
+  overlap: a slot could start its next job the moment its child ends only if that job
+  were already leased (a prefetch, as Dramatiq and Celery do, with its leases kept
+  like a running job's).
 """

@@ -511,3 +511,15 @@ def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do()
     assert out[3] == "7"  # a lean-forked child runs and exits as any other
     assert out[4] == "'2 threads'", out
     assert out[5].startswith("'an at-fork hook of __main__."), out
+
+
+@pytest.mark.timeout(60)
+def test_a_service_variable_set_by_a_handler_module_is_not_in_its_jobs(tmp_path, redis_url,
+                                                                       queue):
+    """The fork server was started without systemd's per-service variables; one that a
+    handler module sets at import is removed once, before the first fork."""
+    sup = start(tmp_path, redis_url, queue, imports=(*TEST_IMPORTS, "tests.sets_service_vars"))
+    try:
+        assert queue.enqueue("tests.open_fds").wait(timeout=10)["env_notify"] is None
+    finally:
+        sup.stop()

@@ -121,8 +121,9 @@ def detach() -> None:
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
-        if signal.getsignal(sig) != signal.SIG_DFL:  # no call (and its faults) for nothing
-            signal.signal(sig, signal.SIG_DFL)
+        # every one, even where Python's table says SIG_DFL: an extension module may
+        # have set a handler in the fork server without it knowing
+        signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
