@@ -501,6 +501,10 @@ def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do()
     import subprocess
     import sys
 
+    from forq.supervisor.fork import leanfork
+
+    if leanfork._LIBC_FORK is None:
+        pytest.skip(f"no lean fork on this Python: {leanfork.blocker()}")
     out = subprocess.run([sys.executable, "-c", _LEAN_PROBE], capture_output=True, text=True,
                          timeout=30, check=True).stdout.splitlines()
     from forq.supervisor.fork.leanfork import _SKIPPABLE

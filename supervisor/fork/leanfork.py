@@ -12,7 +12,8 @@ it.
 
 So the fork server forks with libc's `fork()` (glibc still runs the C-level
 `pthread_atfork` handlers of extension modules) when the hooks it skips are known to
-have nothing to do, and does their one useful part itself:
+have nothing to do, and does their one useful part itself (CPython 3.10–3.12 only:
+`_find_fork`):
 
 * threading's and logging's hooks repair what other threads held at the fork; with
   one thread there is nothing to repair (checked before each fork: a handler module's
@@ -34,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import sysconfig
 from collections.abc import Callable
 
 # whose hooks a lean fork may skip: they only repair other threads' state, or (random)
@@ -44,6 +46,12 @@ _watching = False
 
 
 def _find_fork() -> Callable[[], int] | None:
+    """libc's fork(), where skipping CPython's own after-fork work is understood: CPython
+    3.10–3.12 with its GIL (3.13 also re-makes its thread handles there, and a
+    free-threaded build its allocator's state; neither is tested here)."""
+    if (sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info < (3, 13)
+            or sysconfig.get_config_var("Py_GIL_DISABLED")):
+        return None
     try:
         # PyDLL: the GIL stays held across the call, as it does across os.fork()
         fork = ctypes.PyDLL(None, use_errno=True).fork
@@ -79,7 +87,7 @@ def watch_registrations() -> None:
 def blocker() -> str:
     """Why a lean fork is not safe now ("" if it is)."""
     if _LIBC_FORK is None:
-        return "no libc fork()"
+        return "not on this Python (CPython 3.10–3.12 only)"
     if not _watching:
         return "at-fork registrations not watched"
     if _foreign_hooks:
