@@ -53,18 +53,22 @@ def _job_child(fork: Callable[[], int]) -> None:
     spec = ChildSpec(**message["spec"])
     ours, theirs = channel()
     out_r, out_w = os.pipe()
+    parent = os.getpid()
     pid = fork()
     if pid == 0:
         os.close(ours)
         os.close(out_r)
-        run_child(spec, theirs, os.getppid(), message["title"], out_w)
+        run_child(spec, theirs, parent, message["title"], out_w)
     os.close(theirs)
     os.close(out_w)
-    while os.read(ours, 65536):
-        pass
+    said = b""
+    while chunk := os.read(ours, 65536):
+        said += chunk
     os.close(ours)
     os.close(out_r)
     os.waitpid(pid, 0)
+    if b'"ok":true' not in said:
+        raise RuntimeError(f"the job's child did not report success: {said[:200]!r}")
 
 
 def _bare_child(fork: Callable[[], int]) -> None:

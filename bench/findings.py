@@ -315,8 +315,8 @@ steady measure, so each change was measured in one process, alternating.
 - **Fixed: a lean fork** (`supervisor/fork/leanfork.py`): libc's `fork()` when those
   hooks have nothing to do (one thread; no hook but threading's, logging's and
   random's; the child reseeds random itself), else `os.fork()`. `python -m
-  bench.childcost`: a child that exits at once 0.57× the CPU of an `os.fork()` child,
-  a no-op job's 0.87× (0.33 ms less).
+  bench.childcost` (two runs): a child that exits at once 0.68–0.73× the CPU of an
+  `os.fork()` child, a no-op job's 0.74–0.84× (0.55–0.88 ms less).
 - **Fixed: steps that did nothing.** Removing six systemd variables the fork server
   never had (each `os.environ.pop` of an absent name raises and catches a KeyError),
   and an `os.environ.update` with nothing to update (an ABC instance check): measured

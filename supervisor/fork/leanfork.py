@@ -7,8 +7,8 @@ for: measured in a fork server that preloads the benchmark's handlers (threading
 logging and random imported), a child that exits at once costs 1.15 ms of CPU and 234
 page faults after `os.fork()`, 0.53 ms and 36 after a bare `fork()`: the hooks run
 Python code whose every first write to an object copies its page. On a no-op job's
-whole child the difference was 0.28–0.57 ms of CPU (two runs), a tenth to a sixth of
-it.
+whole child the difference is 0.55–0.88 ms of CPU, a sixth to a quarter of it
+(`python -m bench.childcost`, two runs).
 
 So the fork server forks with libc's `fork()` (glibc still runs the C-level
 `pthread_atfork` handlers of extension modules) when the hooks it skips are known to
