@@ -324,6 +324,12 @@ steady measure, so each change was measured in one process, alternating.
   in `run_child`, where earlier steps touched some of the same pages). With the lean
   fork: a no-op job's child 2.05–2.33 ms of CPU against 2.36–3.10 ms, ≈ 400 faults
   against ≈ 490 (300 forks each, old and new code alternating).
+- **End to end** (`drain_once`, old and new code alternating, same hour): at
+  concurrency 2, 6 pairs of 1,000-job drains, the fork server's and its children's CPU
+  fell from 5.83 to 5.25 ms a job (lower in 5 pairs of 6) but the rate did not move
+  (208 and 210 jobs/s): there the drain waits on hops between processes more than on
+  CPU (below). At concurrency 8, CPU-bound, 4 pairs of 1,500: 267 → 283 jobs/s (+6%,
+  the new code ahead in each pair).
 - **Spares wait for quiet.** The fork server forked spares whenever no job ran, which
   at concurrency 2 happens between jobs: py-spy of the fork server during a drain had
   a quarter of its samples in forking spares and a tenth in rehearsals. Now a spare is
