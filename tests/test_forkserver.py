@@ -468,7 +468,7 @@ def test_a_thread_started_by_a_handler_module_is_not_in_its_jobs(tmp_path, redis
 
 
 _LEAN_PROBE = """
-import os, threading
+import json, os, threading
 registered = []
 register = os.register_at_fork
 os.register_at_fork = lambda **hooks: (registered.extend(
@@ -477,7 +477,7 @@ os.register_at_fork = lambda **hooks: (registered.extend(
 import forq.supervisor.fork.server
 from forq.supervisor.fork import leanfork
 os.register_at_fork = register
-print(sorted(set(registered)))
+print(json.dumps(sorted(set(registered))))
 print(repr(leanfork.blocker()))
 leanfork.watch_registrations()
 print(repr(leanfork.blocker()))
@@ -498,6 +498,7 @@ def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do()
     """In a fresh process that imports the fork server as it starts: its own imports
     register only hooks a lean fork may skip, so it forks lean; a second thread, or a
     hook it has not vetted, and it does not."""
+    import json
     import subprocess
     import sys
 
@@ -509,7 +510,7 @@ def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do()
                          timeout=30, check=True).stdout.splitlines()
     from forq.supervisor.fork.leanfork import _SKIPPABLE
 
-    assert set(eval(out[0])) <= _SKIPPABLE, out[0]  # noqa: S307 — our own repr of a list
+    assert set(json.loads(out[0])) <= _SKIPPABLE, out[0]
     assert out[1] == "'at-fork registrations not watched'"
     assert out[2] == "''", out
     assert out[3] == "7"  # a lean-forked child runs and exits as any other
