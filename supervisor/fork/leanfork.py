@@ -98,44 +98,32 @@ def blocker() -> str:
     return ""
 
 
-_stat_fd = -1  # /proc/self/stat, held: read again before each fork
-
-
 def _thread_count() -> int:
-    """num_threads of /proc/self/stat (0: cannot tell, so not lean)."""
-    global _stat_fd
+    """num_threads of /proc/self/stat, as `memory._stat` reads it (not imported: it
+    brings psutil, which no fork server should carry); 0 if it cannot tell: not lean."""
     try:
-        if _stat_fd < 0:
-            _stat_fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-        stat = os.pread(_stat_fd, 4096, 0)
-        return int(stat[stat.rindex(b")") + 2:].split()[17])
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        return int(stat.rsplit(b")", 1)[1].split()[17])
     except (OSError, ValueError, IndexError):
         return 0
 
 
 def fork() -> int:
     """`os.fork()`, lean when `blocker()` finds nothing in the way."""
-    lean = not blocker()
-    if lean:
-        assert _LIBC_FORK is not None
-        pid = _LIBC_FORK()
-        if pid < 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-    else:
-        pid = os.fork()
+    if blocker():
+        return os.fork()
+    assert _LIBC_FORK is not None
+    pid = _LIBC_FORK()
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
     if pid == 0:
-        _forget_stat_fd()  # the parent's: a child holds nothing it did not open
-        if lean:
-            child_after_lean_fork()
+        child_after_lean_fork()
     return pid
-
-
-def _forget_stat_fd() -> None:
-    global _stat_fd
-    if _stat_fd >= 0:
-        os.close(_stat_fd)
-        _stat_fd = -1
 
 
 def child_after_lean_fork() -> None:
