@@ -39,6 +39,9 @@ from bench.common import (
 from bench.peers import venv
 from forq.supervisor import terminal
 
+# [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
+# short jobs would set (README, "Prefetch"); the targets of issue 18 are read from it
+PREFETCH = 4
 SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling", "leases")
 
 
@@ -162,21 +165,27 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
 
     systems = ("rq-fork", "rq-simple", "celery", "dramatiq")
     forq_runs: list[dict[str, Any]] = []
+    prefetch_runs: list[dict[str, Any]] = []  # the same, with jobs leased ahead of a slot
     peers: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     # the fork limit is measured again in every round: the ratio to it is the target, and
     # a single measurement at the start would carry that moment's noise into it
     rss = ctx.get("supervisor_rss_idle") or forq_sup.idle_rss(ctx["url"]) or 0
     fork_runs: list[float] = []
     for i in range(sz.reps):
-        log(f"e2e: round {i + 1}/{sz.reps}: fork limit, forq {sz.drain['forq']} jobs, "
+        log(f"e2e: round {i + 1}/{sz.reps}: fork limit, forq {sz.drain['forq']} jobs "
+            f"(prefetch 0 and {PREFETCH}), "
             + ", ".join(f"{s} {sz.drain[s]}" for s in systems) + " ...")
         fork_runs += forq_sup.fork_limit(pad_to=rss, forks=500 if sz.quick else 1000,
                                          reps=3)["runs"]
         forq_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"]))
+        prefetch_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
+                                                 queue_extra=f"prefetch = {PREFETCH}\n"))
         for system in systems:
             peers[system].append(run_driver("drain", system, ctx["redis_base"], 1,
                                             n=sz.drain[system], reps=1))
     out: dict[str, Any] = {"forq": forq_sup.throughput_summary(forq_runs, sz.drain["forq"]),
+                           "forq-prefetch": dict(forq_sup.throughput_summary(
+                               prefetch_runs, sz.drain["forq"]), prefetch=PREFETCH),
                            "fork_limit_in_rounds": summary(fork_runs)}
     ctx.setdefault("fork_runs", []).extend(fork_runs)
     for system, runs in peers.items():

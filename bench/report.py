@@ -7,7 +7,8 @@ from typing import Any
 
 from bench.findings import FINDINGS, FINDINGS_18
 
-NAMES = {"forq": "forq (supervisor, concurrency 2)", "rq-fork": "RQ Worker ×2 (fork per job)",
+NAMES = {"forq": "forq (supervisor, concurrency 2)",
+         "forq-prefetch": "forq, `prefetch = {prefetch}` (README, \"Prefetch\")", "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
          "dramatiq": "Dramatiq 2 processes × 1 thread"}
 
@@ -61,13 +62,19 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         share = forq_e2e / fork
         out.append(("end to end ≥ 50% of the raw fork limit", "≥ 50%",
                     f"{share:.0%} ({n(forq_e2e)} of {n(fork)} forks/s)", share >= 0.5))
-        out.append(("isolation for free: end to end ≥ 80% of the fork limit (#18)", "≥ 80%",
-                    f"{share:.0%}", share >= 0.8))
+    # issue 18 reads them with the prefetch a user of short jobs sets, when it was measured
+    free = get(s, "e2e", "forq-prefetch", "median") or forq_e2e
+    how = (f" with prefetch {get(s, 'e2e', 'forq-prefetch', 'prefetch')}"
+           if get(s, "e2e", "forq-prefetch", "median") else "")
+    if free and fork:
+        share = free / fork
+        out.append((f"isolation for free: end to end{how} ≥ 80% of the fork limit (#18)",
+                    "≥ 80%", f"{share:.0%} ({n(free)} of {n(fork)} forks/s)", share >= 0.8))
     dramatiq = get(s, "e2e", "dramatiq", "median")
-    if forq_e2e and dramatiq:
-        ratio = forq_e2e / dramatiq
-        out.append(("isolation for free: end to end ≥ Dramatiq 2 × 1 (#18)", "≥ 1.0×",
-                    f"{ratio:.2f}× ({n(forq_e2e)} vs {n(dramatiq)} jobs/s)", ratio >= 1.0))
+    if free and dramatiq:
+        ratio = free / dramatiq
+        out.append((f"isolation for free: end to end{how} ≥ Dramatiq 2 × 1 (#18)", "≥ 1.0×",
+                    f"{ratio:.2f}× ({n(free)} vs {n(dramatiq)} jobs/s)", ratio >= 1.0))
     many = get(s, "enqueue", "forq", "enqueue_many", "median")
     if many:
         out.append(("enqueue_many ≥ 40,000 jobs/s", "≥ 40,000/s", f"{n(many)}/s", many >= 40_000))
@@ -269,15 +276,15 @@ def render(res: dict[str, Any]) -> str:
                    "registry, Celery's and Dramatiq's result keys).\n")
         rows = []
         forq_rate = get(e, "forq", "median")
-        for system in ("forq", "rq-fork", "rq-simple", "celery", "dramatiq"):
+        for system in ("forq", "forq-prefetch", "rq-fork", "rq-simple", "celery", "dramatiq"):
             d = e.get(system)
             if not isinstance(d, dict) or "median" not in d:
                 continue
-            fork_per_job = "yes" if system in ("forq", "rq-fork") else "no"
-            rows.append([NAMES[system], fork_per_job, n(d.get("n")), n(d["median"]),
+            fork_per_job = "yes" if system in ("forq", "forq-prefetch", "rq-fork") else "no"
+            rows.append([NAMES[system].format(prefetch=d.get("prefetch")), fork_per_job, n(d.get("n")), n(d["median"]),
                          f"{d['median'] / fork:.0%}" if fork else "n/a",
-                         f"{forq_rate / d['median']:.2f}×" if forq_rate and system != "forq"
-                         else "", runs(d)])
+                         f"{forq_rate / d['median']:.2f}×"
+                         if forq_rate and not system.startswith("forq") else "", runs(d)])
         out.append(table(["system", "fork per job", "jobs", "jobs/s", "of fork limit",
                           "forq ÷ this", "runs"], rows))
         f = e.get("forq") or {}

@@ -42,6 +42,7 @@ class Settings:
     quiet: bool = False
     job_cgroups: bool = False  # supervisors in cgroups of their own, job_cgroups = "required"
     namespaces: bool = False  # [sandbox].namespaces = true: every job PID 1 of its own
+    prefetch: int = 0  # the odd-numbered supervisors' [[queue]].prefetch (a mixed fleet)
     # chaos.slow jobs run this long (ms): past lease_ttl, so a stopped supervisor's child
     # would still run when its job is re-run elsewhere, were it not fenced
     slow_ms: tuple[float, float] = (300.0, 3000.0)

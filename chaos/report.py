@@ -45,8 +45,9 @@ def render(result: dict[str, Any]) -> str:
     verdict = "PASS" if result["ok"] else "FAIL"
     lines.append(f"forq chaos — {verdict}   seed {s['seed']}, {s['duration']:g}s, "
                  f"{s['supervisors']} supervisors × {s['concurrency']}, "
-                 f"lease_ttl {s['lease_ttl']}s, reaper {s['reaper_interval']}s, "
-                 f"redis AOF fsync always"
+                 + (f"prefetch {s['prefetch']} on the odd ones, " if s.get("prefetch") else "")
+                 + f"lease_ttl {s['lease_ttl']}s, reaper {s['reaper_interval']}s, "
+                 "redis AOF fsync always"
                  + (f", BROKEN: {','.join(s['breaks'])}" if s["breaks"] else ""))
     states = st["states"]
     lines.append(f"jobs       told {st['told']} ({_counts(st['kinds'])})")

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                         'Delegate=yes would) with job_cgroups = "required": needs root on a '
                         'cgroup v2 host, e.g. the VM: python -m tests.vm -- python -m chaos '
                         '--job-cgroups')
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="a mixed fleet: the odd-numbered supervisors lease N jobs ahead of "
+                        "their free slots ([[queue]].prefetch; default 0)")
     p.add_argument("--namespaces", action="store_true",
                    help="[sandbox].namespaces = true: every job in namespaces of its own "
                         "(needs root or user namespaces)")
@@ -118,7 +121,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         drain_timeout=dur(a.drain_timeout, "--drain-timeout"),
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
-        quiet=a.quiet, job_cgroups=a.job_cgroups, namespaces=a.namespaces, slow_ms=(low, high),
+        quiet=a.quiet, job_cgroups=a.job_cgroups, namespaces=a.namespaces,
+        prefetch=a.prefetch, slow_ms=(low, high),
         nested_batches=a.nested_batches)
 
 
@@ -198,7 +202,7 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                            queue=QUEUE, others={OTHER_QUEUE: OTHER_CONCURRENCY},
                            max_attempts=s.max_attempts, max_crashes=s.max_crashes,
                            job_cgroups="required" if s.job_cgroups else "auto",
-                           namespaces=s.namespaces)
+                           namespaces=s.namespaces, prefetch=s.prefetch if i % 2 else 0)
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
                                    supervisor_env(exec_log, name, s.breaks),
                                    own_cgroup=s.job_cgroups, proxy=proxy))

@@ -4,7 +4,9 @@
 `Spawner` forks it), watches its result pipe, and holds its lease in the
 `LeaseKeeper`; `ended` (called by the `Spawner` when the child was reaped) classifies
 its end and hands an `Outcome` to `on_report`. A job whose task no handler module
-registers is never forked: it is reported dead at once.
+registers is never forked: it is reported dead at once. A job leased while its queue's
+slots are full (its `prefetch`) waits in `held` and starts when a child of that queue
+ends (`supervisor/held.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from forq.queue import Lease
 from forq.supervisor import tracing
+from forq.supervisor.config import QueueConfig
+from forq.supervisor.held import HeldLeases
 from forq.supervisor.launch import Launcher
 from forq.supervisor.leases import LeaseKeeper
 from forq.supervisor.limits import KILL_GRACE, LimitPolice
@@ -49,6 +53,8 @@ class Children:
         # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
         self.first_deadline: Callable[[float], float | None] = lambda _sent_at: None
         self.police = LimitPolice(self.kill_after_grace)
+        self.held = HeldLeases(leases)
+        self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
 
     def __len__(self) -> int:
         return len(self.by_job)
@@ -59,31 +65,88 @@ class Children:
     def get(self, job_id: str) -> RunningChild | None:
         return self.by_job.get(job_id)
 
-    def free(self, queue: str, concurrency: int) -> int:
-        return concurrency - self.running[queue]
+    def configure(self, queues: Iterable[QueueConfig]) -> None:
+        """At start and on reload: each queue's slots. Held jobs beyond a queue's new
+        prefetch (all of a queue no longer served) are given back now."""
+        self.slots = {qc.name: (qc.concurrency, qc.prefetch) for qc in queues}
+        for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
+            self._give_back(queue, lease, "prefetch lowered or queue no longer served")
+
+    def free(self, queue: str) -> int:
+        """How many jobs to claim for the queue: free slots, plus the prefetch not held."""
+        concurrency, prefetch = self.slots[queue]
+        return concurrency + prefetch - self.running[queue] - self.held.count(queue)
 
     def start(self, queue: str, lease: Lease, sent_at: float) -> None:
+        """A job just leased by a claim sent at `sent_at`: its child now, or held for the
+        queue's next free slot."""
+        if queue not in self.slots:  # not served since a reload: nothing would start it
+            self._give_back(queue, lease, "queue no longer served")
+            return
+        if self.running[queue] >= self.slots[queue][0]:
+            self.held.hold(queue, lease, sent_at)
+            return
+        self._start(queue, lease, sent_at)
+
+    def _start_held(self, queue: str) -> None:
+        concurrency, _ = self.slots.get(queue, (0, 0))
+        while self.running[queue] < concurrency:
+            lease = self.held.next(queue)
+            if lease is None:
+                return
+            sent_at = self.held.proven_since(lease)
+            if sent_at is None:  # fenced while held: the lease may be someone else's now
+                self._give_back(queue, lease, "lease not proven while held")
+                continue
+            self._start(queue, lease, sent_at)
+            return
+
+    def _give_back(self, queue: str, lease: Lease, why: str) -> None:
+        """Release a lease whose job never started (fenced by its token: a lease
+        another supervisor holds by now is answered "lost" and nothing changes)."""
+        log.info("job %s %s: not started, released (%s)", lease.job.id, lease.job.task, why,
+                 extra={"job": lease.job.id, "task": lease.job.task, "event": "released"})
+        self._never_started(queue, lease, Outcome(Kind.RELEASE, "released", reason=why))
+
+    def _never_started(self, queue: str, lease: Lease, outcome: Outcome) -> None:
+        never = RunningChild(lease, self.launcher.spec(queue, lease), 0, -1, -1,
+                             time.monotonic(), 0)
+        self.on_report(Pending(never, outcome, lease.token))
+
+    def release_held(self, job_ids: Collection[str] | None, why: str) -> None:
+        """Give back held jobs now: these (cancelled ones, which `release` ends as
+        cancelled), or all (drain)."""
+        taken = (self.held.take(job_ids) if job_ids is not None
+                 else self.held.trim(lambda _q: 0))
+        for queue, lease in taken:
+            self._give_back(queue, lease, why)
+
+    def forget_held(self, job_ids: Collection[str]) -> None:
+        """Redis answered these leases lost: another supervisor has the job now."""
+        for _queue, lease in self.held.take(job_ids):
+            log.warning("job %s %s: held lease lost; not started", lease.job.id,
+                        lease.job.task)
+            self.leases.remove(lease.job.id)
+
+    def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
         job, f = lease.job, lease.job.fields
-        spec = self.launcher.spec(queue, lease)
         if not self.leases.provable(sent_at):
             # this process was stopped (or starved) between the claim and now: the lease
             # may be another supervisor's already, so no child; give it back (fenced)
             log.warning("job %s %s: its lease ran out before its child could start; "
                         "released", job.id, job.task)
-            never = RunningChild(lease, spec, 0, -1, -1, time.monotonic(), 0)
-            self.on_report(Pending(never, Outcome(Kind.RELEASE, "released",
-                                                  reason="lease ran out before the start"),
-                                   lease.token))
+            self._never_started(queue, lease, Outcome(Kind.RELEASE, "released",
+                                                      reason="lease ran out before the start"))
             return
         if self.spawner.known(job.task) is None:
             log.warning("job %s: unknown task %r: dead", job.id, job.task)
             why = f"unknown task {job.task!r}"
-            outcome = Outcome(Kind.FAIL, "dead", mode=FailMode.FATAL, reason=why,
-                              error={"type": "UnknownTask", "reason": why,
-                                     "message": f"no handler registered for {job.task!r}"})
-            never = RunningChild(lease, spec, 0, -1, -1, time.monotonic(), 0)
-            self.on_report(Pending(never, outcome, lease.token))
+            self._never_started(queue, lease, Outcome(
+                Kind.FAIL, "dead", mode=FailMode.FATAL, reason=why,
+                error={"type": "UnknownTask", "reason": why,
+                       "message": f"no handler registered for {job.task!r}"}))
             return
+        spec = self.launcher.spec(queue, lease)
         spec.cgroup = self.launcher.cgroup(job.id, spec.memory_limit)
         spec.traceparent = tracing.TRACER.started(queue, job, lease.token, f.get("owner", ""))
         try:
@@ -168,6 +231,8 @@ class Children:
         if outcome.kind is Kind.RELEASE and child.kill_reason is None:
             # a release the child caused itself: it could not join its cgroup
             self.launcher.child_could_not_join(child.job_id, child.spec.cgroup)
+        # the slot's next job first: its fork overlaps this report's round trip
+        self._start_held(child.queue)
         self.on_report(Pending(child, outcome, token))
         self.on_change()
 

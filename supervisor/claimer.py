@@ -44,7 +44,7 @@ class Claimer:
         """A claim on `pipe` for each served queue with free slots; returns their names."""
         asks = []
         for qc in config.queues:
-            free = min(self.children.free(qc.name, qc.concurrency), CLAIM_BATCH)
+            free = min(self.children.free(qc.name), CLAIM_BATCH)
             if qc.name in self.unsettled:
                 self.wakeups.claim_at(qc.name, self.shards.wait(qc.name) if self.shards
                                       else BACKOFF_MIN)  # try to write them again then

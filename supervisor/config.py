@@ -96,8 +96,9 @@ _POLICY_KEYS = (
     "backoff",
 )
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
+MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
-               "network", "paused", "group_concurrency", "group_rate_limit")
+               "network", "paused", "group_concurrency", "group_rate_limit", "prefetch")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -135,6 +136,9 @@ class QueueConfig:
     # paused = true: this supervisor pauses the queue (Queue.pause) when it starts and
     # reloads; false never resumes one (an operator's `forq pause` outlives restarts)
     paused: bool = False
+    # jobs leased ahead of a free slot (see `supervisor/held.py`): a slot starts its next
+    # job the moment its child ends, without waiting for a claim's round trip
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)
@@ -340,6 +344,8 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
                 paused=_paused(table.get("paused", False), f"{prefix}.paused"),
+                prefetch=read.integer(table.get("prefetch", 0), f"{prefix}.prefetch", 0,
+                                      MAX_PREFETCH),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)

@@ -43,6 +43,7 @@ class Drain:
             return
         self.active = True
         self.spawner.accepting = False
+        self.children.release_held(None, "drain")  # prefetched, never started: back now
         self.started = time.monotonic()
         log.info("%s: draining %d running job(s), up to %.0fs", name, len(self.children), timeout)
         self.notifier.stopping(status)

@@ -2,7 +2,8 @@
 
 Every ``lease_ttl/3`` it asks the `LeaseKeeper` to extend every lease in one round
 trip (one per shard on a cluster), then hands the answers to the `Fencer`: a lease
-Redis calls lost, or a job cancelled, has its child killed now. A shard that did not
+Redis calls lost, or a job cancelled, has its child killed now (a held job, leased
+ahead of a free slot, is dropped or given back instead: it has no child). A shard that did not
 answer backs off on its own (`ShardHealth`); its leases run out of proof and only
 their children are fenced. A Redis error is retried within a fraction of
 the TTL rather than a whole period later, so a short blip never costs a running job
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 import redis
 
 from forq import Queue
+from forq.supervisor.children import Children
 from forq.supervisor.fencing import Fencer
 from forq.supervisor.leases import LeaseKeeper, Riders
 from forq.supervisor.metrics import Metrics
@@ -29,8 +31,10 @@ class LeaseRenewal:
     def __init__(self, leases: LeaseKeeper, client: redis.Redis, queues: Mapping[str, Queue],
                  fencer: Fencer, spawner: Spawner, health: RedisHealth, metrics: Metrics,
                  timers: Timers, on_worked: Callable[[], None],
-                 riders: Riders | None = None, shards: ShardHealth | None = None) -> None:
+                 riders: Riders | None = None, shards: ShardHealth | None = None,
+                 held: Children | None = None) -> None:
         self.leases = leases
+        self.held = held  # the children's held leases (a queue's prefetch)
         self.client = client
         self.queues = queues
         self.fencer = fencer
@@ -61,6 +65,9 @@ class LeaseRenewal:
             self.metrics.lease_extended(result.confirmed)
         self.fencer.lost(result.lost)
         self.fencer.cancelled(result.cancelled)
+        if self.held is not None:  # jobs leased ahead of a slot: never started
+            self.held.forget_held(result.lost)
+            self.held.release_held(result.cancelled, "cancelled while held")
         if result.answered:
             self.spawner.fence(self.fencer.deadlines())
 

@@ -111,7 +111,7 @@ class Supervisor:
             self.metrics, self.loop.timers, self._redis_worked,
             riders=lambda pipe: self.notes.send_progress(pipe, self.children,
                                                          self.leases.token).answered,
-            shards=self.shards if self.sharded else None)
+            shards=self.shards if self.sharded else None, held=self.children)
         # a new fork server (start, reload) may import for longer than a lease lasts
         self.spawner.while_waiting = (config.lease_ttl / 3, self.renewal.extend)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
@@ -140,6 +140,7 @@ class Supervisor:
     def _apply_config(self, config: Config) -> None:
         self.config = config
         self.launcher.config = config
+        self.children.configure(config.queues)
         for qc in config.queues:
             self._queue_for(qc.name)
             policy = config.job_policy(qc.name)

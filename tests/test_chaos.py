@@ -44,8 +44,9 @@ def invariant(result: dict, number: int) -> dict:
 @needs_redis
 @pytest.mark.timeout(240)
 def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
+    # a mixed fleet: chaos-1 and chaos-3 hold 2 jobs ahead of their slots (prefetch)
     code, result, out = run_chaos(tmp_path, "--duration", "55s", "--seed", "20261129",
-                                  timeout=200)
+                                  "--prefetch", "2", timeout=200)
     assert code == 0, out
     assert result["ok"], out
     stats = result["stats"]
