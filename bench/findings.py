@@ -351,4 +351,44 @@ steady measure, so each change was measured in one process, alternating.
   overlap: a slot could start its next job the moment its child ends only if that job
   were already leased (a prefetch, as Dramatiq and Celery do, with its leases kept
   like a running job's).
+
+## Findings V (issue 18, 2026-12-02, a third session): prefetch
+
+Same kind of host as IV (AMD EPYC, 2 cores; the fork limit of the supervisor's size
+248–348/s across the day, a C program's fork+exit+wait 2,376/s).
+
+- **Built: `prefetch = N`** per `[[queue]]` (`supervisor/held.py`, default 0): the
+  claim asks for the free slots plus N; a job leased while its queue's slots are full
+  is held, its lease in the `LeaseKeeper` (extended, fenced), and starts in the loop
+  turn that sees a child of its queue end, before that child's report goes out; the
+  claim that tops the prefetch up rides with the ack. A drain, a cancel and a reload
+  that lowers the prefetch `release` held jobs at once (no attempt counted).
+- **Measured** (`drain_once`, 2,000 no-op jobs, concurrency 2, prefetch 0 and 4
+  alternating, 5 pairs in one run): 269 jobs/s median (211–328) against **299**
+  (289–310); the supervisor's CPU 1.44 → 1.21 ms a job (one claim a turn for a slot
+  and its prefetch), the fork server's and children's 4.00 → 3.82 ms. A run of 0, 2,
+  4 and 8 (4 rounds each): 247, 255, 266, 269. The full benchmark of 13:42 (above):
+  285 → **352 jobs/s, 101% of the fork limit** measured in the same run, the
+  prefetched runs steadier too.
+- **Where the time goes with prefetch 4** (a drain of 6,000, CPU of each process over
+  8 s): the fork server 44% of a core, five sixths of it system time (the fork), the
+  supervisor 35%; at 266 jobs/s the children ≈ 58%; the machine is still about a
+  quarter idle, so the bound is the chain a slot waits on (the exit's report to the
+  supervisor, its spawn request, the fork, the niced child), not one process.
+- **Why ≥ 1.0× Dramatiq is out of reach here.** Per job forq spends ≈ 5.5 ms of CPU
+  (supervisor 1.2, fork server ≈ 1.6, child ≈ 2.2, Redis 0.5), so two cores cap it near
+  360/s even with no wait at all; Dramatiq's two processes ran 516/s. The child's 2.2 ms
+  is mostly the kernel's (page faults, the exit of a 21 MiB copy): a bare fork+_exit of
+  a process the fork server's size costs 1.2–1.6 ms on this host, against 0.4 ms for a
+  C program's.
+- **Tried and dropped: transparent huge pages** for the fork server's heap (`madvise`
+  `MADV_HUGEPAGE` + `MADV_COLLAPSE` of its anonymous regions, so that a fork copies a
+  page-table entry per 2 MiB): only 2 MiB of its 11 MiB of anonymous memory lie in
+  2 MiB-aligned runs (Python's arenas are 1 MiB mappings), and fork+exit rates moved
+  within the noise (619–851/s before, 786–850/s after).
+- **Not done: an asynchronous spawn.** py-spy has the supervisor in
+  `ForkServer._receive` (waiting for the fork's pid) 20% of its samples and in
+  `send_encoded` 15%; with the pid answered later, the ack and the claim could go out
+  while the fork server forks. Every part of the supervisor that signals, samples or
+  fences a child needs its pid, so a child without one yet is a larger change.
 """
