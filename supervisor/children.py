@@ -71,6 +71,11 @@ class Children:
         self.slots = {qc.name: (qc.concurrency, qc.prefetch) for qc in queues}
         for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
             self._give_back(queue, lease, "prefetch lowered or queue no longer served")
+        for queue in self.slots:
+            self._start_held(queue)  # a reload that added slots: held jobs take them first
+            # after `Metrics.declare_queue`, which zeroes them
+            self.metrics.set_children(queue, self.running[queue])
+            self.metrics.set_held(queue, self.held.count(queue))
 
     def free(self, queue: str) -> int:
         """How many jobs to claim for the queue: free slots, plus the prefetch not held."""
@@ -85,6 +90,7 @@ class Children:
             return
         if self.running[queue] >= self.slots[queue][0]:
             self.held.hold(queue, lease, sent_at)
+            self.metrics.set_held(queue, self.held.count(queue))
             return
         self._start(queue, lease, sent_at)
 
@@ -94,12 +100,12 @@ class Children:
             lease = self.held.next(queue)
             if lease is None:
                 return
+            self.metrics.set_held(queue, self.held.count(queue))
             sent_at = self.held.proven_since(lease)
             if sent_at is None:  # fenced while held: the lease may be someone else's now
                 self._give_back(queue, lease, "lease not proven while held")
                 continue
             self._start(queue, lease, sent_at)
-            return
 
     def _give_back(self, queue: str, lease: Lease, why: str) -> None:
         """Release a lease whose job never started (fenced by its token: a lease
@@ -120,13 +126,15 @@ class Children:
                  else self.held.trim(lambda _q: 0))
         for queue, lease in taken:
             self._give_back(queue, lease, why)
+            self.metrics.set_held(queue, self.held.count(queue))
 
     def forget_held(self, job_ids: Collection[str]) -> None:
         """Redis answered these leases lost: another supervisor has the job now."""
-        for _queue, lease in self.held.take(job_ids):
+        for queue, lease in self.held.take(job_ids):
             log.warning("job %s %s: held lease lost; not started", lease.job.id,
                         lease.job.task)
             self.leases.remove(lease.job.id)
+            self.metrics.set_held(queue, self.held.count(queue))
 
     def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
         job, f = lease.job, lease.job.fields

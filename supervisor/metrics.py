@@ -234,6 +234,12 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.held = Gauge(
+            "forq_jobs_held",
+            "Jobs leased ahead of a free slot (the queue's prefetch), not started yet.",
+            ["queue"],
+            registry=r,
+        )
         self.slots = Gauge(
             "forq_slots",
             "Configured concurrency (child slots) per queue on this supervisor.",
@@ -306,6 +312,7 @@ class Metrics:
         """
         self.slots.labels(queue=queue).set(slots)
         self.children_running.labels(queue=queue).set(0)
+        self.held.labels(queue=queue).set(0)
         self.reclaimed_jobs.labels(queue=queue)
 
     # -- events the supervisor reports -------------------------------------
@@ -347,6 +354,10 @@ class Metrics:
     def set_children(self, queue: str, running: int) -> None:
         """Number of children of ``queue`` alive right now."""
         self.children_running.labels(queue=queue).set(running)
+
+    def set_held(self, queue: str, held: int) -> None:
+        """Jobs of ``queue`` leased ahead of a free slot (`supervisor/held.py`)."""
+        self.held.labels(queue=queue).set(held)
 
     def set_slots(self, queue: str, n: int) -> None:
         """Configured concurrency of ``queue`` (0 while draining is a valid choice)."""

@@ -140,7 +140,6 @@ class Supervisor:
     def _apply_config(self, config: Config) -> None:
         self.config = config
         self.launcher.config = config
-        self.children.configure(config.queues)
         for qc in config.queues:
             self._queue_for(qc.name)
             policy = config.job_policy(qc.name)
@@ -148,6 +147,7 @@ class Supervisor:
             self.reaper.max_crashes[qc.name] = int(policy["defaults"].get("max_crashes",
                                                                            MAX_CRASHES))
             self.metrics.declare_queue(qc.name, qc.concurrency)
+        self.children.configure(config.queues)
 
     def _served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]

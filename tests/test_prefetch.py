@@ -18,7 +18,9 @@ import pytest
 
 from forq import Queue
 from tests.helpers import wait_for, wait_job
+from tests.redis_server import free_port
 from tests.supervisors import SupervisorProcess, write_config
+from tests.test_supervisor_ops import sample, scrape
 
 TERMINAL = ("succeeded", "dead", "cancelled")
 
@@ -35,10 +37,15 @@ def started(touch: Path) -> list[str]:
             if line.endswith(" start")]
 
 
-def config(tmp_path: Path, redis_url: str, queue: Queue, prefetch: int, **options) -> Path:
+def config(tmp_path: Path, redis_url: str, queue: Queue, prefetch: int,
+           metrics_port: int = 0, concurrency: int = 1, **options) -> Path:
     options.setdefault("lease_ttl", "1s")
-    return write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1},
+    path = write_config(tmp_path / "forq.toml", redis_url, {queue.name: concurrency},
                         queue_extra=f"prefetch = {prefetch}\n", **options)
+    if metrics_port:
+        path.write_text(path.read_text().replace(
+            '[metrics]\nlisten = ""', f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"'))
+    return path
 
 
 def hold_slot(queue: Queue, gate: Path, sup: SupervisorProcess) -> str:
@@ -64,7 +71,10 @@ def held(queue: Queue, ids: list[str], sup: SupervisorProcess) -> list[str]:
 @pytest.mark.timeout(60)
 def test_held_jobs_keep_their_leases_and_start_in_claim_order(tmp_path, redis_url, queue):
     gate, touch = tmp_path / "gate", tmp_path / "touch"
-    with SupervisorProcess(config(tmp_path, redis_url, queue, prefetch=2)).start() as sup:
+    port = free_port()
+    cfg = config(tmp_path, redis_url, queue, prefetch=2, metrics_port=port)
+    with SupervisorProcess(cfg).start() as sup:
+        assert sample(scrape(port), "forq_jobs_held", queue=queue.name) == 0
         blocker = hold_slot(queue, gate, sup)
         ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(3)]
         owner = queue.get(blocker).fields["owner"]
@@ -72,6 +82,9 @@ def test_held_jobs_keep_their_leases_and_start_in_claim_order(tmp_path, redis_ur
         assert held(queue, ids[:2], sup) == [owner, owner]
         assert queue.get(ids[2]).state == "pending"
         assert started(touch) == []
+        body = scrape(port)
+        assert sample(body, "forq_jobs_held", queue=queue.name) == 2
+        assert sample(body, "forq_children_running", queue=queue.name) == 1
 
         # the held leases are extended like a running job's: past a whole lease_ttl (1 s)
         # after their claim, still the same lease, never reclaimed
@@ -89,6 +102,8 @@ def test_held_jobs_keep_their_leases_and_start_in_claim_order(tmp_path, redis_ur
         assert started(touch) == ids  # held ones first, in claim order
         for job_id in ids:
             assert events(queue, job_id) == ["enqueued", "claimed", "succeeded"]
+        until(lambda: sample(scrape(port), "forq_jobs_held", queue=queue.name) == 0,
+              "no job held once the queue is empty", sup)
 
 
 @pytest.mark.timeout(60)
@@ -140,25 +155,53 @@ def test_a_cancelled_held_job_never_runs(tmp_path, redis_url, queue):
 @pytest.mark.timeout(60)
 def test_a_reload_that_lowers_the_prefetch_gives_held_jobs_back(tmp_path, redis_url, queue):
     gate, touch = tmp_path / "gate", tmp_path / "touch"
-    cfg = config(tmp_path, redis_url, queue, prefetch=2)
+    port = free_port()
+    cfg = config(tmp_path, redis_url, queue, prefetch=2, metrics_port=port)
     with SupervisorProcess(cfg).start() as sup:
         blocker = hold_slot(queue, gate, sup)
         ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
         held(queue, ids, sup)
 
-        config(tmp_path, redis_url, queue, prefetch=1)
+        config(tmp_path, redis_url, queue, prefetch=1, metrics_port=port)
         sup.signal(signal.SIGHUP)
         # the last claimed goes back; the first stays held
         until(lambda: queue.get(ids[1]).state == "pending", "one held job released", sup)
         assert queue.get(ids[1]).history[-1]["reason"] == (
             "prefetch lowered or queue no longer served")
         assert queue.get(ids[0]).state == "active"
+        # a reload declares the queue's gauges anew, then counts what is held and running
+        until(lambda: "reloaded" in sup.log(), "the reload logged", sup)
+        body = scrape(port)
+        assert sample(body, "forq_jobs_held", queue=queue.name) == 1
+        assert sample(body, "forq_children_running", queue=queue.name) == 1
 
         gate.touch()
         for job_id in ids:
             assert wait_job(queue, job_id, TERMINAL).state == "succeeded"
         assert started(touch) == ids
         assert queue.get(blocker).state == "succeeded"
+
+
+@pytest.mark.timeout(60)
+def test_a_reload_that_adds_slots_starts_held_jobs_in_them(tmp_path, redis_url, queue):
+    gate, touch = tmp_path / "gate", tmp_path / "touch"
+    cfg = config(tmp_path, redis_url, queue, prefetch=2)
+    with SupervisorProcess(cfg).start() as sup:
+        blocker = hold_slot(queue, gate, sup)
+        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
+        held(queue, ids, sup)
+
+        config(tmp_path, redis_url, queue, prefetch=2, concurrency=3)
+        sup.signal(signal.SIGHUP)
+        # both run in the new slots while the first job still holds its own
+        for job_id in ids:
+            job = wait_job(queue, job_id, TERMINAL, timeout=10,
+                           context=lambda: sup.log()[-3000:])
+            assert job.state == "succeeded", job.history
+        assert queue.get(blocker).state == "active"
+        assert started(touch) == ids
+        gate.touch()
+        assert wait_job(queue, blocker, TERMINAL).state == "succeeded"
 
 
 @pytest.mark.timeout(90)
