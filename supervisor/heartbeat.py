@@ -52,7 +52,8 @@ class Heartbeat:
                 "queues": [qc.name for qc in sup.config.queues], "busy": len(sup.children),
                 "slots": self.slots(), "draining": sup.drain.active,
                 **running_record(sup.children, sup.leases, per_job_cgroups=bool(
-                    sup.launcher.cgroups and not sup.launcher.cgroups_failed)),
+                    sup.launcher.cgroups and not sup.launcher.cgroups_failed),
+                    held=sup.children.held.ids()),
             })
         except (redis.RedisError, OSError) as exc:
             sup.health.failed("heartbeat", exc)

@@ -39,6 +39,10 @@ class HeldLeases:
     def count(self, queue: str) -> int:
         return len(self._held[queue])
 
+    def ids(self) -> list[str]:
+        """Every held job's id (the heartbeat lists them: the dashboard shows them held)."""
+        return [lease.job.id for held in self._held.values() for lease in held]
+
     def hold(self, queue: str, lease: Lease, sent_at: float) -> None:
         """Keep a lease claimed by a call sent at `sent_at` (monotonic) for a later slot."""
         self._held[queue].append(lease)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -50,13 +50,14 @@ class Roster:
 
 
 def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
-                   per_job_cgroups: bool) -> dict[str, Any]:
+                   per_job_cgroups: bool, held: Sequence[str] = ()) -> dict[str, Any]:
     """What the heartbeat says about running children, for the dashboard's "running now".
 
     Times are durations at the moment of the beat (elapsed, lease left), not clock
     readings: a reader adds the heartbeat's age in Redis time, so this machine's clock
     never matters. Each child is a short list (id, queue, task, pid, elapsed s, timeout
     s, peak RSS bytes, memory limit bytes, lease left s) to keep the record compact.
+    `held`: the ids of jobs leased ahead of a free slot (a queue's prefetch), no child yet.
     """
     now = time.monotonic()
     listed: list[list[Any]] = []
@@ -73,7 +74,8 @@ def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
             round(proven - now, 3) if proven is not None else None,
         ])
     return {"memory_mode": "cgroups" if per_job_cgroups else "rss",
-            "children": listed, "children_total": total}
+            "children": listed, "children_total": total,
+            "held": list(held[:MAX_CHILDREN_LISTED])}
 
 
 CHILD_FIELDS = ("id", "queue", "task", "pid", "elapsed", "timeout", "rss", "memory_limit",

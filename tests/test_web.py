@@ -380,3 +380,29 @@ def test_job_page_and_running_view_show_progress_and_steps(web, queue):
     steps = html.split("durable steps", 1)[1]
     assert steps.index("charge-card") < steps.index("ship"), steps
     assert "ch_\\u003c1\\u003e" in steps or "ch_&lt;1&gt;" in steps, steps
+
+
+@pytest.mark.timeout(60)
+def test_running_now_shows_a_prefetched_job_as_held(web, redis_url, queue, tmp_path):
+    gate = tmp_path / "gate"
+    cfg = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1},
+                       queue_extra="prefetch = 1\n")
+    with SupervisorProcess(cfg).start() as sup:
+        running = queue.enqueue("tests.wait_file", str(gate))
+        held = queue.enqueue("tests.echo", "later")
+
+        def listed() -> dict[str, Any] | None:  # by the supervisor's next heartbeat
+            jobs = {j["id"]: j for j in data.running(queue.redis)["jobs"]}
+            ok = (running.id in jobs and jobs[running.id]["child"].get("pid")
+                  and held.id in jobs and jobs[held.id]["held"])
+            return jobs if ok else None
+
+        jobs = wait_for(listed, timeout=15, message="the running and the held job listed")
+        assert jobs[running.id]["held"] is False and "pid" not in jobs[held.id]["child"]
+        _, html, _ = Browserless(web.url).get("/running")
+        row = html.split(f'<tr data-job="{held.id}"', 1)[1].split("</tr>", 1)[0]
+        assert "held (prefetch)" in row and "starting" not in row, row
+        row = html.split(f'<tr data-job="{running.id}"', 1)[1].split("</tr>", 1)[0]
+        assert "held (prefetch)" not in row, row
+        gate.touch()
+        assert wait_job(queue, held.id, ("succeeded",), context=lambda: sup.log()[-3000:])

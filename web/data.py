@@ -139,7 +139,11 @@ def running(client: redis.Redis) -> dict[str, Any]:
     now_ms = redis_now_ms(client)
     supervisors = live_supervisors(client)
     children: dict[str, dict[str, Any]] = {}
+    held: set[str] = set()  # leased ahead of a free slot (prefetch): no child yet
     for sup in supervisors:
+        listed = sup.get("held")
+        if isinstance(listed, list):  # an older supervisor's record has none
+            held.update(job_id for job_id in listed if isinstance(job_id, str))
         age_ms = float(sup.get("age", 0)) * 1000
         for row in sup.get("children") or []:
             if not isinstance(row, list) or len(row) != len(CHILD_FIELDS):
@@ -165,7 +169,8 @@ def running(client: redis.Redis) -> dict[str, Any]:
         for job_id, deadline in page:
             child = children.get(job_id, {})
             jobs.append({"id": job_id, "queue": name, "lease_deadline_ms": int(deadline),
-                         "child": child, "task": child.get("task")})
+                         "child": child, "task": child.get("task"),
+                         "held": not child and job_id in held})
     if jobs:  # task, start time and owner of the jobs no record covers, from their hashes
         pipe = client.pipeline(transaction=False)
         for job in jobs:
