@@ -8,7 +8,8 @@ from typing import Any
 from bench.findings import FINDINGS, FINDINGS_18
 
 NAMES = {"forq": "forq (supervisor, concurrency 2)",
-         "forq-prefetch": "forq, `prefetch = {prefetch}` (README, \"Prefetch\")", "rq-fork": "RQ Worker ×2 (fork per job)",
+         "forq-prefetch": "forq, `prefetch = {prefetch}` (README, \"Prefetch\")",
+         "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
          "dramatiq": "Dramatiq 2 processes × 1 thread"}
 
@@ -63,9 +64,9 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         out.append(("end to end ≥ 50% of the raw fork limit", "≥ 50%",
                     f"{share:.0%} ({n(forq_e2e)} of {n(fork)} forks/s)", share >= 0.5))
     # issue 18 reads them with the prefetch a user of short jobs sets, when it was measured
-    free = get(s, "e2e", "forq-prefetch", "median") or forq_e2e
-    how = (f" with prefetch {get(s, 'e2e', 'forq-prefetch', 'prefetch')}"
-           if get(s, "e2e", "forq-prefetch", "median") else "")
+    prefetched = get(s, "e2e", "forq-prefetch") or {}
+    free = prefetched.get("median") or forq_e2e
+    how = f" with prefetch {prefetched.get('prefetch')}" if prefetched.get("median") else ""
     if free and fork:
         share = free / fork
         out.append((f"isolation for free: end to end{how} ≥ 80% of the fork limit (#18)",
@@ -281,7 +282,8 @@ def render(res: dict[str, Any]) -> str:
             if not isinstance(d, dict) or "median" not in d:
                 continue
             fork_per_job = "yes" if system in ("forq", "forq-prefetch", "rq-fork") else "no"
-            rows.append([NAMES[system].format(prefetch=d.get("prefetch")), fork_per_job, n(d.get("n")), n(d["median"]),
+            rows.append([NAMES[system].format(prefetch=d.get("prefetch")), fork_per_job,
+                         n(d.get("n")), n(d["median"]),
                          f"{d['median'] / fork:.0%}" if fork else "n/a",
                          f"{forq_rate / d['median']:.2f}×"
                          if forq_rate and not system.startswith("forq") else "", runs(d)])

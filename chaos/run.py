@@ -105,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             raise ValueError
     except ValueError:
         p.error(f"--slow-ms: expected MIN-MAX milliseconds such as 300-3000, got {a.slow_ms!r}")
+    if not 0 <= a.prefetch <= 1000:
+        p.error(f"--prefetch: expected 0 to 1000 ([[queue]].prefetch), got {a.prefetch}")
     if a.job_cgroups:
         from tests.vm import cgroup_v2_problem
 

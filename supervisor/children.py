@@ -53,7 +53,7 @@ class Children:
         # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
         self.first_deadline: Callable[[float], float | None] = lambda _sent_at: None
         self.police = LimitPolice(self.kill_after_grace)
-        self.held = HeldLeases(leases)
+        self.held = HeldLeases(leases, on_change=metrics.set_held)
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
 
     def __len__(self) -> int:
@@ -90,7 +90,6 @@ class Children:
             return
         if self.running[queue] >= self.slots[queue][0]:
             self.held.hold(queue, lease, sent_at)
-            self.metrics.set_held(queue, self.held.count(queue))
             return
         self._start(queue, lease, sent_at)
 
@@ -100,7 +99,6 @@ class Children:
             lease = self.held.next(queue)
             if lease is None:
                 return
-            self.metrics.set_held(queue, self.held.count(queue))
             sent_at = self.held.proven_since(lease)
             if sent_at is None:  # fenced while held: the lease may be someone else's now
                 self._give_back(queue, lease, "lease not proven while held")
@@ -126,15 +124,13 @@ class Children:
                  else self.held.trim(lambda _q: 0))
         for queue, lease in taken:
             self._give_back(queue, lease, why)
-            self.metrics.set_held(queue, self.held.count(queue))
 
     def forget_held(self, job_ids: Collection[str]) -> None:
         """Redis answered these leases lost: another supervisor has the job now."""
-        for queue, lease in self.held.take(job_ids):
+        for _queue, lease in self.held.take(job_ids):
             log.warning("job %s %s: held lease lost; not started", lease.job.id,
                         lease.job.task)
             self.leases.remove(lease.job.id)
-            self.metrics.set_held(queue, self.held.count(queue))
 
     def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
         job, f = lease.job, lease.job.fields

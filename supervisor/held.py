@@ -29,12 +29,11 @@ from forq.supervisor.leases import LeaseKeeper
 
 
 class HeldLeases:
-    def __init__(self, leases: LeaseKeeper) -> None:
+    def __init__(self, leases: LeaseKeeper,
+                 on_change: Callable[[str, int], None] = lambda _queue, _count: None) -> None:
         self.leases = leases
+        self.on_change = on_change  # (queue, jobs it holds now): the metrics gauge
         self._held: dict[str, deque[Lease]] = defaultdict(deque)  # by queue, claim order
-
-    def __len__(self) -> int:
-        return sum(len(held) for held in self._held.values())
 
     def count(self, queue: str) -> int:
         return len(self._held[queue])
@@ -47,11 +46,16 @@ class HeldLeases:
         """Keep a lease claimed by a call sent at `sent_at` (monotonic) for a later slot."""
         self._held[queue].append(lease)
         self.leases.add(queue, lease.job.id, lease.token, sent_at)
+        self.on_change(queue, len(self._held[queue]))
 
     def next(self, queue: str) -> Lease | None:
         """The queue's longest-held lease, no longer held here."""
         held = self._held.get(queue)
-        return held.popleft() if held else None
+        if not held:
+            return None
+        lease = held.popleft()
+        self.on_change(queue, len(held))
+        return lease
 
     def proven_since(self, lease: Lease) -> float | None:
         """When the extension that last proved this lease was sent (monotonic), the
@@ -65,11 +69,14 @@ class HeldLeases:
         """Stop holding these jobs (a cancel, a lost lease); returns (queue, lease) of
         each that was held."""
         taken: list[tuple[str, Lease]] = []
+        if not job_ids:  # every extension asks, nearly always about nothing
+            return taken
         for queue, held in self._held.items():
             keep = deque(lease for lease in held if lease.job.id not in job_ids)
             if len(keep) != len(held):
                 taken += [(queue, lease) for lease in held if lease.job.id in job_ids]
                 self._held[queue] = keep
+                self.on_change(queue, len(keep))
         return taken
 
     def trim(self, allowed: Callable[[str], int]) -> list[tuple[str, Lease]]:
@@ -77,6 +84,8 @@ class HeldLeases:
         returns the (queue, lease) let go, the last claimed first."""
         taken: list[tuple[str, Lease]] = []
         for queue, held in self._held.items():
-            while len(held) > max(0, allowed(queue)):
-                taken.append((queue, held.pop()))
+            excess = len(held) - max(0, allowed(queue))
+            if excess > 0:
+                taken += [(queue, held.pop()) for _ in range(excess)]
+                self.on_change(queue, len(held))
         return taken

@@ -313,3 +313,14 @@ def test_batch_check_allows_a_relayed_last_member_its_delivery() -> None:
     problems = Checker.batch_problems(record, members, callbacks, execs, None,
                                       frozenset({"b1-2"}))
     assert any("enqueued at 1004000, before member b1-2 ended" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("value", ["-1", "1001"])
+def test_a_prefetch_out_of_range_is_one_line_naming_the_option(value: str, capsys) -> None:
+    from chaos.run import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--prefetch", value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == f"python -m chaos: error: --prefetch: expected 0 to 1000 ([[queue]].prefetch), got {value}"

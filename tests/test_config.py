@@ -704,6 +704,10 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
          "[queue 1].prefetch: expected an integer from 0 to 1000, got -1"),
         (QUEUE + "prefetch = 1001\n",
          "[queue 1].prefetch: expected an integer from 0 to 1000, got 1001"),
+        (QUEUE + 'prefetch = "4"\n',
+         '[queue 1].prefetch: expected an integer from 0 to 1000, got "4"'),
+        (QUEUE + "prefetch = true\n",
+         "[queue 1].prefetch: expected an integer from 0 to 1000, got true"),
         (QUEUE + 'priority = "high"\n', '[queue 1].priority: expected an integer, got "high"'),
         (
             QUEUE + 'rate_limit = "fast"\n',

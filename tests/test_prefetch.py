@@ -68,6 +68,15 @@ def held(queue: Queue, ids: list[str], sup: SupervisorProcess) -> list[str]:
     return [queue.get(i).fields["owner"] for i in ids]
 
 
+def hold_two(queue: Queue, tmp_path: Path, sup: SupervisorProcess) -> tuple[str, list[str]]:
+    """The slot taken by a job that waits for `tmp_path/gate`, then two `tests.touch`
+    jobs (writing `tmp_path/touch`) leased and held behind it: (blocker, held ids)."""
+    blocker = hold_slot(queue, tmp_path / "gate", sup)
+    ids = [queue.enqueue("tests.touch", str(tmp_path / "touch")).id for _ in range(2)]
+    held(queue, ids, sup)
+    return blocker, ids
+
+
 @pytest.mark.timeout(60)
 def test_held_jobs_keep_their_leases_and_start_in_claim_order(tmp_path, redis_url, queue):
     gate, touch = tmp_path / "gate", tmp_path / "touch"
@@ -111,9 +120,7 @@ def test_drain_gives_held_jobs_back_at_once_and_runs_the_rest(tmp_path, redis_ur
     gate, touch = tmp_path / "gate", tmp_path / "touch"
     cfg = config(tmp_path, redis_url, queue, prefetch=2, drain_timeout="30s")
     with SupervisorProcess(cfg).start() as sup:
-        blocker = hold_slot(queue, gate, sup)
-        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
-        held(queue, ids, sup)
+        blocker, ids = hold_two(queue, tmp_path, sup)
 
         sup.signal(signal.SIGTERM)
         # back in pending while the running job still runs (its drain lasts up to 30 s)
@@ -138,9 +145,7 @@ def test_drain_gives_held_jobs_back_at_once_and_runs_the_rest(tmp_path, redis_ur
 def test_a_cancelled_held_job_never_runs(tmp_path, redis_url, queue):
     gate, touch = tmp_path / "gate", tmp_path / "touch"
     with SupervisorProcess(config(tmp_path, redis_url, queue, prefetch=2)).start() as sup:
-        blocker = hold_slot(queue, gate, sup)
-        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
-        held(queue, ids, sup)
+        blocker, ids = hold_two(queue, tmp_path, sup)
         queue.cancel(ids[0])
         # the next extension (every lease_ttl/3) hears of it and gives the job back
         job = wait_job(queue, ids[0], TERMINAL, timeout=10, context=lambda: sup.log()[-3000:])
@@ -158,9 +163,7 @@ def test_a_reload_that_lowers_the_prefetch_gives_held_jobs_back(tmp_path, redis_
     port = free_port()
     cfg = config(tmp_path, redis_url, queue, prefetch=2, metrics_port=port)
     with SupervisorProcess(cfg).start() as sup:
-        blocker = hold_slot(queue, gate, sup)
-        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
-        held(queue, ids, sup)
+        blocker, ids = hold_two(queue, tmp_path, sup)
 
         config(tmp_path, redis_url, queue, prefetch=1, metrics_port=port)
         sup.signal(signal.SIGHUP)
@@ -187,9 +190,7 @@ def test_a_reload_that_adds_slots_starts_held_jobs_in_them(tmp_path, redis_url, 
     gate, touch = tmp_path / "gate", tmp_path / "touch"
     cfg = config(tmp_path, redis_url, queue, prefetch=2)
     with SupervisorProcess(cfg).start() as sup:
-        blocker = hold_slot(queue, gate, sup)
-        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
-        held(queue, ids, sup)
+        blocker, ids = hold_two(queue, tmp_path, sup)
 
         config(tmp_path, redis_url, queue, prefetch=2, concurrency=3)
         sup.signal(signal.SIGHUP)
@@ -210,9 +211,7 @@ def test_held_leases_of_a_killed_supervisor_go_to_a_peer_and_run_once(tmp_path, 
     gate, touch = tmp_path / "gate", tmp_path / "touch"
     cfg = config(tmp_path, redis_url, queue, prefetch=2)
     with SupervisorProcess(cfg).start() as first:
-        blocker = hold_slot(queue, gate, first)
-        ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
-        held(queue, ids, first)
+        blocker, ids = hold_two(queue, tmp_path, first)
         first.kill()
     gate.touch()  # the job the killed supervisor ran may finish now wherever it runs
     with SupervisorProcess(cfg).start() as peer:

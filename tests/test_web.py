@@ -20,7 +20,7 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULE_DEFS
-from forq.supervisor.roster import CHILD_FIELDS, live_supervisors
+from forq.supervisor.roster import CHILD_FIELDS, Roster, live_supervisors
 from forq.web import data
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config
@@ -406,3 +406,20 @@ def test_running_now_shows_a_prefetched_job_as_held(web, redis_url, queue, tmp_p
         assert "held (prefetch)" not in row, row
         gate.touch()
         assert wait_job(queue, held.id, ("succeeded",), context=lambda: sup.log()[-3000:])
+
+
+@pytest.mark.parametrize("junk", ["job-1", {"job-1": 1}, [1, None, ["job-1"], {"id": "job-1"}],
+                                  ["x" * 10_000] * 2_000, None],
+                         ids=["string", "object", "not-strings", "huge", "null"])
+def test_running_now_takes_only_job_ids_from_a_heartbeats_held_list(queue, junk):
+    """A heartbeat record is read by every dashboard: a malformed `held` list (an older
+    or broken writer) marks nothing held and breaks nothing."""
+    job = queue.enqueue("tests.echo", job_id="job-1")
+    queue.claim("junk-writer:1", 1, 60_000)
+    roster = Roster(queue.redis, "junk-writer:1")
+    roster.beat({"name": "junk-writer", "children": [], "held": junk})
+    try:
+        jobs = {j["id"]: j for j in data.running(queue.redis)["jobs"]}
+    finally:
+        roster.leave()
+    assert jobs[job.id]["held"] is False and jobs[job.id]["owner_alive"] is True
