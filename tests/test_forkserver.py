@@ -485,10 +485,21 @@ pid = leanfork.fork()
 if pid == 0:
     os._exit(7)
 print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+import concurrent.futures.thread  # its shutdown lock's acquire, re-make and release
+print(repr(leanfork.blocker()))
 thread = threading.Thread(target=threading.Event().wait, daemon=True)
 thread.start()
 print(repr(leanfork.blocker()))
 os.register_at_fork(after_in_child=lambda: None)
+print(repr(leanfork.blocker()))
+"""
+_LOCK_PROBE = """
+import os, threading
+from forq.supervisor.fork import leanfork
+leanfork.watch_registrations()
+os.register_at_fork(before=threading.RLock().acquire)
+print(repr(leanfork.blocker()))
+os.register_at_fork(before=threading.Lock().locked)  # not one that guards a lock
 print(repr(leanfork.blocker()))
 """
 
@@ -496,7 +507,8 @@ print(repr(leanfork.blocker()))
 @pytest.mark.timeout(60)
 def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do():
     """In a fresh process that imports the fork server as it starts: its own imports
-    register only hooks a lean fork may skip, so it forks lean; a second thread, or a
+    register only hooks a lean fork may skip, so it forks lean, and still after a
+    module whose hooks only guard a lock (concurrent.futures); a second thread, or a
     hook it has not vetted, and it does not."""
     import json
     import subprocess
@@ -514,8 +526,12 @@ def test_the_lean_fork_is_taken_only_when_the_skipped_hooks_have_nothing_to_do()
     assert out[1] == "'at-fork registrations not watched'"
     assert out[2] == "''", out
     assert out[3] == "7"  # a lean-forked child runs and exits as any other
-    assert out[4] == "'2 threads'", out
-    assert out[5].startswith("'an at-fork hook of __main__."), out
+    assert out[4] == "''", out  # concurrent.futures.thread's lock hooks are skippable
+    assert out[5] == "'2 threads'", out
+    assert out[6].startswith("'an at-fork hook of __main__."), out
+    out = subprocess.run([sys.executable, "-c", _LOCK_PROBE], capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    assert out == ["''", "'an at-fork hook of builtins.lock.locked'"], out
 
 
 @pytest.mark.timeout(60)

@@ -23,6 +23,10 @@ have nothing to do, and does their one useful part itself (CPython 3.10–3.12 o
   `signal.signal` (`child.detach`).
 * random's reseeds the module's generator, or every job would draw the same numbers:
   `child_after_lean_fork` reseeds it.
+* a lock's own methods as hooks (acquired before the fork, re-made in the child,
+  released in the parent: `concurrent.futures.thread`'s shutdown lock, imported by
+  Django and asyncio's users) keep another thread from holding the lock across the
+  fork; with one thread there is none.
 
 Any other hook (a library that restarts its worker thread in the child, asyncio's
 loop reset on 3.12) means `os.fork()`: `watch_registrations` records each hook
@@ -32,6 +36,7 @@ registered from the fork server's start on, before the handler modules are impor
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import os
 import sys
@@ -41,6 +46,9 @@ from collections.abc import Callable
 # whose hooks a lean fork may skip: they only repair other threads' state, or (random)
 # are done by `child_after_lean_fork`
 _SKIPPABLE = frozenset({"threading", "logging", "random"})
+# a lock's methods that make a hook of it (`_skippable`)
+_LOCK_TYPES = (_thread.LockType, _thread.RLock)
+_LOCK_HOOKS = frozenset({"acquire", "release", "_at_fork_reinit"})
 _foreign_hooks: list[str] = []  # who registered a hook a lean fork would skip wrongly
 _watching = False
 
@@ -77,11 +85,21 @@ def watch_registrations() -> None:
     def recording(**hooks: Callable[[], object]) -> None:
         register(**hooks)
         for hook in hooks.values():
-            module = getattr(hook, "__module__", None) or type(hook).__module__
-            if module not in _SKIPPABLE:
+            if not _skippable(hook):
+                module = getattr(hook, "__module__", None) or type(hook).__module__
                 _foreign_hooks.append(f"{module}.{getattr(hook, '__qualname__', hook)!s}")
 
     os.register_at_fork = recording  # type: ignore[assignment]
+
+
+def _skippable(hook: Callable[[], object]) -> bool:
+    """Whether a lean fork may skip `hook` in a one-thread process: one of the modules
+    in `_SKIPPABLE`, or a lock's acquire, release or re-make."""
+    module = getattr(hook, "__module__", None) or type(hook).__module__
+    if module in _SKIPPABLE:
+        return True
+    return (isinstance(getattr(hook, "__self__", None), _LOCK_TYPES)
+            and getattr(hook, "__name__", "") in _LOCK_HOOKS)
 
 
 def blocker() -> str:
