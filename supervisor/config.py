@@ -84,6 +84,7 @@ _SUPERVISOR_KEYS = (
     "log_format",
     "fork_server",
     "job_cgroups",
+    "huge_pages",
 )
 _POLICY_KEYS = (
     "timeout",
@@ -174,6 +175,9 @@ class Config:
     fork_server: bool = True
     # per-job cgroup v2 memory limits (supervisor/cgroups.py): auto | required | off
     job_cgroups: str = "auto"
+    # the fork server's heap on huge pages where the kernel offers them
+    # (supervisor/fork/hugepages.py)
+    huge_pages: bool = True
     # OpenTelemetry job spans (supervisor/tracing.py)
     tracing: TracingConfig = TracingConfig()
     # where redis_url came from, said at start-up: an environment variable that silently
@@ -206,15 +210,13 @@ class Config:
         }
 
 
-def _paused(value: object, where: str) -> bool:
+def _fork_server(value: object) -> bool:
+    return _flag(value, "[supervisor].fork_server")
+
+
+def _flag(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise read.expected(where, "true or false", value)
-    return value
-
-
-def _fork_server(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise read.expected("[supervisor].fork_server", "true or false", value)
     return value
 
 
@@ -343,7 +345,7 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 ),
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
-                paused=_paused(table.get("paused", False), f"{prefix}.paused"),
+                paused=_flag(table.get("paused", False), f"{prefix}.paused"),
                 prefetch=read.integer(table.get("prefetch", 0), f"{prefix}.prefetch", 0,
                                       MAX_PREFETCH),
             )
@@ -464,6 +466,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         fork_server=_fork_server(sup.get("fork_server", True)),
         job_cgroups=read.choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
                             _JOB_CGROUPS),
+        huge_pages=_flag(sup.get("huge_pages", True), "[supervisor].huge_pages"),
         tracing=_tracing(doc),
         redis_url_source=config_redis.url_source(doc, shown, env),
         redis_password_file=config_redis.password_file_path(doc, base_dir),

@@ -118,7 +118,8 @@ class Spawner:
         self.server = server
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
         self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
-        log.info("fork server started in pid %d", server.pid)
+        log.info("fork server started in pid %d%s", server.pid,
+                 f": {server.huge_pages}" if server.huge_pages else "")
 
     def _on_output(self, server: ForkServer) -> None:
         if server.output < 0:  # closed earlier in this loop turn (the server was lost)

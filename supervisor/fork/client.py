@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forq.queue import Lease
+from forq.supervisor.fork import hugepages
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
@@ -43,12 +44,26 @@ class Launch:
     # idle children the fork server keeps forked in advance (`Launcher.spares` says how
     # many); not compared: a reload that changes only concurrency keeps its fork server
     spares: int = dataclasses.field(default=0, compare=False)
+    # the fork server's heap on huge pages (`hugepages`)
+    huge_pages: bool = True
 
-    def settings(self) -> str:
+    def settings(self, added: dict[str, str | None] | None = None) -> str:
+        """The fork server's settings; `added`: the variables its exec environment
+        gained for it (name → the value the environment had, None if none), which it
+        puts back once started, so that no job or process a job starts inherits them."""
         probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
                                                          self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as, "probe": probe, "spares": self.spares})
+                           "run_as": self.run_as, "probe": probe, "spares": self.spares,
+                           "huge_pages": self.huge_pages, "restore_env": added or {}})
+
+    def server_env(self) -> dict[str, str]:
+        """The fork server's exec environment: `env`, what `huge_pages` needs there, and
+        its settings (FORQ_FORKSERVER)."""
+        env = dict(self.env)
+        with_pages = hugepages.exec_env(env) if self.huge_pages else env
+        added = {k: env.get(k) for k, v in with_pages.items() if env.get(k) != v}
+        return dict(with_pages, FORQ_FORKSERVER=self.settings(added))
 
 
 def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
@@ -137,11 +152,12 @@ class ForkServer:
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
+        self.huge_pages = ""  # what its heap is on, as it said (for the start-up line)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
         # our import path, which it adopts before importing them
-        env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
+        env = launch.server_env()
         # its stdout and stderr (what handler modules print at import) are read like a
         # job's: never the supervisor's own log, which it could truncate
         out_r, out_w = os.pipe()
@@ -175,6 +191,7 @@ class ForkServer:
                 raise ForkServerError(f"unexpected first message {str(message)[:200]}")
             if "namespaces" in message:
                 self.namespaces_problem = str(message["namespaces"])[:500]
+            self.huge_pages = str(message.get("huge_pages", ""))[:300]
             try:
                 self.tasks = parse_tasks(message.get("tasks"))
             except BadTaskTable as exc:

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from forq import registry
-from forq.supervisor.fork import leanfork, namespaces, sandbox, tasks
+from forq.supervisor.fork import hugepages, leanfork, namespaces, sandbox, tasks
 from forq.supervisor.fork.child import (
     _PRCTL,
     DEFAULT_PRIORITY,
@@ -78,7 +78,7 @@ QUIET_BEFORE_SPARES = 0.005
 class Server:
     def __init__(self, sock: socket.socket, supervisor_pid: int, spares: int = 0,
                  set_title: Callable[[str], object] | None = None,
-                 init_forks: bool = False) -> None:
+                 init_forks: bool = False, huge_pages: str = "") -> None:
         self.sock = sock
         self.supervisor_pid = supervisor_pid
         self.me = os.getpid()
@@ -103,6 +103,7 @@ class Server:
         self.set_title = set_title
         # monotonic time of the last request or reaped job (`refill` waits for quiet)
         self.busy_at = float("-inf")
+        self.huge_pages = huge_pages  # what the heap is on (`hugepages.report`)
 
     def serve(self, namespaces_problem: str | None = None) -> None:
         table = tasks.describe(registry.registered())
@@ -114,6 +115,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         hello: dict[str, Any] = {"ready": self.me, "tasks": table}
+        if self.huge_pages:
+            hello["huge_pages"] = self.huge_pages
         if namespaces_problem is not None:
             hello["namespaces"] = namespaces_problem  # "" when they work
         self.tell(hello)
@@ -499,11 +502,27 @@ def main(argv: list[str]) -> None:
         set_title = setproctitle.setproctitle
     except Exception:  # noqa: BLE001 — a title is cosmetic
         pass
+    _restore_env(settings.get("restore_env"))
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
+    huge_pages = settings.get("huge_pages") is not False
+    # last, on the heap as the handler modules left it: every fork copies its page table
+    pages = hugepages.report(huge_pages, hugepages.collapse() if huge_pages else "")
     spares = settings.get("spares", 0)
     Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
-           set_title, init_forks).serve(problem)
+           set_title, init_forks, pages).serve(problem)
+
+
+def _restore_env(added: object) -> None:
+    """Put back the variables the supervisor added to our exec environment for us alone
+    (`Launch.settings`): a job, and what it runs, must not inherit them."""
+    if not isinstance(added, dict):
+        return
+    for name, value in added.items():
+        if value is None:
+            os.environ.pop(name, None)
+        elif isinstance(value, str):
+            os.environ[name] = value
 
 
 if __name__ == "__main__":
