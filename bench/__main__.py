@@ -42,7 +42,8 @@ from forq.supervisor import terminal
 # [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
 # short jobs would set (README, "Prefetch"); the targets of issue 18 are read from it
 PREFETCH = 4
-SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling", "leases")
+SECTIONS = ("limits", "enqueue", "e2e", "appsize", "latency", "recovery", "scale", "ceiling",
+            "leases")
 
 
 class Sizes:
@@ -67,6 +68,9 @@ class Sizes:
         self.ceiling_jobs = 4000 if quick else 10_000
         self.ceiling_reps = 1 if quick else 2
         self.lease_jobs = 300 if quick else 1000  # sleeping jobs held by one supervisor
+        from bench.appsize import Sizes as AppSizes
+
+        self.appsize = AppSizes(quick)  # the application-size axis (bench/appsize.py)
 
 
 def run_driver(mode: str, system: str, redis_base: str, db: int, **options: Any) -> dict:
@@ -74,7 +78,8 @@ def run_driver(mode: str, system: str, redis_base: str, db: int, **options: Any)
     cmd = [str(venv.python()), str(BENCH / "peers" / "driver.py"), mode, "--system", system,
            "--redis", redis_base, "--db", str(db)]
     for key, value in options.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
+        if value != "":
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO), timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{system} {mode} failed:\n{proc.stderr[-4000:]}")
@@ -204,6 +209,12 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     return out
 
 
+def section_appsize(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
+    from bench import appsize
+
+    return appsize.measure(ctx["url"], ctx["redis_base"], sz.appsize, run_driver)
+
+
 def _merge_latency(runs: list[dict[str, Any]]) -> dict[str, Any]:
     samples = [x for r in runs for x in r["all_ms"]]
     out = dict(runs[-1])
@@ -290,6 +301,7 @@ def section_leases(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
 
 
 RUNNERS = {"limits": section_limits, "enqueue": section_enqueue, "e2e": section_e2e,
+           "appsize": section_appsize,
            "latency": section_latency, "recovery": section_recovery, "scale": section_scale,
            "ceiling": section_ceiling, "leases": section_leases}
 

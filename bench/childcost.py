@@ -1,6 +1,7 @@
 """What a job's child costs, forked by `os.fork()` or by the fork server's lean fork.
 
     python -m bench.childcost [--imports bench.tasks] [--forks 300] [--rounds 5]
+                              [--huge-pages]
 
 One process set up as the fork server is (forq's fork server module and the handler
 modules imported, setproctitle initialised, the heap frozen) forks, in alternating
@@ -26,7 +27,7 @@ from collections.abc import Callable
 FIELDS = ("parent_ms", "child_ms", "parent_faults", "child_faults")
 
 
-def _setup(imports: list[str]) -> None:
+def _setup(imports: list[str], huge_pages: bool = False) -> None:
     from forq import registry
     from forq.supervisor.fork import leanfork, server  # noqa: F401 — the server's imports
 
@@ -39,6 +40,10 @@ def _setup(imports: list[str]) -> None:
     setproctitle.setproctitle("forq: fork server")
     gc.collect()
     gc.freeze()
+    if huge_pages:  # as the fork server does last (`[supervisor].huge_pages`)
+        from forq.supervisor.fork import hugepages
+
+        print(hugepages.report("collapse", hugepages.collapse()), file=sys.stderr)
 
 
 def _job_child(fork: Callable[[], int]) -> None:
@@ -99,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--imports", default="bench.tasks", help="handler modules, comma-separated")
     p.add_argument("--forks", type=int, default=300, help="children per round and kind")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--huge-pages", action="store_true",
+                   help="collapse the heap onto huge pages first, as the fork server does")
     args = p.parse_args(argv)
-    _setup([m for m in args.imports.split(",") if m])
+    _setup([m for m in args.imports.split(",") if m], args.huge_pages)
     from forq.supervisor.fork import leanfork
 
+    if leanfork.blocker().endswith(" threads"):  # numpy's OpenBLAS stops its threads at
+        _bare_child(os.fork)  # a fork, as the fork server's first job's fork does
     if leanfork.blocker():
         print(f"no lean fork here: {leanfork.blocker()}", file=sys.stderr)
         return 1

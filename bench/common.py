@@ -286,9 +286,11 @@ def write_forq_config(path: Path, redis_url: str, queue: str, concurrency: int =
 class ForqSupervisor:
     """`python -m forq.supervisor.cli run --config FILE` from the repo's venv."""
 
-    def __init__(self, config: Path, log_path: Path | None = None) -> None:
+    def __init__(self, config: Path, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.config = config
         self.log_path = log_path or workdir() / "supervisor.log"
+        self.env = env or {}  # added to its environment (the fork server inherits it)
         self.proc: subprocess.Popen | None = None
         self._log = None
         # how `forq` is started; experiments may swap in a patched launcher
@@ -296,7 +298,7 @@ class ForqSupervisor:
 
     def start(self, wait_ready: bool = True, timeout: float = 30.0) -> ForqSupervisor:
         self._log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
         env.pop("FORQ_REDIS_URL", None)  # the config's URL, not the environment's
         self.proc = subprocess.Popen(
             [*self.command, "run", "--config", str(self.config)],
@@ -385,10 +387,15 @@ def machine_info() -> dict[str, Any]:
             mem = int(f.readline().split()[1]) * 1024
     except OSError:
         pass
+    try:  # the kernel's transparent huge pages ([supervisor].huge_pages needs them)
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = next((w[1:-1] for w in f.read().split() if w.startswith("[")), "")
+    except OSError:
+        thp = ""
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / (1 << 30), 1),
         "kernel": platform.release(), "python": platform.python_version(),
-        "load_at_start": os.getloadavg()[0],
+        "load_at_start": os.getloadavg()[0], "thp": thp,
     }
 
 

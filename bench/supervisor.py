@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -154,11 +155,13 @@ for start in range(0, n, 5000):
 def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = None,
                profile_to: Path | None = None, queue_extra: str = "",
                supervisor_extra: str = "", launcher: list[str] | None = None,
-               producer: str | None = None) -> dict[str, Any]:
+               producer: str | None = None, imports: tuple[str, ...] = ("bench.tasks",),
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Enqueue n no-op jobs, start a supervisor, time first finish → last finish.
     `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup); `producer`:
     another venv's python that enqueues instead of this process (an older forq, whose
-    data format this one would refuse — give it a Redis database of its own)."""
+    data format this one would refuse — give it a Redis database of its own);
+    `imports`: the handler modules; `env`: added to the supervisor's environment."""
     workdir = workdir or _tmpdir()
     r = connect(url)
     name = _queue_name("e2e")
@@ -169,8 +172,9 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         for start in range(0, n, 5000):
             q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, concurrency,
-                            queue_extra=queue_extra, supervisor_extra=supervisor_extra)
-    sup = ForqSupervisor(cfg, workdir / f"{name}.log")
+                            queue_extra=queue_extra, supervisor_extra=supervisor_extra,
+                            imports=imports)
+    sup = ForqSupervisor(cfg, workdir / f"{name}.log", env=env)
     if launcher:
         sup.command = [*launcher, *sup.command]
     stats_key = q.keys.stats
@@ -198,11 +202,15 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         rcpu2 = _redis_cpu(r)
         calls2 = command_calls(r)
         rss = sup.rss()
+        helpers_rss = [rss_bytes(pid) or 0 for pid in helpers2]  # the fork server
         jobs = done - first
         seconds = t2 - t1
+        started = re.search(r"fork server started in pid \d+: (.*)", sup.log())
         return {
             "jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds,
-            "supervisor_rss": rss,
+            "supervisor_rss": rss, "fork_server_rss": max(helpers_rss, default=None),
+            # what its start-up line said of its memory on huge pages
+            "fork_server_pages": started.group(1).strip() if started else "",
             "parent_cpu_ms_per_job": (cpu2[0] - cpu1[0]) / jobs * 1000,
             "parent_user_ms_per_job": (st2["user"] - st1["user"]) / jobs * 1000,
             "parent_sys_ms_per_job": (st2["sys"] - st1["sys"]) / jobs * 1000,

@@ -39,3 +39,12 @@ def stamp_env() -> dict:
     environment (used to split pick-up latency when profiling)."""
     now = time.time()
     return {"t": now, **{k: v for k, v in os.environ.items() if k.startswith("BENCH_")}}
+
+
+@task("bench.sleep_stamp")
+def sleep_stamp(seconds: float = 0.0) -> float:
+    """`stamp`, then sleep: a job of a given length whose start can be read back."""
+    now = time.time()
+    if seconds > 0:
+        time.sleep(seconds)
+    return now

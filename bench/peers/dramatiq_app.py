@@ -1,6 +1,7 @@
 """The Dramatiq app: Redis broker, results in Redis (so completions can be counted and
 the stamp read back). Dramatiq acks a message after its actor ran: at-least-once by
-default. URLs come from the environment."""
+default. URLs come from the environment; with BENCH_APP set (bench/apps), each worker
+process loads that application at start, as it would import a real app's modules."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ broker = RedisBroker(url=os.environ.get("BENCH_DRAMATIQ_BROKER", "redis://127.0.
 backend = RedisBackend(url=os.environ.get("BENCH_DRAMATIQ_RESULTS", "redis://127.0.0.1:6379/5"))
 broker.add_middleware(Results(backend=backend))
 dramatiq.set_broker(broker)
+
+if os.environ.get("BENCH_APP"):  # set for the workers only (driver.py's Peer.env)
+    from bench.apps import load_from_env
+
+    load_from_env()
 
 
 @dramatiq.actor(actor_name="bench.noop", queue_name="bench", store_results=True)

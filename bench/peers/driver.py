@@ -4,11 +4,14 @@ Runs in the peers' venv (bench/.venv-peers) and prints one JSON object.
     python bench/peers/driver.py MODE --system SYSTEM --redis redis://127.0.0.1:PORT --db N ...
 
 MODE: enqueue | drain | latency | recovery | ceiling.
-SYSTEM: rq-fork (RQ's forking Worker ×2 processes), rq-simple (SimpleWorker ×2),
+SYSTEM: rq-fork (RQ's forking Worker ×2 processes), rq-fork-app (the same, started by a
+script that loads the application first: rq_app_worker.py), rq-simple (SimpleWorker ×2),
 celery (prefork pool, concurrency 2), dramatiq (2 processes × 1 thread), bullmq (Node
 workers from bench/peers/bullmq; ceiling mode only).
 `ceiling` (bench/ceiling.py) runs --procs worker processes (BullMQ: --concurrency each,
 Dramatiq: --threads each) over --n pre-enqueued jobs carrying a realistic payload.
+--app SPEC: the application every worker process loads at start (bench/apps: "heap:MiB",
+"real"), for the application-size benchmark (bench/appsize.py).
 Each call uses its own Redis databases from --db (RQ: N; Celery: N broker, N+1
 results; Dramatiq: N broker, N+1 results) and flushes them first.
 """
@@ -55,6 +58,7 @@ class Peer:
 
     processes = 2
     poll_command = "dbsize"  # what `done` sends
+    application = ""  # what its workers load (bench.apps: "heap:MiB", "real"), --app
 
     def __init__(self, base: str, db: int, workdir: Path) -> None:
         self.base = base.rstrip("/")
@@ -74,7 +78,10 @@ class Peer:
             redis.Redis.from_url(f"{self.base}/{db}").flushdb()
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ, PYTHONPATH=str(HERE), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(HERE), PYTHONUNBUFFERED="1")
+        if self.application:  # the workers load it (bench.apps, found at the repo's root)
+            env.update(BENCH_APP=self.application, PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent.parent}")
+        return env
 
     def worker_cmds(self) -> list[list[str]]:
         raise NotImplementedError
@@ -239,6 +246,16 @@ class RQSimple(RQFork):
                                  for i in range(start, min(n, start + 1000))])
 
 
+class RQForkApp(RQFork):
+    """RQ's forking Worker started by a script that loads the application first
+    (rq_app_worker.py), as RQ's docs advise for a big one: each work horse inherits it."""
+
+    def worker_cmds(self) -> list[list[str]]:
+        return [[sys.executable, str(HERE / "rq_app_worker.py"), self.url(),
+                 f"bench-{os.getpid()}-{len(self.logs)}-{i}", "bench"]
+                for i in range(self.processes)]
+
+
 class CeleryPeer(Peer):
     def dbs(self) -> list[int]:
         return [self.db, self.db + 1]
@@ -370,7 +387,8 @@ class BullMQPeer(Peer):
         return redis.Redis.from_url(self.url()).zcard(f"bull:{self.QUEUE}:completed")
 
 
-SYSTEMS = {"rq-fork": RQFork, "rq-simple": RQSimple, "celery": CeleryPeer,
+SYSTEMS = {"rq-fork": RQFork, "rq-fork-app": RQForkApp, "rq-simple": RQSimple,
+           "celery": CeleryPeer,
            "dramatiq": DramatiqPeer, "bullmq": BullMQPeer}
 
 
@@ -537,9 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap", type=float, default=30.0)
     p.add_argument("--procs", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--app", default="", help="what the workers load first (bench.apps)")
     args = p.parse_args(argv)
     workdir = make_workdir()
     peer = SYSTEMS[args.system](args.redis, args.db, workdir)
+    peer.application = args.app
     try:
         if args.mode == "enqueue":
             res = mode_enqueue(peer, args.n, args.reps, args.n_batch)

@@ -1,7 +1,9 @@
 """The peers' own venv, bench/.venv-peers: made on first use, reused afterwards.
 
 rq, celery[redis], dramatiq[redis] and arq come from PyPI with pip; psutil for the driver,
-py-spy to profile forq's supervisor. A stamp file holds the requirement list, so a
+py-spy to profile forq's supervisor; Django, pandas and numpy for the application-size
+benchmark's real import set (`bench/apps/real.py`: forq's fork server finds them here too,
+never in the tests' venv). A stamp file holds the requirement list, so a
 change of it reinstalls.
 """
 
@@ -14,7 +16,8 @@ import sys
 from pathlib import Path
 
 VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
-REQUIREMENTS = ["rq", "celery[redis]", "dramatiq[redis]", "arq", "psutil", "py-spy"]
+REQUIREMENTS = ["rq", "celery[redis]", "dramatiq[redis]", "arq", "psutil", "py-spy", "django",
+                "pandas", "numpy"]
 STAMP = VENV / ".bench-installed"
 
 
@@ -39,7 +42,7 @@ def ensure(log=print) -> Path:
 
 def versions() -> dict[str, str]:
     code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
-            "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'arq', 'redis')}))")
+            "('rq', 'celery', 'kombu', 'billiard', 'dramatiq', 'arq', 'redis', 'django', 'pandas', 'numpy')}))")
     out = subprocess.run([str(python()), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

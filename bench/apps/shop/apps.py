@@ -1,0 +1,8 @@
+"""The shop app's config."""
+
+from django.apps import AppConfig
+
+
+class ShopConfig(AppConfig):
+    name = "bench.apps.shop"
+    label = "shop"
