@@ -31,35 +31,38 @@ import redis
 from forq import Queue
 from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
-from forq.shards import ShardDown, execute_by_shard, ping_home
-from forq.supervisor import cgroups, protections, redis_checks, status, tracing
-from forq.supervisor.children import Children
-from forq.supervisor.claimer import Claimer
-from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
-from forq.supervisor.config_redis import keep_redis_url
-from forq.supervisor.drain import Drain
-from forq.supervisor.fencing import Fencer
+from forq.supervisor.children.launch import Launcher
+from forq.supervisor.children.outcomes import Kind
+from forq.supervisor.children.table import Children
+from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
+from forq.supervisor.config.redis_table import keep_redis_url
 from forq.supervisor.fork.client import ForkServerFatal
-from forq.supervisor.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
-from forq.supervisor.heartbeat import Heartbeat
-from forq.supervisor.launch import Launcher
-from forq.supervisor.leases import LeaseKeeper
-from forq.supervisor.loop import EventLoop
-from forq.supervisor.metrics import Metrics
-from forq.supervisor.metrics_server import MetricsServer
-from forq.supervisor.notes import JobNotes
-from forq.supervisor.outcomes import Kind
-from forq.supervisor.queue_settings import ShardSettings, push_queue_settings
-from forq.supervisor.reaper import Reaper
-from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
-from forq.supervisor.relay import BatchRelay
-from forq.supervisor.renewal import LeaseRenewal
-from forq.supervisor.reports import Pending, Reporter, queues_touched
-from forq.supervisor.roster import Roster
-from forq.supervisor.scheduler import Scheduler
-from forq.supervisor.sdnotify import Notifier, watchdog_interval
-from forq.supervisor.shard_health import ShardHealth
-from forq.supervisor.wakeups import POLL_INTERVAL, Wakeups
+from forq.supervisor.isolation import cgroups, protections
+from forq.supervisor.leases.fencing import Fencer
+from forq.supervisor.leases.keeper import LeaseKeeper
+from forq.supervisor.leases.renewal import LeaseRenewal
+from forq.supervisor.loop import status
+from forq.supervisor.loop.drain import Drain
+from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.loop.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
+from forq.supervisor.loop.heartbeat import Heartbeat
+from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
+from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
+from forq.supervisor.observe import tracing
+from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_server import MetricsServer
+from forq.supervisor.redis_io import checks as redis_checks
+from forq.supervisor.redis_io.claimer import Claimer
+from forq.supervisor.redis_io.health import RedisHealth, wait_until_reachable
+from forq.supervisor.redis_io.notes import JobNotes
+from forq.supervisor.redis_io.queue_settings import ShardSettings, push_queue_settings
+from forq.supervisor.redis_io.reaper import Reaper
+from forq.supervisor.redis_io.relay import BatchRelay
+from forq.supervisor.redis_io.reports import Pending, Reporter, queues_touched
+from forq.supervisor.redis_io.roster import Roster
+from forq.supervisor.redis_io.scheduler import Scheduler
+from forq.supervisor.redis_io.shard_health import ShardHealth
+from forq.supervisor.redis_io.shards import ShardDown, execute_by_shard, ping_home
 from forq.topology import fail_fast, is_cluster
 
 log = logging.getLogger("forq.supervisor")
@@ -331,7 +334,7 @@ class Supervisor:
         On a Redis error the reports stay queued and are sent again: each is fenced by
         its token, so a report that did land the first time is answered "lost" the
         second, and changes nothing. On a cluster the trip is one pipeline per shard
-        (`forq.shards`): a shard that is down (or backing off) holds back only its own
+        (`forq.supervisor.redis_io.shards`): a shard that is down (or backing off) holds back only its own
         queues' claims, steps and reports."""
         if not self.sharded and not self.health.ready():
             return
@@ -410,7 +413,7 @@ def run_supervisor(config_path: str, log_format: str | None = None,
     `redis_url` (`forq run --redis URL`) wins over FORQ_REDIS_URL and the file."""
     import sys
 
-    from forq.supervisor import logs
+    from forq.supervisor.loop import logs
 
     try:
         config = load_config(config_path)

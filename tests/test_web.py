@@ -20,7 +20,7 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULE_DEFS
-from forq.supervisor.roster import CHILD_FIELDS, Roster, live_supervisors
+from forq.supervisor.redis_io.roster import CHILD_FIELDS, Roster, live_supervisors
 from forq.web import data
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config

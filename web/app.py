@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from forq import Queue
 from forq.errors import JobNotFound
 from forq.keys import QueueKeys
-from forq.supervisor import render
+from forq.supervisor.cli import render
 from forq.units import UnitError, parse_rate
 from forq.web import data
 from forq.web.security import (
