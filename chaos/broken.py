@@ -65,7 +65,7 @@ class BrokenSupervisor(Supervisor):
 
     def make_reporter(self, min_replicas: int, wait_ms: int) -> Reporter:
         return StealingReporter(self._queue_for, self.leases, self.metrics, min_replicas,
-                                wait_ms)
+                                wait_ms, task_info=self.spawner.task_info)
 
 
 class StallDumpingLoop(EventLoop):

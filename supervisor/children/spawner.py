@@ -41,7 +41,8 @@ OnExit = Callable[[RunningChild, int, int, str], None]
 
 class Spawner:
     def __init__(self, loop: EventLoop, children: Callable[[], Iterable[RunningChild]],
-                 on_exit: OnExit) -> None:
+                 on_exit: OnExit,
+                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
         self.loop = loop
         self.children = children  # every running child, whoever forked it
         self.on_exit = on_exit
@@ -58,7 +59,7 @@ class Spawner:
         self.namespaces_problem: str | None = None
         self.accepting = True  # False once draining: a lost server is not replaced
         # (every, call): what goes on while a new fork server starts (lease extension)
-        self.while_waiting: tuple[float, Callable[[], object]] | None = None
+        self.while_waiting = while_waiting
 
     def configure(self, enabled: bool, launch: Launch) -> None:
         """At start and on reload: a change of what it imports, as whom or with which

@@ -36,24 +36,27 @@ log = logging.getLogger("forq.supervisor")
 
 
 class Children:
-    def __init__(self, loop: EventLoop, launcher: Launcher, leases: LeaseKeeper,
-                 metrics: Metrics, on_report: Callable[[Pending], None],
+    def __init__(self, loop: EventLoop, launcher: Launcher, spawner: Spawner,
+                 leases: LeaseKeeper, held: HeldLeases, metrics: Metrics, *,
+                 on_report: Callable[[Pending], None],
+                 on_notes: Callable[[RunningChild], None],
+                 first_deadline: Callable[[float], float | None],
                  on_change: Callable[[], None] = lambda: None) -> None:
         self.loop = loop
         self.launcher = launcher
+        self.spawner = spawner  # forks each child; calls `ended` when one is reaped
         self.leases = leases
+        self.held = held
         self.metrics = metrics
         self.on_report = on_report  # a finished child's outcome, for the Reporter
-        self.on_change = on_change  # a child started or ended (the process title)
         # a child's pipe was read: its progress or a step may wait for Redis (`JobNotes`)
-        self.on_notes: Callable[[RunningChild], None] = lambda _child: None
+        self.on_notes = on_notes
+        # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
+        self.first_deadline = first_deadline
+        self.on_change = on_change  # a child started or ended (the process title)
         self.by_job: dict[str, RunningChild] = {}
         self.running: dict[str, int] = defaultdict(int)  # by queue
-        self.spawner = Spawner(loop, self.by_job.values, self.ended)
-        # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
-        self.first_deadline: Callable[[float], float | None] = lambda _sent_at: None
         self.police = LimitPolice(self.kill_after_grace)
-        self.held = HeldLeases(leases, on_change=metrics.set_held)
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
 
     def __len__(self) -> int:

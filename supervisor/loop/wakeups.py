@@ -27,7 +27,8 @@ POLL_INTERVAL = 2.0
 
 class Wakeups:
     def __init__(self, loop: EventLoop, client: redis.Redis, health: RedisHealth,
-                 on_wake: Callable[[], None]) -> None:
+                 on_wake: Callable[[], None], pick_node: Callable[[], Any] | None = None
+                 ) -> None:
         self.loop = loop
         self.client = client
         self.health = health
@@ -38,7 +39,7 @@ class Wakeups:
         self.timers: dict[str, tuple[list, float]] = {}  # queue -> (timer, monotonic due)
         # on a cluster: the node to listen on (PUBLISH reaches every node, so any will
         # do: one whose shard is not failing); None lets redis-py choose
-        self.pick_node: Callable[[], Any] | None = None
+        self.pick_node = pick_node
         self.node_name: str | None = None  # the cluster node listened on
 
     @property

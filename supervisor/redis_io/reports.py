@@ -80,7 +80,8 @@ def open_batch(q: Queue, job_id: str, token: str, opened: dict[str, Any],
 
 class Reporter:
     def __init__(self, queue_for: Callable[[str], Queue], leases: LeaseKeeper,
-                 metrics: Metrics, min_replicas: int = 0, wait_ms: int = 0) -> None:
+                 metrics: Metrics, min_replicas: int = 0, wait_ms: int = 0,
+                 task_info: Callable[[str], TaskInfo | None] = lambda _task: None) -> None:
         self.queue_for = queue_for
         self.leases = leases
         self.metrics = metrics
@@ -89,7 +90,7 @@ class Reporter:
         # inside send_batch: each queue's acks, (item, ack_many's tuple), sent together
         self._acks: dict[str, list[tuple[Pending, AckArgs]]] | None = None
         # a task's registration (`idempotent=True`), as the fork server reported it
-        self.task_info: Callable[[str], TaskInfo | None] = lambda _task: None
+        self.task_info = task_info
         # reports to send again (their batch opened, or not yet): `take_again`
         self.again: list[Pending] = []
         self.again_errors: list[Exception] = []

@@ -24,13 +24,15 @@ T = TypeVar("T")
 
 class ShardHealth:
     def __init__(self, client: Any, whole: RedisHealth,
-                 on_error: Callable[[str], None] = lambda _op: None) -> None:
+                 on_error: Callable[[str], None] = lambda _op: None,
+                 on_down: Callable[[str], None] = lambda _shard: None,
+                 on_up: Callable[[str], None] = lambda _shard: None) -> None:
         self.client = client
         self.whole = whole  # the supervisor's: heartbeats, schedules (and a plain Redis)
         self.on_error = on_error
         self.by_shard: dict[str, RedisHealth] = {}
-        self.on_down: Callable[[str], None] = lambda _shard: None  # a shard just failed
-        self.on_up: Callable[[str], None] = lambda _shard: None  # it answers again
+        self.on_down = on_down  # a shard just failed
+        self.on_up = on_up  # it answers again
 
     def shard(self, queue: str) -> str:
         return shard_of(self.client, queue)
