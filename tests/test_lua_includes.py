@@ -194,3 +194,13 @@ def test_expand_names_a_cycle_and_a_missing_file():
         expand("s", files.__getitem__)
     with pytest.raises(ValueError, match=r"^lua/s\.lua: --@include a: no file lua/a\.lua"):
         expand("s", {"s": "--@include a\n"}.__getitem__)
+
+
+def test_the_readme_table_lists_each_include_file_and_its_includes():
+    """lua/README.md's "Includes" table: a row per include file, naming its includes."""
+    rows = re.findall(r"^\| `(\w+)` \| .* \|\s*([\w, ]*?)\s*\|$",
+                      (LUA / "README.md").read_text(), re.MULTILINE)
+    table = {f"includes/{name}": sorted(f"includes/{i.strip()}" for i in incs.split(",")
+                                        if i.strip()) for name, incs in rows}
+    actual = {name: sorted(_INCLUDE.findall(text_of(name))) for name in include_files()}
+    assert table == actual
