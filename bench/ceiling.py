@@ -52,7 +52,7 @@ DRAMATIQ_THREADS = 8
 
 def _policy() -> str:
     """The policy JSON a supervisor with the built-in defaults passes to claim."""
-    from forq.supervisor.config import BUILTIN_POLICY
+    from forq.supervisor.config.load import BUILTIN_POLICY
 
     return json.dumps({"defaults": dict(BUILTIN_POLICY), "tasks": {}})
 

@@ -116,7 +116,7 @@ py-spy (the table above): logging ≈ 14% of the supervisor's wall time (two INF
 job, "started" and "succeeded"), `labels()` of the prometheus metrics ≈ 7 calls per job
 (3% self time), `setproctitle` twice per job. Each also writes pages that are then copied
 (finding 4). **Fix:** log "started" at DEBUG ("succeeded" already carries the id, task and
-duration); cache the labelled metric children per (queue, task) in `supervisor/metrics.py`;
+duration); cache the labelled metric children per (queue, task) in `supervisor/observe/metrics.py`;
 set the title at most every 100 ms (a timer), not on every start and exit. Worth ≈ 0–4% on
 its own in the A/B above; more once the fork server has removed the larger costs.
 
@@ -357,7 +357,7 @@ steady measure, so each change was measured in one process, alternating.
 Same kind of host as IV (AMD EPYC, 2 cores; the fork limit of the supervisor's size
 248–348/s across the day, a C program's fork+exit+wait 2,376/s).
 
-- **Built: `prefetch = N`** per `[[queue]]` (`supervisor/held.py`, default 0): the
+- **Built: `prefetch = N`** per `[[queue]]` (`supervisor/leases/held.py`, default 0): the
   claim asks for the free slots plus N; a job leased while its queue's slots are full
   is held, its lease in the `LeaseKeeper` (extended, fenced), and starts in the loop
   turn that sees a child of its queue end, before that child's report goes out; the

@@ -20,8 +20,8 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULES as SCHEDULES_KEY
-from forq.supervisor.commands.stats import CLEAR
-from forq.supervisor.roster import Roster
+from forq.supervisor.cli.stats import CLEAR
+from forq.supervisor.redis_io.roster import Roster
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ from forq import Queue
 from forq.connection import connect
 from forq.payload import build_spec
 from forq.scripts import TRANSITIONS
-from forq.supervisor.relay import BatchRelay
+from forq.supervisor.redis_io.relay import BatchRelay
 from forq.topology import ForqCluster, is_cluster, parse_url
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
@@ -409,7 +409,7 @@ def test_supervisor_serves_queues_on_two_shards(cluster, rc, tmp_path):
             wait_for(lambda: rc.hget("forq:schedules", f"tick-{qa}"), timeout=10,
                      message="the schedule to fire")
             # the supervisor registry
-            from forq.supervisor.roster import live_supervisors
+            from forq.fleet import live_supervisors
 
             wait_for(lambda: any(s["pid"] == sup.pid for s in live_supervisors(rc)),
                      timeout=10, message="the supervisor's heartbeat")

@@ -34,8 +34,8 @@ import redis as redis_lib
 from forq import JobFailed, Queue, examples, registry
 from forq.errors import JobNotFound
 from forq.job import Job
-from forq.supervisor.config import ScheduleConfig
-from forq.supervisor.scheduler import SCHEDULES, Scheduler
+from forq.supervisor.config.load import ScheduleConfig
+from forq.supervisor.redis_io.scheduler import SCHEDULES, Scheduler
 from tests import helpers
 from tests import tasks as _tasks  # noqa: F401 — registers tests.fanout for the ghost runs
 from tests.helpers import wait_for

@@ -375,7 +375,7 @@ def test_a_delayed_grouped_job_is_claimed_once_due(queue, r):
 
 
 def test_forq_job_shows_the_group(queue):
-    from forq.supervisor import render
+    from forq.supervisor.cli import render
 
     job = queue.enqueue("t.task", group="customer-42")
     assert any(line.split()[:2] == ["group", "customer-42"]

@@ -14,7 +14,7 @@ import pytest
 import redis as redis_lib
 
 from forq import AsyncQueue, Queue
-from forq.supervisor.config import ConfigError, load_config
+from forq.supervisor.config.load import ConfigError, load_config
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
 

@@ -1,4 +1,4 @@
-"""forq.shards on a real 3-node Redis Cluster: a pipeline run node by node.
+"""forq.supervisor.redis_io.shards on a real 3-node Redis Cluster: a pipeline run node by node.
 
 * every node answers its own commands, in the pipeline's order, with the scripts
   reloaded on a node that lost them (NOSCRIPT) and a command sent to the wrong node
@@ -21,8 +21,8 @@ from redis.crc import key_slot
 
 from forq import Queue
 from forq.connection import connect
-from forq.shards import PLAIN, ShardDown, execute_by_shard, shard_of
-from forq.supervisor.leases import LeaseKeeper
+from forq.supervisor.leases.keeper import LeaseKeeper
+from forq.supervisor.redis_io.shards import PLAIN, ShardDown, execute_by_shard, shard_of
 from forq.topology import fail_fast
 from tests.cluster_server import LocalCluster
 
@@ -133,9 +133,9 @@ def test_a_plain_redis_is_one_shard(r, queue):
 
 
 def test_shard_health_backs_off_each_shard_on_its_own(cluster, rc):
-    from forq.supervisor.metrics import Metrics
-    from forq.supervisor.redis_health import RedisHealth
-    from forq.supervisor.shard_health import ShardHealth
+    from forq.supervisor.observe.metrics import Metrics
+    from forq.supervisor.redis_io.health import RedisHealth
+    from forq.supervisor.redis_io.shard_health import ShardHealth
 
     now = [100.0]
     metrics = Metrics(name="t")

@@ -16,7 +16,7 @@ import pytest
 
 from forq import Queue
 from forq.channel import Channel, LeaseLost
-from forq.supervisor import render
+from forq.supervisor.cli import render
 from forq.supervisor.fork.messages import MessageReader
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from forq import Queue
+from forq.fleet import CHILD_FIELDS, live_supervisors
 from forq.keys import SCHEDULE_DEFS
-from forq.supervisor.roster import CHILD_FIELDS, Roster, live_supervisors
+from forq.supervisor.redis_io.roster import Roster
 from forq.web import data
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config
