@@ -103,7 +103,7 @@ def section_limits(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
 def _forq_enqueue_once(url: str, n_single: int, n_batch: int) -> tuple[float, float]:
     from bench.supervisor import remove_queue
     from forq import Queue
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     r = connect(url)
     q = Queue(f"bench-enq-{os.getpid()}-{time.monotonic_ns()}", redis=r)

@@ -61,7 +61,7 @@ def _policy() -> str:
 def simulated_supervisor(url: str, slots: int, start_at: float, out: Any) -> None:
     """One supervisor's Redis traffic for no-op jobs, until the queue is empty."""
     from forq import Queue
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     client = connect(url)
     q = Queue(QUEUE, redis=client)
@@ -98,7 +98,7 @@ class ForqCeiling:
 
     def __init__(self, url: str) -> None:
         from forq import Queue
-        from forq.connection import connect
+        from forq.store.connection import connect
 
         self.url = url
         self.client = connect(url)

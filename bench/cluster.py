@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from redis.crc import key_slot  # noqa: E402
 
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
 from forq.supervisor.leases.calls import leasing
 from tests.cluster_server import LocalCluster  # noqa: E402
 

@@ -410,7 +410,7 @@ def scripts_at(client: Any, commit: str,
     """The scripts `names` as they were at `commit` (their includes resolved from the
     same commit), registered on `client`: a feature's cost is measured against the
     path before it, in the same run. None without the git history (an sdist)."""
-    from forq.scripts import expand
+    from forq.store.scripts import expand
 
     repo = Path(__file__).resolve().parent.parent
 

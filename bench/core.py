@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import remove_queue  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
 from forq.supervisor.leases.calls import leasing
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"

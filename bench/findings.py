@@ -24,7 +24,7 @@ the tables above.
    3,000-job drain went from 52.7 MiB to 37.7 MiB.
 2. **A `SCRIPT EXISTS` round trip before every pipeline** (redis-py's
    `Pipeline.load_scripts`, ≈ 30% of the supervisor's wall time in py-spy, 1.3–1.5 per
-   job). Now `jobs/scripts.py: ScriptPipeline` loads each script once per pool and reloads
+   job). Now `jobs/store/scripts.py: ScriptPipeline` loads each script once per pool and reloads
    on NOSCRIPT: 43.7 → 41.3 Redis commands per job.
 3. **Child set-up:** `ctypes.CDLL(None).prctl` is resolved once (`_PRCTL`), and `_sandbox`
    no longer clears and refills `os.environ`: `_die_with_parent` 0.56 → 0.23 ms and title +

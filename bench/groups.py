@@ -48,7 +48,7 @@ from bench.common import (  # noqa: E402
     scripts_at,
 )
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
 from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-groups:1"

@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, RedisServer, log, median  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq import transitions as tr  # noqa: E402
-from forq.connection import connect  # noqa: E402
-from forq.keys import QueueKeys  # noqa: E402
-from forq.scripts import expand, source  # noqa: E402
+from forq.store import transitions as tr  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.store.keys import QueueKeys  # noqa: E402
+from forq.store.scripts import expand, source  # noqa: E402
 
 OWNER = "bench-prologue:1"
 LEASE_MS = 600_000

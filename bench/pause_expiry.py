@@ -43,7 +43,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.groups import drain  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
 from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-pause:1"

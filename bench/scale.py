@@ -17,7 +17,7 @@ from typing import Any
 from bench.common import ForqSupervisor, log, median, wait_until, write_forq_config
 from bench.supervisor import _cpu_seconds, _tmpdir, remove_queue
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-scale:1"

@@ -76,7 +76,7 @@ def index_cost(client: Any, jobs: int, rounds: int = 5) -> dict[str, Any]:
     server's own clock, INFO commandstats, so a busy client machine matters less), the
     index commands' own share of it, and the commands Redis runs per ack with it."""
     from forq import Queue
-    from forq.scripts import source
+    from forq.store.scripts import source
 
     without = client.register_script(
         source("ack").replace(INDEX_LINES[0], "").replace(INDEX_LINES[1], ""))
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=20_000, help="for the index cost")
     args = parser.parse_args(argv)
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     with RedisServer() as server:
         client = connect(server.url())

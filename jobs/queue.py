@@ -2,7 +2,7 @@
 supervisor sends (claim, extend, ack, …) are not here: `forq.supervisor.leases.calls`.
 
 Every state change is one Lua script call (see ``lua/``), built and parsed by
-`forq.transitions`; this module sends them, alone or batched into pipelines.
+`forq.store.transitions`; this module sends them, alone or batched into pipelines.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ from typing import Any, Literal, TypeVar
 
 import redis
 
-from forq import batches, dataformat, plans, topology
-from forq import keys as keyspace
-from forq import transitions as tr
+from forq import batches
 from forq.batches import Batch
-from forq.batchspec import build_batch
-from forq.connection import connect
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.pipelines import run_plan
-from forq.policy import fill
-from forq.scripts import Scripts
-from forq.transitions import (  # re-exported: the supervisor and tests import them from here
+from forq.store import dataformat, plans, topology
+from forq.store import keys as keyspace
+from forq.store import transitions as tr
+from forq.store.batchspec import build_batch
+from forq.store.connection import connect
+from forq.store.pipelines import run_plan
+from forq.store.policy import fill
+from forq.store.scripts import Scripts
+from forq.store.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
     RECLAIM_BATCH,
     ClaimResult,

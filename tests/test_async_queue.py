@@ -16,8 +16,8 @@ import pytest
 
 from forq import AsyncJob, AsyncQueue, JobFailed, JobNotFound, JobTimeout, NotReplicated, Queue
 from forq.errors import PayloadError
+from forq.store.transitions import ENQUEUE_BATCH
 from forq.supervisor.leases.calls import leasing
-from forq.transitions import ENQUEUE_BATCH
 from tests.redis_server import DEFAULT_TEST_URL
 
 OWNER = "async-test"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from forq import JobNotFound, PayloadError, Queue
-from forq import transitions as tr
+from forq.store import transitions as tr
 from forq.supervisor.leases.calls import leasing
 from forq.testing.redis import delete_queue
 from tests.helpers import wait_for, wait_job

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.keys import SCHEDULES as SCHEDULES_KEY
+from forq.store.keys import SCHEDULES as SCHEDULES_KEY
 from forq.supervisor.cli.stats import CLEAR
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster

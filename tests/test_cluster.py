@@ -28,12 +28,12 @@ import redis as redis_lib
 from redis.crc import key_slot
 
 from forq import Queue
-from forq.connection import connect
 from forq.payload import build_spec
-from forq.scripts import TRANSITIONS
+from forq.store.connection import connect
+from forq.store.scripts import TRANSITIONS
+from forq.store.topology import ForqCluster, is_cluster, parse_url
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.redis_io.relay import BatchRelay
-from forq.topology import ForqCluster, is_cluster, parse_url
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config

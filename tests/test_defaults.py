@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from forq.defaults import JOB_POLICY
-from forq.scripts import TRANSITIONS, source
+from forq.store.scripts import TRANSITIONS, source
 from forq.supervisor.config.load import BUILTIN_POLICY
 
 # a script's fallback for a job field it finds missing: num_field(jkey, 'name', default),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, children_of, write_config

@@ -6,7 +6,7 @@ itself; that X's own includes come along does not count, since they go the day X
 needing them. And a file includes no file none of whose names it uses. A name a file
 declares ``local`` itself is its own (claim's ``local held = 0`` is not fencing's
 `held`). Every function a file calls is a Lua or Redis builtin, its own, or a helper,
-so a helper defined in no file fails too. The loader (`forq.scripts.expand`) is
+so a helper defined in no file fails too. The loader (`forq.store.scripts.expand`) is
 checked here as well: transitive, each file once, in dependency order.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from forq.scripts import _INCLUDE, expand, source
-from forq.transitions import TRANSITIONS
+from forq.store.scripts import _INCLUDE, expand, source
+from forq.store.transitions import TRANSITIONS
 
 LUA = Path(__file__).resolve().parent.parent / "lua"  # the sources, as in the repo
 

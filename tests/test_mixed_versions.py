@@ -1,7 +1,8 @@
 """A rolling upgrade: the previous version of forq and this one on the same Redis, jobs
 flowing both ways, each version running its own scripts (EVALSHA of its own text).
 
-"The previous version" is the commit before the one that added forq.dataformat, taken
+"The previous version" is the commit before the one that added forq.dataformat (now
+forq.store.dataformat), taken
 from git (`git archive`) and staged in forq's installed layout (tests/typecheck.py's
 mapping): what a machine not yet upgraded runs.
 """
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.connection import connect
-from forq.scripts import expand, source
+from forq.store.connection import connect
+from forq.store.scripts import expand, source
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, write_config
 from tests.typecheck import LAYOUT
@@ -28,7 +29,7 @@ from tests.typecheck import LAYOUT
 PROBE = """
 import json, sys
 from forq import Queue
-from forq.connection import connect
+from forq.connection import connect  # the previous version's name for it
 q = Queue(sys.argv[2], redis=connect(sys.argv[1]))
 job = q.enqueue("examples.add", 20, 22)
 print(json.dumps({"file": __import__("forq").__file__, "result": job.wait(timeout=60)}))

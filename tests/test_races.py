@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for
 

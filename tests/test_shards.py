@@ -20,11 +20,11 @@ import redis as redis_lib
 from redis.crc import key_slot
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.store.topology import fail_fast
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.redis_io.shards import PLAIN, ShardDown, execute_by_shard, shard_of
-from forq.topology import fail_fast
 from tests.cluster_server import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from forq.job import STATES
-from forq.transitions import TRANSITIONS
+from forq.store.transitions import TRANSITIONS
 
 LUA = Path(__file__).resolve().parent.parent / "lua"  # the sources, as in the repo
 NOWHERE = "[*]"  # no job yet (left of an arrow), no record any more (right)

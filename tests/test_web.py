@@ -20,7 +20,7 @@ import pytest
 
 from forq import Queue
 from forq.fleet import CHILD_FIELDS, live_supervisors
-from forq.keys import SCHEDULE_DEFS
+from forq.store.keys import SCHEDULE_DEFS
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster
 from forq.web import data

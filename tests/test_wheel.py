@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from forq.scripts import TRANSITIONS
+from forq.store.scripts import TRANSITIONS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ OFFLINE = ("NewConnectionError", "Temporary failure in name resolution",
 CHILD = textwrap.dedent("""
     import json, sys
     import forq
-    import forq.scripts
+    import forq.store.scripts
     from forq import Queue
     from forq.supervisor.leases.calls import leasing
 
@@ -41,7 +41,7 @@ CHILD = textwrap.dedent("""
     lease = claimed.leases[0]
     reply = leasing(q).ack(lease.id, lease.token, json.dumps(42))
     print(json.dumps({
-        "lua_dir": str(forq.scripts._lua_dir()),
+        "lua_dir": str(forq.store.scripts._lua_dir()),
         "forq_file": forq.__file__,
         "top_level": sorted(d.name for d in __import__("pathlib").Path(forq.__file__).parent.parent.iterdir()
                             if d.name in ("jobs", "supervisor", "forq_lua", "lua", "testing", "forq")),

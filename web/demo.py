@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import RedisServer
 from forq.testing.supervisor import SupervisorProcess, write_config
 from forq.units import parse_duration

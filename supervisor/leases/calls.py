@@ -1,7 +1,7 @@
 """LeaseCalls: what a supervisor sends for the jobs of one queue it leases — claim,
 extend, ack, fail, expire, release, reclaim, and the notes a running job leaves.
 
-Each method builds one `ScriptCall` in `forq.transitions` and runs it, alone or queued
+Each method builds one `ScriptCall` in `forq.store.transitions` and runs it, alone or queued
 on a pipeline passed as `client` (then the call returns the pipeline and the reply is
 read with the matching ``parse_*``). Producers never need these: `forq.Queue` is the
 producer's API, and `leasing(queue)` gives the supervisor (and tests) a queue's lease
@@ -15,10 +15,10 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from forq import transitions as tr
-from forq.policy import fill, flatten, policy_sha
 from forq.queue import Queue
-from forq.transitions import RECLAIM_BATCH, ClaimResult
+from forq.store import transitions as tr
+from forq.store.policy import fill, flatten, policy_sha
+from forq.store.transitions import RECLAIM_BATCH, ClaimResult
 
 _BY_QUEUE: weakref.WeakKeyDictionary[Queue, LeaseCalls] = weakref.WeakKeyDictionary()
 
@@ -55,7 +55,7 @@ class LeaseCalls:
                               self.queue)
 
     def _with_policy(self, flat: Sequence[str]) -> list[str]:
-        """A claimed record with the limits it lacks from its policy (forq.policy)."""
+        """A claimed record with the limits it lacks from its policy (forq.store.policy)."""
         record = dict(zip(flat[::2], flat[1::2], strict=False))
         sha = record.get("policy")
         if not sha:

@@ -27,11 +27,11 @@ from typing import Any
 
 from forq import Queue
 from forq.channel import answer
+from forq.store.transitions import parse_progress
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.fork.messages import Progress
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.observe.metrics import Metrics
-from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 

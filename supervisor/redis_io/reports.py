@@ -17,10 +17,12 @@ from typing import Any
 
 import redis
 
-from forq import Queue, topology
-from forq import transitions as tr
+from forq import Queue
 from forq.defaults import IDEMPOTENCY_TTL_MS
-from forq.keys import QueueKeys
+from forq.store import topology
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
+from forq.store.transitions import parse_progress
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.tasks import TaskInfo
@@ -29,7 +31,6 @@ from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.notes import JobNotes
-from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 

@@ -22,7 +22,7 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from forq.transitions import TRANSITIONS, ScriptCall, Transition
+from forq.store.transitions import TRANSITIONS, ScriptCall, Transition
 
 __all__ = ["TRANSITIONS", "ForqRedis", "ScriptPipeline", "Scripts", "expand", "source"]
 
@@ -37,7 +37,7 @@ def _lua_dir() -> Path:
             return path
     except ModuleNotFoundError:
         pass
-    return Path(__file__).resolve().parent.parent / "lua"
+    return Path(__file__).resolve().parent.parent.parent / "lua"
 
 
 def expand(name: str, read: Callable[[str], str]) -> str:
@@ -83,7 +83,7 @@ def source(name: str) -> str:
 
 class Scripts:
     """The transitions registered on one client: `run` sends a `ScriptCall` (built by
-    `forq.transitions`) by EVALSHA, reloading the script on NOSCRIPT; on a pipeline it
+    `forq.store.transitions`) by EVALSHA, reloading the script on NOSCRIPT; on a pipeline it
     queues the call instead. Each script is also an attribute (its `sha`, for tests)."""
 
     def __init__(self, client: redis.Redis) -> None:
