@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m forq.supervisor.demo
+	$(PY) -m forq.supervisor.cli.demo
 
 # demo traffic (two supervisors, three queues) plus the dashboard at http://127.0.0.1:8080/
 web: $(STAMP)

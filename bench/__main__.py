@@ -37,7 +37,7 @@ from bench.common import (
     summary,
 )
 from bench.peers import venv
-from forq.supervisor import terminal
+from forq.supervisor.cli import terminal
 
 # [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
 # short jobs would set (docs/operations/supervisor.md, "Prefetch"); the targets of issue 18 are read from it

@@ -23,6 +23,7 @@ from typing import Any
 from bench.common import REPO, RedisServer, command_calls, commands_per_job, free_port, log
 from bench.common import median as _median
 from bench.common import percentile as _percentile
+from forq.supervisor.leases.calls import leasing
 
 INDEX_LINES = ("    redis.call('ZADD', fkey, at, id)\n",
                "    redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)\n")
@@ -39,10 +40,10 @@ def fill(client: Any, name: str, pending: int, dead: int) -> dict[str, float]:
         n = min(5000, dead - base)
         q.enqueue_many([{"task": "bench.nop", "args": [base + i]} for i in range(n)])
         for _ in range(0, n, 1000):
-            leases = q.claim("bench:1", 1000, 600_000).leases
+            leases = leasing(q).claim("bench:1", 1000, 600_000).leases
             pipe = client.pipeline(transaction=False)
             for lease in leases:
-                q.fail(lease.id, lease.token, {"reason": "bench: dead on purpose"},
+                leasing(q).fail(lease.id, lease.token, {"reason": "bench: dead on purpose"},
                        mode="fatal", client=pipe)
             pipe.execute()
     took["dead_s"] = time.perf_counter() - start
@@ -92,13 +93,13 @@ def index_cost(client: Any, jobs: int, rounds: int = 5) -> dict[str, Any]:
             q.enqueue_many([{"task": "bench.nop"} for _ in range(jobs)])
             leases = []
             while len(leases) < jobs:
-                leases += q.claim("bench:1", 1000, 600_000).leases
+                leases += leasing(q).claim("bench:1", 1000, 600_000).leases
             client.config_resetstat()
             for start in range(0, jobs, 500):
                 pipe = client.pipeline(transaction=False)
                 for lease in leases[start:start + 500]:
                     if variant == "with":
-                        q.ack(lease.id, lease.token, "null", client=pipe)
+                        leasing(q).ack(lease.id, lease.token, "null", client=pipe)
                     else:
                         without(keys=[q.keys.active, q.keys.pending, q.keys.scheduled],
                                 args=[q.keys.prefix, q.name, lease.id, lease.token, "null"],

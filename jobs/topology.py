@@ -356,7 +356,7 @@ def check_wait(wait_replies: Sequence[Any], replicas: int, timeout_ms: int,
 def fail_fast(url: str) -> dict[str, Any]:
     """Client options for a supervisor: on a cluster, no retries inside redis-py (its
     default re-sends a silent node's commands for seconds, while every lease waits);
-    the supervisor retries by itself, shard by shard (`forq.shards`)."""
+    the supervisor retries by itself, shard by shard (`forq.supervisor.redis_io.shards`)."""
     if scheme_of(url) not in CLUSTER_SCHEMES:
         return {}
     return {"retry": Retry(NoBackoff(), 0)}

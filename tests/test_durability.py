@@ -14,7 +14,7 @@ import pytest
 
 from forq import NotReplicated, Queue
 from forq.connection import connect
-from forq.supervisor.config import ConfigError, load_config
+from forq.supervisor.config.load import ConfigError, load_config
 from forq.topology import set_durability
 from tests.cluster_server import ReplicatedRedis
 from tests.helpers import wait_for

@@ -22,6 +22,7 @@ import pytest
 
 from forq import Queue
 from forq.supervisor.fork.messages import MessageReader, encode
+from forq.supervisor.leases.calls import leasing
 from forq.testing.redis import RedisServer
 from forq.testing.system_python import Unavailable, venv_python
 from tests.helpers import wait_for, wait_job
@@ -670,8 +671,8 @@ def test_the_docs_redis_acl_recipe_serves_a_supervisor(tmp_path):
 def test_output_is_kept_only_while_the_lease_is_held(queue):
     """lua/output.lua is fenced like a transition: a stale supervisor writes nothing."""
     job = queue.enqueue("tests.echo")
-    [lease] = queue.claim("me", 1, 60_000).leases
-    assert queue.set_output(job.id, "stale-token", "forged\n") == "lost"
+    [lease] = leasing(queue).claim("me", 1, 60_000).leases
+    assert leasing(queue).set_output(job.id, "stale-token", "forged\n") == "lost"
     assert queue.get(job.id).output == ""
-    assert queue.set_output(job.id, lease.token, "printed\n") == "ok"
+    assert leasing(queue).set_output(job.id, lease.token, "printed\n") == "ok"
     assert queue.get(job.id).output == "printed\n"

@@ -32,13 +32,14 @@ CHILD = textwrap.dedent("""
     import forq
     import forq.scripts
     from forq import Queue
+    from forq.supervisor.leases.calls import leasing
 
     url, name = sys.argv[1], sys.argv[2]
     q = Queue(name, url=url)
     handle = q.enqueue("wheel.check", 41, kwargs={"plus": 1})
-    claimed = q.claim("wheel-test", 5, 60000)
+    claimed = leasing(q).claim("wheel-test", 5, 60000)
     lease = claimed.leases[0]
-    reply = q.ack(lease.id, lease.token, json.dumps(42))
+    reply = leasing(q).ack(lease.id, lease.token, json.dumps(42))
     print(json.dumps({
         "lua_dir": str(forq.scripts._lua_dir()),
         "forq_file": forq.__file__,

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from forq.queue import Lease
+from forq.supervisor.children.output import OutputReader
+from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
-from forq.supervisor.output import OutputReader
-from forq.supervisor.running import RunningChild
 
 log = logging.getLogger("forq.supervisor")
 
