@@ -404,7 +404,7 @@ def render(res: dict[str, Any]) -> str:
     if "scale" in s:
         sc = s["scale"]
         out.append("## Scale: claim+ack at big backlogs\n")
-        out.append("Through the public lease API (`Queue.claim` then `Queue.ack`), one client: "
+        out.append("Through a supervisor's lease calls (`leasing(queue)`: `claim` then `ack`), one client: "
                    "*claim 1* is one claim and one ack per job (a supervisor with one free slot), "
                    "*claim 100* claims 100 and pipelines their acks. The backlog is refilled after "
                    "each measure, so it stays where it was.\n")

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from forq.supervisor.config import load_config
+from forq.supervisor.config.load import load_config
 from forq.testing.redis import RedisServer
 from forq.testing.supervisor import SupervisorProcess, write_config
 from tests.docs_samples import REPO, RUN, SHOWN, Page, Sample, pages
@@ -216,3 +216,31 @@ def test_the_configuration_page_shows_every_line_of_the_example():
     blocks = "\n".join(re.findall(r"```toml\n(.*?)```", page, flags=re.S))
     for line in SOURCE.read_text().splitlines():
         assert line in blocks.splitlines() or not line.strip(), f"lost from the page: {line!r}"
+
+
+_MODULE = re.compile(r"\b(forq(?:\.[a-z_]+)+)")
+_RUN_MODULE = re.compile(r"python -m ([a-z_][a-z_.]*[a-z_])")
+_NOT_MODULES = {"forq.env", "forq.service", "forq.toml", "forq.json", "forq.handler",
+                "forq.job"}  # files and span names that look like module paths
+
+
+def test_every_module_the_docs_name_exists():
+    """`forq.x.y` (a module, or a name in one) and `python -m m` in the README and docs/:
+    a module that moves must take its mentions along."""
+    import importlib
+    import importlib.util
+
+    text = "\n".join(page.text for page in PAGES)
+    for name in sorted(set(_MODULE.findall(text)) - _NOT_MODULES):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[cut:]:
+            assert hasattr(found, attr), f"the docs name {name}, which does not exist"
+            found = getattr(found, attr)
+    for name in sorted(set(_RUN_MODULE.findall(text))):
+        assert importlib.util.find_spec(name) is not None, f"the docs run python -m {name}"
