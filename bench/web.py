@@ -80,7 +80,7 @@ def index_cost(client: Any, jobs: int, rounds: int = 5) -> dict[str, Any]:
 
     without = client.register_script(
         source("ack").replace(INDEX_LINES[0], "").replace(INDEX_LINES[1], ""))
-    assert without.script != source("ack"), "the index lines of _lib.lua changed"
+    assert without.script != source("ack"), "the index lines of lua/includes/finish.lua changed"
     usec: dict[str, list[float]] = {"with": [], "without": []}
     index_usec: list[float] = []  # the two index commands' own time per ack
     ack_usec: list[float] = []  # ... and the whole ack's, in the same acks

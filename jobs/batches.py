@@ -2,7 +2,7 @@
 
 A batch's record lives in the slot of the queue it was opened on (`lua/batch.lua`);
 its callbacks are enqueued there, exactly once, by the transition that ends its last
-member (see ``links_ended`` in ``lua/_lib.lua``). These plans (`forq.plans`) are what
+member (see ``links_ended`` in ``lua/includes/finish.lua``). These plans (`forq.plans`) are what
 `Queue` and `AsyncQueue` send, so both open and read batches the same way.
 """
 

@@ -93,7 +93,7 @@ class QueueKeys:
         enqueued by claim/reclaim if the ack that carried them never landed."""
         return f"{self.prefix}done-followups:{job_id}"
 
-    # -- groups (per-key concurrency and rate; lua/_groups.lua says what each holds)
+    # -- groups (per-key concurrency and rate; lua/includes/groups.lua says what each holds)
 
     def group_pending(self, group: str) -> str:
         """One group's pending jobs (zset scored like `pending`)."""

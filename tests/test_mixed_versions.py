@@ -20,7 +20,7 @@ import pytest
 
 from forq import Queue
 from forq.connection import connect
-from forq.scripts import _INCLUDE, source
+from forq.scripts import expand, source
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, write_config
 from tests.typecheck import LAYOUT
@@ -88,8 +88,7 @@ def test_the_previous_version_and_this_one_share_a_redis(tmp_path):
         # each under the SHA1 of its own text; where they are the same, they are shared
         lua = old / "tree" / "lua"
         for name in ("enqueue", "claim", "ack"):
-            theirs_text = _INCLUDE.sub(lambda m: (lua / f"{m.group(1)}.lua").read_text(),
-                                       (lua / f"{name}.lua").read_text())
+            theirs_text = expand(name, lambda path: (lua / f"{path}.lua").read_text())
             ours = r.register_script(source(name)).sha
             theirs = r.register_script(theirs_text).sha
             assert (ours == theirs) == (theirs_text == source(name))

@@ -118,7 +118,9 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
     wheel = _build_wheel(_copy_source(tmp_path / "src"), tmp_path / "dist", tmp_path)
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    for script in (*TRANSITIONS, "_lib"):
+    includes = [f"includes/{path.stem}" for path in (REPO / "lua" / "includes").glob("*.lua")]
+    assert includes, "lua/includes/ is empty"
+    for script in (*TRANSITIONS, *includes):
         assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
     # every module of every folder that installs (pyproject.toml's package-dir) is in it
     for package, folder in {"forq": "jobs", "forq/supervisor": "supervisor",
