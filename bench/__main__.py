@@ -40,7 +40,7 @@ from bench.peers import venv
 from forq.supervisor.cli import terminal
 
 # [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
-# short jobs would set (README, "Prefetch"); the targets of issue 18 are read from it
+# short jobs would set (docs/operations/supervisor.md, "Prefetch"); the targets of issue 18 are read from it
 PREFETCH = 4
 SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling", "leases")
 
