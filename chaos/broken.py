@@ -21,11 +21,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from forq.supervisor.config import load_config
-from forq.supervisor.fencing import Fencer
-from forq.supervisor.loop import EventLoop
-from forq.supervisor.reports import Pending, Reporter
-from forq.supervisor.running import RunningChild
+from forq.supervisor.children.running import RunningChild
+from forq.supervisor.config.load import load_config
+from forq.supervisor.leases.fencing import Fencer
+from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.redis_io.reports import Pending, Reporter
 from forq.supervisor.supervisor import Supervisor
 
 _STEAL = """
@@ -65,7 +65,7 @@ class BrokenSupervisor(Supervisor):
 
     def make_reporter(self, min_replicas: int, wait_ms: int) -> Reporter:
         return StealingReporter(self._queue_for, self.leases, self.metrics, min_replicas,
-                                wait_ms)
+                                wait_ms, task_info=self.spawner.task_info)
 
 
 class StallDumpingLoop(EventLoop):
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "run" or argv[1] != "--config":
         print("usage: python -m chaos.broken run --config FILE", file=sys.stderr)
         return 2
-    from forq.supervisor import logs
+    from forq.supervisor.loop import logs
 
     config = load_config(argv[2])
     logs.setup(config.log_format)

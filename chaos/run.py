@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from forq import Queue
-from forq.supervisor import terminal
+from forq.supervisor.cli import terminal
 from forq.units import UnitError, parse_duration
 
 from . import report

@@ -1,7 +1,7 @@
 """W3C trace context on jobs: the producer's side (OpenTelemetry, optional).
 
 A job carries the ``traceparent`` of the span that enqueued it, so its run (recorded by
-the supervisor, see `forq.supervisor.tracing`) joins the producer's trace. forq never
+the supervisor, see `forq.supervisor.observe.tracing`) joins the producer's trace. forq never
 imports OpenTelemetry for this: a producer whose process already uses it (the module
 is imported, so a tracer provider may be set) gets the current span's context
 injected; any other producer pays one dict lookup per job. Install ``forq[otel]``.

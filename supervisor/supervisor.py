@@ -24,43 +24,47 @@ import logging
 import os
 import signal
 import socket
-import time
 
 import redis
 
 from forq import Queue
-from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
-from forq.shards import ShardDown, execute_by_shard, ping_home
-from forq.supervisor import cgroups, protections, redis_checks, status, tracing
-from forq.supervisor.children import Children
-from forq.supervisor.claimer import Claimer
-from forq.supervisor.config import Config, ConfigError, check_redis_url, load_config
-from forq.supervisor.config_redis import keep_redis_url
-from forq.supervisor.drain import Drain
-from forq.supervisor.fencing import Fencer
+from forq.store.connection import connect, describe
+from forq.store.topology import fail_fast, is_cluster
+from forq.supervisor.children.launch import Launcher
+from forq.supervisor.children.spawner import Spawner
+from forq.supervisor.children.table import Children
+from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
+from forq.supervisor.config.redis_table import keep_redis_url
 from forq.supervisor.fork.client import ForkServerFatal
-from forq.supervisor.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
-from forq.supervisor.heartbeat import Heartbeat
-from forq.supervisor.launch import Launcher
-from forq.supervisor.leases import LeaseKeeper
-from forq.supervisor.loop import EventLoop
-from forq.supervisor.metrics import Metrics
-from forq.supervisor.metrics_server import MetricsServer
-from forq.supervisor.notes import JobNotes
-from forq.supervisor.outcomes import Kind
-from forq.supervisor.queue_settings import ShardSettings, push_queue_settings
-from forq.supervisor.reaper import Reaper
-from forq.supervisor.redis_health import RedisHealth, wait_until_reachable
-from forq.supervisor.relay import BatchRelay
-from forq.supervisor.renewal import LeaseRenewal
-from forq.supervisor.reports import Pending, Reporter, queues_touched
-from forq.supervisor.roster import Roster
-from forq.supervisor.scheduler import Scheduler
-from forq.supervisor.sdnotify import Notifier, watchdog_interval
-from forq.supervisor.shard_health import ShardHealth
-from forq.supervisor.wakeups import POLL_INTERVAL, Wakeups
-from forq.topology import fail_fast, is_cluster
+from forq.supervisor.isolation import cgroups, protections
+from forq.supervisor.leases.fencing import Fencer
+from forq.supervisor.leases.held import HeldLeases
+from forq.supervisor.leases.keeper import LeaseKeeper
+from forq.supervisor.leases.renewal import LeaseRenewal
+from forq.supervisor.loop import status
+from forq.supervisor.loop.drain import Drain
+from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.loop.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
+from forq.supervisor.loop.heartbeat import Heartbeat
+from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
+from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
+from forq.supervisor.observe import tracing
+from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_server import MetricsServer
+from forq.supervisor.redis_io import checks as redis_checks
+from forq.supervisor.redis_io.claimer import Claimer
+from forq.supervisor.redis_io.health import RedisHealth, wait_until_reachable
+from forq.supervisor.redis_io.notes import JobNotes
+from forq.supervisor.redis_io.queue_settings import ShardSettings, push_queue_settings
+from forq.supervisor.redis_io.reaper import Reaper
+from forq.supervisor.redis_io.relay import BatchRelay
+from forq.supervisor.redis_io.reports import Pending, Reporter
+from forq.supervisor.redis_io.roster import Roster
+from forq.supervisor.redis_io.roundtrip import RoundTrip
+from forq.supervisor.redis_io.scheduler import Scheduler
+from forq.supervisor.redis_io.shard_health import ShardHealth
+from forq.supervisor.redis_io.shards import ping_home
 
 log = logging.getLogger("forq.supervisor")
 
@@ -89,36 +93,42 @@ class Supervisor:
         self.notifier = Notifier.from_env()
         self.roster = Roster(self.redis, self.id)
         self.health = RedisHealth(self.metrics.redis_error)
-        # a cluster's shards back off one by one; on a plain Redis this is `health`
-        self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error)
         self.sharded = is_cluster(self.redis)
-        self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake)
-        if self.sharded:  # listen for wake-ups on a shard that answers
-            self.wakeups.pick_node = self.shards.healthy_node
-            self.shards.on_down = self._shard_down
-            self.shards.on_up = lambda shard: self.metrics.shard_state(shard, False)
+        # a cluster's shards back off one by one; on a plain Redis this is `health`
+        self.shards = ShardHealth(self.redis, self.health, self.metrics.redis_error,
+                                  on_down=self._shard_down,
+                                  on_up=lambda shard: self.metrics.shard_state(shard, False))
+        self.wakeups = Wakeups(self.loop, self.redis, self.health, self._wake,
+                               # listen for wake-ups on a shard that answers
+                               pick_node=self.shards.healthy_node if self.sharded else None)
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
-        self.children = Children(self.loop, self.launcher, self.leases, self.metrics,
-                                 self._report, lambda: self.heartbeat.set_title())
-        self.spawner = self.children.spawner
         self.notes = JobNotes(self._queue_for, self.metrics)  # children's progress and steps
-        self.children.on_notes = self.notes.heard
+        # The parts below call each other both ways (a child's end goes from the spawner
+        # to the children, a child's start asks the fencer for its first deadline, a fork
+        # server that starts slowly needs the renewal): those calls go through `self`.
+        self.spawner = Spawner(
+            self.loop, lambda: self.children.by_job.values(),
+            lambda *end: self.children.ended(*end),
+            # a new fork server (start, reload) may import for longer than a lease lasts
+            while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()))
+        self.children = Children(
+            self.loop, self.launcher, self.spawner, self.leases,
+            HeldLeases(self.leases, on_change=self.metrics.set_held), self.metrics,
+            on_report=self._report, on_notes=self.notes.heard,
+            first_deadline=lambda sent_at: self.fencer.first_deadline(sent_at),
+            on_change=lambda: self.heartbeat.set_title())
         self.fencer = self.make_fencer()
-        self.children.first_deadline = self.fencer.first_deadline
         self.renewal = LeaseRenewal(
             self.leases, self.redis, self.queues, self.fencer, self.spawner, self.health,
             self.metrics, self.loop.timers, self._redis_worked,
             riders=lambda pipe: self.notes.send_progress(pipe, self.children,
                                                          self.leases.token).answered,
             shards=self.shards if self.sharded else None, held=self.children)
-        # a new fork server (start, reload) may import for longer than a lease lasts
-        self.spawner.while_waiting = (config.lease_ttl / 3, self.renewal.extend)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
-        self.reporter.task_info = self.spawner.task_info  # the fork server's task table
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
                                self.wakeups, self.health, self.shards)
         self.settings = ShardSettings(self.redis, self._queue_for, self.shards,
@@ -126,6 +136,11 @@ class Supervisor:
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
         self.relay = BatchRelay(self._queue_for)
         self.scheduler = Scheduler(config.schedules, self.redis, self._queue_for)
+        self.trip = RoundTrip(
+            self.redis, claimer=self.claimer, notes=self.notes, reporter=self.reporter,
+            reaper=self.reaper, settings=self.settings, leases=self.leases,
+            health=self.health, shards=self.shards, sharded=self.sharded,
+            on_answer=self._redis_worked)
         self._apply_config(config)
 
     # seams: a deliberately broken build (chaos/broken.py) overrides these two
@@ -133,7 +148,8 @@ class Supervisor:
         return Fencer(self.leases, self.children.by_job)
 
     def make_reporter(self, min_replicas: int, wait_ms: int) -> Reporter:
-        return Reporter(self._queue_for, self.leases, self.metrics, min_replicas, wait_ms)
+        return Reporter(self._queue_for, self.leases, self.metrics, min_replicas, wait_ms,
+                        task_info=self.spawner.task_info)  # the fork server's task table
 
     # -- configuration -------------------------------------------------------------
 
@@ -325,73 +341,18 @@ class Supervisor:
     # -- claiming and starting jobs ------------------------------------------------------
 
     def _sync(self) -> None:
-        """One round trip for everything waiting: claims for the free slots and the
-        finished children's reports (a finished job's slot is refilled in the same trip).
-
-        On a Redis error the reports stay queued and are sent again: each is fenced by
-        its token, so a report that did land the first time is answered "lost" the
-        second, and changes nothing. On a cluster the trip is one pipeline per shard
-        (`forq.shards`): a shard that is down (or backing off) holds back only its own
-        queues' claims, steps and reports."""
-        if not self.sharded and not self.health.ready():
+        """One round trip for everything waiting (`RoundTrip`): claims for the free
+        slots and the finished children's reports, so a finished job's slot is refilled
+        in the same trip."""
+        if not self.trip.ready():
             return
         claiming = self.want_claim and not self.drain.active
         self.want_claim = False
-        if claiming and self.claimer.unsettled:
-            self.settings.settle(self.config.queues)
-        batch, self.outbox = self.shards.split_ready(self.outbox, queues_touched)
-        pipe = self.redis.pipeline(transaction=False)
-        # claims first: a global max_in_flight still counts our finished jobs, so the
-        # ack's wake-up lets every supervisor race fairly for the freed slot
-        asks = self.claimer.send(pipe, self.config) if claiming else []
-        # durable steps before the reports: a handler waits for them, and a step and
-        # its job's ack sent in one turn must land in that order
-        stepping = self.notes.send_steps(pipe, self.leases.token,
-                                         self.shards.ready if self.sharded else None)
-        spans = self.reporter.send_batch(pipe, batch)
-        # a crash reported now is reclaimed in the same trip, not a reaper tick later
-        reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
-        self.reaper.send(pipe, reap)
-        waits = self.reporter.send_waits(pipe, batch)
-        if not len(pipe.command_stack):
-            return
-        sent_at = time.monotonic()
-        try:
-            sent = execute_by_shard(pipe, self.shards.failing())
-        except (redis.RedisError, OSError) as exc:
-            self.outbox = batch + self.outbox
-            self.notes.steps_failed(stepping)
-            self.want_claim = self.want_claim or claiming
-            self.health.failed("report" if batch else "claim", exc)
-            return
-        self.shards.failed(sent.failed, "report" if batch else "claim")
-        self.shards.worked(sent.answered - set(sent.failed))
-        self._redis_worked()
-        replies = self.reporter.check_waits(batch, sent.replies, waits)
-        self.notes.steps_answered(stepping, replies[len(asks):len(asks) + len(stepping)])
-        # a report that did not reach one of its shards is sent again, whole, later
-        retry = {i for i, span in enumerate(spans) if unsent(replies, span)}
-        if retry:
-            self.outbox = [batch[i] for i in sorted(retry)] + self.outbox
-            batch = [item for i, item in enumerate(batch) if i not in retry]
-            spans = [span for i, span in enumerate(spans) if i not in retry]
-        self.reporter.answer_batch(batch, spans, replies)
-        again, refused = self.reporter.take_again()
-        self.outbox = again + self.outbox
-        if refused:  # a full Redis: try the batch's opening again after a backoff
-            self.health.failed("report", refused[0])
-        for offset, name in enumerate(asks):
-            if self.claimer.answered(name, replies[offset], sent_at):
-                self.want_claim = True  # a full batch: there may be more, and free slots
-        for name, reply in zip(reap, replies[len(replies) - len(reap):], strict=True):
-            self.reaper.answered(name, reply)
-
-
-def unsent(replies: list, span: tuple[int, int, int, int]) -> bool:
-    """Whether a report (its `Reporter.send_batch` span) met a shard that was down."""
-    start, end, ack_at, _ = span
-    mine = replies[start:end] + ([replies[ack_at]] if ack_at >= 0 else [])
-    return any(isinstance(reply, ShardDown) for reply in mine)
+        # reports of children that end while the answers are read queue up behind these
+        outbox, self.outbox = self.outbox, []
+        result = self.trip.run(outbox, claiming, self.config)
+        self.outbox = result.outbox + self.outbox
+        self.want_claim = self.want_claim or result.claim_again
 
 
 def renamed_hint(module: str) -> str:
@@ -410,7 +371,7 @@ def run_supervisor(config_path: str, log_format: str | None = None,
     `redis_url` (`forq run --redis URL`) wins over FORQ_REDIS_URL and the file."""
     import sys
 
-    from forq.supervisor import logs
+    from forq.supervisor.loop import logs
 
     try:
         config = load_config(config_path)

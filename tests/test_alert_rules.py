@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from forq.supervisor.metrics import Metrics
+from forq.supervisor.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "etc" / "prometheus" / "forq-alerts.yml"

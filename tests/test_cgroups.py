@@ -22,10 +22,10 @@ import psutil
 import pytest
 
 from forq import Queue
-from forq.supervisor import cgroups
+from forq.supervisor.children.outcomes import classify
+from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec, run_child
-from forq.supervisor.outcomes import classify
-from forq.supervisor.running import RunningChild
+from forq.supervisor.isolation import cgroups
 from tests import vm
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, wait_children, write_config

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pytest
 
-from forq.supervisor.config import (
+from forq.supervisor.config.load import (
     Config,
     ConfigError,
     QueueConfig,

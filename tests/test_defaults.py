@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from forq.defaults import JOB_POLICY
-from forq.scripts import TRANSITIONS, source
-from forq.supervisor.config import BUILTIN_POLICY
+from forq.store.scripts import TRANSITIONS, source
+from forq.supervisor.config.load import BUILTIN_POLICY
 
 # a script's fallback for a job field it finds missing: num_field(jkey, 'name', default),
 # or a `name = default` entry of job_limits(prefix, jkey, {...}) (limits a policy may set)
@@ -43,7 +43,7 @@ def test_the_config_starts_from_forq_defaults():
 def test_the_version_supervisors_register_is_the_package_version():
     import sys
 
-    from forq.supervisor.roster import VERSION
+    from forq.supervisor.redis_io.roster import VERSION
     from tests.supervisors import REPO
 
     if sys.version_info >= (3, 11):

@@ -1,5 +1,5 @@
 """A machine without redis-server: `make demo` and `make test` stop with one line that
-names the package to install (README, "Redis on a fresh machine"), never a traceback."""
+names the package to install (docs/getting-started.md, "Redis on a fresh machine"), never a traceback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("argv", [["-m", "forq.testing.redis", "--", "true"],
-                                  ["-m", "forq.supervisor.demo"]], ids=["make test", "make demo"])
+                                  ["-m", "forq.supervisor.cli.demo"]], ids=["make test", "make demo"])
 def test_no_redis_server_is_one_line_naming_the_package(tmp_path, argv):
     import subprocess
 

@@ -18,7 +18,7 @@ import pytest
 
 from forq import Queue
 from forq.job import Job
-from forq.supervisor.config import ConfigError, load_config
+from forq.supervisor.config.load import ConfigError, load_config
 from forq.supervisor.fork.messages import encode
 from tests import helpers
 from tests.helpers import wait_for

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from forq.supervisor.config import ConfigError, load_config
+from forq.supervisor.config.load import ConfigError, load_config
 from forq.supervisor.fork import hugepages
 from tests.helpers import wait_for
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, fork_servers_of, write_config

@@ -19,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from forq.supervisor.metrics import OUTCOMES, RSS_BUCKETS, Metrics
-from forq.supervisor.metrics_server import MetricsServer
+from forq.supervisor.observe.metrics import OUTCOMES, RSS_BUCKETS, Metrics
+from forq.supervisor.observe.metrics_server import MetricsServer
 from tests.helpers import wait_for
 
 MIB = 1024 * 1024

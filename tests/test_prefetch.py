@@ -1,4 +1,4 @@
-"""A queue's `prefetch` (supervisor/held.py) with real supervisors: jobs leased ahead of
+"""A queue's `prefetch` (supervisor/leases/held.py) with real supervisors: jobs leased ahead of
 a free slot keep their leases while they wait, start in claim order the moment a slot
 frees, and are given back at once — never run, no attempt counted — on a drain, a
 cancel, or a reload that lowers the prefetch; a supervisor killed while holding leaves

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forq.supervisor.sdnotify import (
+from forq.supervisor.loop.sdnotify import (
     SYSTEMD_ENV_VARS,
     Notifier,
     scrub_child_env,
@@ -107,7 +107,7 @@ def test_noop_without_notify_socket(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_send_errors_never_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     missing = Notifier(str(tmp_path / "nobody-listens.sock"))
-    with caplog.at_level("DEBUG", logger="forq.supervisor.sdnotify"):
+    with caplog.at_level("DEBUG", logger="forq.supervisor.loop.sdnotify"):
         assert missing.ready() is False
         assert missing.watchdog() is False
     assert "sd_notify" in caplog.text

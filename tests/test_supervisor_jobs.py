@@ -24,7 +24,7 @@ import pytest
 
 from forq import Queue
 from forq.job import Job
-from forq.supervisor.limits import KILL_GRACE
+from forq.supervisor.isolation.limits import KILL_GRACE
 from tests import helpers
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, children_of, wait_children, write_config

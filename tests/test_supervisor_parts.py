@@ -12,19 +12,20 @@ import time
 import pytest
 from redis import Redis
 
-from forq.supervisor.config import load_config
-from forq.supervisor.fencing import Fencer
+from forq.supervisor.children.outcomes import FailMode, Kind, Outcome
+from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.config.load import load_config
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.leases import LeaseKeeper
-from forq.supervisor.loop import EventLoop
-from forq.supervisor.metrics import Metrics
-from forq.supervisor.outcomes import FailMode, Kind, Outcome
-from forq.supervisor.redis_health import BACKOFF_MAX, BACKOFF_MIN, RedisHealth
-from forq.supervisor.reports import Pending, Reporter
-from forq.supervisor.running import KillReason, RunningChild
+from forq.supervisor.leases.calls import leasing
+from forq.supervisor.leases.fencing import Fencer
+from forq.supervisor.leases.keeper import LeaseKeeper
+from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.loop.timers import Timers
+from forq.supervisor.loop.wakeups import Wakeups
+from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.redis_io.health import BACKOFF_MAX, BACKOFF_MIN, RedisHealth
+from forq.supervisor.redis_io.reports import Pending, Reporter
 from forq.supervisor.supervisor import Supervisor
-from forq.supervisor.timers import Timers
-from forq.supervisor.wakeups import Wakeups
 from forq.testing.waiting import wait_for
 from tests.supervisors import write_config
 
@@ -41,7 +42,7 @@ class Clock:
 
 def lease_of(queue, task="tests.echo", **options):
     queue.enqueue(task, **options)
-    [lease] = queue.claim("test-owner", 1, 30000).leases
+    [lease] = leasing(queue).claim("test-owner", 1, 30000).leases
     return lease
 
 
@@ -168,7 +169,7 @@ def test_the_reporter_sends_a_turns_acks_in_one_call_each_answered_alone(queue, 
 # -- LimitPolice ---------------------------------------------------------------------------
 
 def test_memory_samples_per_tick_are_capped_and_every_child_gets_its_turn(queue):
-    from forq.supervisor.limits import SAMPLES_PER_TICK, LimitPolice
+    from forq.supervisor.isolation.limits import SAMPLES_PER_TICK, LimitPolice
 
     lease = lease_of(queue)
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(SAMPLES_PER_TICK + 36)]
@@ -277,7 +278,7 @@ def test_a_failed_lease_extension_is_retried_soon_not_a_period_later(tmp_path, r
     sup = Supervisor(config)
     try:
         queue.enqueue("tests.echo", 1)
-        [lease] = queue.claim(sup.id, 1, 2000).leases
+        [lease] = leasing(queue).claim(sup.id, 1, 2000).leases
         sup.leases.add(queue.name, lease.id, lease.token, time.monotonic())
         before = sup.leases.proven_until(lease.id)
         sup.renewal.client = Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens
@@ -322,7 +323,7 @@ def test_a_lease_that_ran_out_before_the_fork_gets_no_child_and_goes_back(tmp_pa
     sup = Supervisor(config)
     try:
         job = queue.enqueue("tests.echo", 1)
-        [lease] = queue.claim(sup.id, 1, 2000).leases
+        [lease] = leasing(queue).claim(sup.id, 1, 2000).leases
         sup.children.start(queue.name, lease, sent_at=time.monotonic() - 5)  # 5 s ago
         assert len(sup.children) == 0 and len(sup.outbox) == 1
         sup._sync()  # the release, fenced by the token
@@ -339,7 +340,7 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
     its pid may then be another process's, and a held file never answers for it."""
     import psutil
 
-    from forq.supervisor.memory import RootFiles
+    from forq.supervisor.isolation.memory import RootFiles
 
     # the grandchild is the second thread's child: only that thread's children file
     # lists it (and the thread lives on, so it is not handed to the main thread)

@@ -1,5 +1,5 @@
 """OpenTelemetry job spans: the producer's trace context on the job, the supervisor's
-spans for the run (`forq.supervisor.tracing`), in order and with the right parents."""
+spans for the run (`forq.supervisor.observe.tracing`), in order and with the right parents."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from forq import AsyncQueue  # noqa: E402
-from forq.supervisor.config import ConfigError, load_config  # noqa: E402
-from forq.supervisor.tracing import JobTracer  # noqa: E402
+from forq.supervisor.config.load import ConfigError, load_config  # noqa: E402
+from forq.supervisor.leases.calls import leasing  # noqa: E402
+from forq.supervisor.observe.tracing import JobTracer  # noqa: E402
 from forq.tracing import valid_traceparent  # noqa: E402
 from tests.helpers import wait_job  # noqa: E402
 from tests.supervisors import SupervisorProcess, write_config  # noqa: E402
@@ -60,7 +61,7 @@ def test_job_spans_follow_the_producer_in_order(queue, spans, redis_url):
         assert queue.get(job_id).fields["traceparent"] == expected
 
     tracer = JobTracer(provider.get_tracer("forq"))
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 3, 60_000).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, 60_000).leases}
     handed = {}
     for job_id in (ok.id, bad.id):
         lease = leases[job_id]
@@ -95,7 +96,7 @@ def test_a_forged_traceparent_starts_a_trace_of_its_own(queue, spans):
     provider, exporter = spans
     job = queue.enqueue("t.forged")
     queue.redis.hset(queue.keys.job(job.id), "traceparent", "00-not-a-trace-01")
-    (lease,) = queue.claim(OWNER, 1, 60_000).leases
+    (lease,) = leasing(queue).claim(OWNER, 1, 60_000).leases
     tracer = JobTracer(provider.get_tracer("forq"))
     tracer.started(queue.name, lease.job, lease.token, OWNER)
     tracer.finished(job.id, lease.token, "ack", "succeeded")
@@ -165,7 +166,8 @@ sys.meta_path.insert(0, Refuse())
 import os, forq, forq.supervisor
 roots = tuple(os.path.dirname(m.__file__) + os.sep for m in (forq, forq.supervisor))
 from forq.payload import build_spec
-from forq.supervisor import supervisor, tracing
+from forq.supervisor import supervisor
+from forq.supervisor.observe import tracing
 tracing.configure(tracing.TracingConfig())
 assert "traceparent" not in build_spec("t", {})
 print(sorted({f for f in asked if f.startswith(roots)}))

@@ -3,7 +3,7 @@
     python -m tests.vm [--timeout SECONDS] [--out DIR] -- COMMAND...
 
 The machines forq is developed and tested on are cgroup v1/hybrid hosts (the memory
-controller is bound to v1), so per-job cgroups (supervisor/cgroups.py) cannot be
+controller is bound to v1), so per-job cgroups (supervisor/isolation/cgroups.py) cannot be
 exercised there. This boots Debian's kernel (package linux-image-amd64) under
 qemu-system-x86_64 with the host's root file system shared read-only over 9p, mounts a
 fresh cgroup2 hierarchy and a tmpfs on /run (TMPDIR=/run/tmp), brings up loopback, and
@@ -56,7 +56,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 def cgroup_v2_problem() -> str:
     """Why this machine cannot give a supervisor a cgroup v2 of its own, with the memory
     controller, as systemd's Delegate=yes would ("" if it can: no VM needed)."""
-    from forq.supervisor import cgroups
+    from forq.supervisor.isolation import cgroups
 
     try:
         cgroups.locate()
@@ -92,7 +92,7 @@ def remove_cgroup_tree(path: str, attempts: int = 50) -> None:
     """Kill every process under `path`, then remove its cgroups, deepest first."""
     import time
 
-    from forq.supervisor import cgroups
+    from forq.supervisor.isolation import cgroups
 
     for _ in range(attempts):
         for sub, _dirs, _files in os.walk(path, topdown=False):

@@ -20,9 +20,9 @@ from typing import Any
 
 from forq import registry
 from forq.channel import Channel, LeaseLost, StepError
-from forq.supervisor.cgroups import JOIN_FAILED
 from forq.supervisor.fork import namespaces, sandbox
 from forq.supervisor.fork.messages import ERROR_CAPS, encode
+from forq.supervisor.isolation.cgroups import JOIN_FAILED
 
 PR_SET_PDEATHSIG = 1
 
@@ -52,8 +52,8 @@ class ChildSpec:
     env_allow: list[str] | None = None
     max_open_files: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    cgroup: str = ""  # the job's own cgroup v2 directory, joined first (supervisor/cgroups.py)
-    traceparent: str = ""  # the handler span's, when the supervisor traces (supervisor/tracing.py)
+    cgroup: str = ""  # the job's own cgroup v2 directory, joined first (supervisor/isolation/cgroups.py)
+    traceparent: str = ""  # the handler span's, when the supervisor traces (supervisor/observe/tracing.py)
     # handler modules the child imports itself, after its sandbox: only for a child
     # exec'd alone (`oneshot`); a fork server's children have them preloaded
     imports: list[str] = field(default_factory=list)

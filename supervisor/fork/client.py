@@ -19,51 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from forq.queue import Lease
-from forq.supervisor.fork import hugepages
+from forq.supervisor.children.output import OutputReader
+from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.launchspec import Launch
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
-from forq.supervisor.output import OutputReader
-from forq.supervisor.running import RunningChild
 
 log = logging.getLogger("forq.supervisor")
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """How job processes are started: what the fork server (or a child exec'd alone)
-    imports, as whom, and with which environment (`environment.fork_server_env`)."""
-
-    imports: tuple[str, ...] = ()
-    run_as: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
-    probe: tuple[bool, bool] | None = None
-    # idle children the fork server keeps forked in advance (`Launcher.spares` says how
-    # many); not compared: a reload that changes only concurrency keeps its fork server
-    spares: int = dataclasses.field(default=0, compare=False)
-    # the fork server's heap on huge pages (`hugepages`)
-    huge_pages: bool = True
-
-    def settings(self, added: dict[str, str | None] | None = None) -> str:
-        """The fork server's settings; `added`: the variables its exec environment
-        gained for it (name → the value the environment had, None if none), which it
-        puts back once started, so that no job or process a job starts inherits them."""
-        probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
-                                                         self.probe, strict=True))
-        return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as, "probe": probe, "spares": self.spares,
-                           "huge_pages": self.huge_pages, "restore_env": added or {}})
-
-    def server_env(self) -> dict[str, str]:
-        """The fork server's exec environment: `env`, what `huge_pages` needs there, and
-        its settings (FORQ_FORKSERVER)."""
-        env = dict(self.env)
-        with_pages = hugepages.exec_env(env) if self.huge_pages else env
-        added = {k: env.get(k) for k, v in with_pages.items() if env.get(k) != v}
-        return dict(with_pages, FORQ_FORKSERVER=self.settings(added))
 
 
 def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,

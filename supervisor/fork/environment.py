@@ -13,6 +13,7 @@ listen fds). With `[sandbox].env_allow`, only the variables it names are passed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 # systemd's per-service variables: a job must not notify, or find the credentials
@@ -37,3 +38,16 @@ def fork_server_env(environ: Mapping[str, str], env_allow: Iterable[str] | None,
             continue
         env[name] = value
     return env
+
+
+def restore(added: object) -> None:
+    """In the fork server, once started: put back the variables the supervisor added to
+    its exec environment for it alone (`Launch.server_env`; name → the value before, None
+    if there was none): a job, and what a job runs, must not inherit them."""
+    if not isinstance(added, dict):
+        return
+    for name, value in added.items():
+        if value is None:
+            os.environ.pop(name, None)
+        elif isinstance(value, str):
+            os.environ[name] = value

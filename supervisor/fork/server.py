@@ -63,6 +63,7 @@ from forq.supervisor.fork.child import (
     run_child,
     scrub_service_vars,
 )
+from forq.supervisor.fork.environment import restore
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
 
 SERVER_TITLE = "forq: fork server"
@@ -502,7 +503,7 @@ def main(argv: list[str]) -> None:
         set_title = setproctitle.setproctitle
     except Exception:  # noqa: BLE001 — a title is cosmetic
         pass
-    _restore_env(settings.get("restore_env"))
+    restore(settings.get("restore_env"))
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
     huge_pages = settings.get("huge_pages") is not False
@@ -511,18 +512,6 @@ def main(argv: list[str]) -> None:
     spares = settings.get("spares", 0)
     Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
            set_title, init_forks, pages).serve(problem)
-
-
-def _restore_env(added: object) -> None:
-    """Put back the variables the supervisor added to our exec environment for us alone
-    (`Launch.settings`): a job, and what it runs, must not inherit them."""
-    if not isinstance(added, dict):
-        return
-    for name, value in added.items():
-        if value is None:
-            os.environ.pop(name, None)
-        elif isinstance(value, str):
-            os.environ[name] = value
 
 
 if __name__ == "__main__":

@@ -1,0 +1,11 @@
+"""The supervisor's children, from the decision to fork to the meaning of their end.
+
+| module | what it is |
+| --- | --- |
+| `table` | `Children`: the running children and the slots per queue |
+| `running` | `Running`: the parent's view of one child (lease, limits, pipe, group) |
+| `launch` | `Launcher`: what a leased job's child needs, decided before the fork |
+| `spawner` | `Spawner`: fork each child (through the fork server), report each end |
+| `outcomes` | what an end means: ack, fail, expire, release or drop |
+| `output` | a job's stdout and stderr: captured, capped, attributed |
+"""

@@ -1,0 +1,134 @@
+"""What a child's end means: the parent's kill reason, the child's report or its exit
+status become one `Outcome` to tell Redis (ack, fail, expire, release or drop)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.isolation.cgroups import JOIN_FAILED
+
+
+class Kind(str, Enum):
+    """Which transition reports a child's end to Redis (one Lua script each)."""
+
+    ACK = "ack"  # it returned: succeeded
+    FAIL = "fail"  # it raised, or broke a limit: an attempt counted (retry or dead)
+    EXPIRE = "expire"  # it crashed: a crash counted, reclaimed at once
+    RELEASE = "release"  # given back unfinished: nothing counted
+    DROP = "drop"  # the lease was lost: nothing to say, the new holder decides
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FailMode(str, Enum):
+    """What `fail` does with the attempt (fail.lua's ARGV[4])."""
+
+    RETRY = "retry"  # retry after backoff while attempts remain
+    FATAL = "fatal"  # dead now (NonRetryable, unknown task, result too large)
+    CANCEL = "cancel"  # cancelled on request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: the ``outcome`` label of forq_jobs_finished_total (`metrics.OUTCOMES`)
+Metric = Literal["succeeded", "retried", "dead", "failed", "timeout", "memory", "crashed",
+                 "lease_lost", "released", "cancelled"]
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)} without a result"
+
+
+@dataclass
+class Outcome:
+    """What the parent will tell Redis about a finished child."""
+
+    kind: Kind
+    metric: Metric  # refined once fail's reply says retried or dead
+    result_json: str = "null"
+    followups: list[dict[str, Any]] = field(default_factory=list)
+    batch: dict[str, Any] | None = None  # the batch the handler opened (messages.Report)
+    error: dict[str, Any] = field(default_factory=dict)
+    mode: FailMode = FailMode.RETRY
+    reason: str = ""
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def classify(child: RunningChild, status: int) -> Outcome:
+    """Exit classification: a report → ack or fail; our own kill → its reason;
+    anything else (a signal, an exit without a report, the OOM killer) → a crash."""
+    peak = f"peak RSS {_mib(child.peak_rss)}"
+    reason = child.kill_reason
+    if reason == KillReason.LEASE_LOST:
+        return Outcome(Kind.DROP, "lease_lost", reason="lease lost; result dropped")
+    if reason == KillReason.RELEASED:
+        return Outcome(Kind.RELEASE, "released", reason=child.kill_detail or "drain")
+    if reason == KillReason.CANCELLED:
+        return Outcome(Kind.FAIL, "cancelled", mode=FailMode.CANCEL,
+                       error={"type": "Cancelled", "message": "cancelled",
+                              "reason": "cancelled"})
+    if reason == KillReason.TIMEOUT:
+        why = f"timeout after {child.kill_detail}"
+        return Outcome(Kind.FAIL, "timeout", reason=why,
+                       error={"type": "Timeout", "message": why, "reason": why})
+    if reason == KillReason.MEMORY:
+        why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
+        return Outcome(Kind.FAIL, "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
+    if reason == KillReason.PROCESSES:
+        why = f"too many processes ({child.kill_detail}, [sandbox].max_processes)"
+        return Outcome(Kind.FAIL, "failed", reason=why,
+                       error={"type": "ProcessLimit", "message": why, "reason": why})
+    if child.reader.overflow:
+        why = f"result too large: over {child.spec.max_result_bytes} bytes (max_result_bytes)"
+        return Outcome(Kind.FAIL, "failed", mode=FailMode.FATAL, reason=why,
+                       error={"type": "ResultTooLarge", "message": why, "reason": why})
+    if child.reader.violation:  # a hostile or broken child: a crash, retried up to max_crashes
+        return Outcome(Kind.EXPIRE, "crashed",
+                       reason=f"sent a malformed message: {child.reader.violation}")
+    report = child.report()
+    if report is not None and os.WIFEXITED(status):
+        if report.ok:
+            return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
+                           followups=report.followups, batch=report.batch)
+        error: dict[str, Any] = dict(report.error)
+        if (error.get("type") == "MemoryError" and child.spec.memory_limit
+                and child.spec.address_space_factor > 0):
+            # the address-space rlimit (the backstop of the memory limit) refused an
+            # allocation before the RSS sampling saw it: the same limit, said the same way
+            why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+                   f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
+            error = {**error, "reason": why}
+        return Outcome(Kind.FAIL, "failed", error=error, reason=error["reason"],
+                       mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
+    if child.oom == "limit":
+        # the kernel enforced the job's limit in its cgroup: the job's fault, as above
+        why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+               f"{child.spec.memory_limit / (1 << 20):.0f} MiB; OOM-killed in its cgroup)")
+        return Outcome(Kind.FAIL, "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
+    if child.oom == "outside":  # the machine, or an enclosing cgroup, ran out: not the job
+        return Outcome(Kind.EXPIRE, "crashed",
+                       reason=f"OOM-killed outside its own limit: the machine or an enclosing "
+                              f"cgroup ran out of memory ({describe_status(status)}, {peak})")
+    if (child.spec.cgroup and os.WIFEXITED(status)
+            and os.WEXITSTATUS(status) == JOIN_FAILED):
+        return Outcome(Kind.RELEASE, "released", reason="could not join its job cgroup")
+    return Outcome(Kind.EXPIRE, "crashed", reason=f"{describe_status(status)} ({peak})")

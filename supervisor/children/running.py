@@ -1,0 +1,192 @@
+"""The parent's view of one running child: its lease, its limits, its result pipe,
+and how to stop its whole process group.
+
+A child is forked by the fork server or by the supervisor itself (`fork.client`). Its
+result pipe is registered in the supervisor's selector, and so is the event of its end:
+the fork server's exit report, or the child's pidfd (readable when it exits) if forked
+here — no thread and no SIGCHLD race. What its end means is `outcomes.classify`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from forq.queue import Lease
+from forq.supervisor.children.output import OutputReader
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.messages import (
+    MAX_STEP_BYTES,
+    RESULT_OVERHEAD,
+    STEP_OVERHEAD,
+    MessageReader,
+    Report,
+)
+from forq.supervisor.isolation.cgroups import kill_all
+from forq.supervisor.isolation.memory import RootFiles, tree_usage
+
+log = logging.getLogger("forq.supervisor")
+
+class KillReason(str, Enum):
+    """Why the parent stopped a child: it decides the outcome, not the exit status."""
+
+    TIMEOUT = "timeout"  # past its time limit
+    MEMORY = "memory"  # past its memory limit (RSS sampling)
+    LEASE_LOST = "lease_lost"  # fencing: the lease is no longer provably ours
+    CANCELLED = "cancelled"  # `forq cancel`
+    RELEASED = "released"  # drain: the lease goes back, nothing counted
+    PROTOCOL = "protocol"  # it wrote something that is not a valid message
+    PROCESSES = "processes"  # more processes than [sandbox].max_processes (sampled)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class RunningChild:
+    lease: Lease
+    spec: ChildSpec
+    pid: int
+    pidfd: int
+    pipe: int
+    started: float  # monotonic
+    deadline: float  # monotonic: the job's time limit
+    reader: MessageReader = field(init=False)
+    peak_rss: int = 0
+    kill_reason: KillReason | None = None
+    kill_detail: str = ""
+    sigkill_at: float | None = None  # monotonic: grace after SIGTERM ends
+    pipe_open: bool = True
+    server: int = 0  # the pid of the fork server that forked it (0: forked here)
+    # its pid as that fork server names it (in its exit reports and fencing deadlines):
+    # not `pid` when the fork server runs in a PID namespace of its own
+    server_pid: int = 0
+    oom: str = ""  # its cgroup's OOM kills: "limit" (its memory.max), "outside", "" (none)
+    output: int = -1  # the read end of its stdout and stderr (-1: none)
+    out: OutputReader = field(init=False)
+    proc: RootFiles | None = None  # its /proc files, once sampled (`tree_usage`)
+
+    def __post_init__(self) -> None:
+        cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
+        self.reader = MessageReader(self.spec.job_id, cap, len(self.spec.steps),
+                                    queue=self.spec.queue,
+                                    recorded_bytes=sum(map(len, self.spec.steps.values())))
+        self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
+
+    def close_output(self) -> None:
+        """Read what is left of its output (its processes are gone, or will be)."""
+        if self.output < 0:
+            return
+        self.out.read(self.output)
+        self.out.finish()
+        os.close(self.output)
+        self.output = -1
+
+    def tree_usage(self) -> tuple[int, int] | None:
+        """(processes, resident bytes) of its process tree; None once it exited."""
+        if self.proc is None:
+            try:
+                self.proc = RootFiles(self.pid)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    return None  # gone
+                # out of fds (a low RLIMIT_NOFILE and many children): sampled by path,
+                # which holds none, rather than not at all
+                if self.forked_by_server and not self.alive():
+                    return None
+                processes, resident = tree_usage(self.pid)
+                return (processes, resident) if processes else None
+            if self.forked_by_server and not self.alive():
+                # reaped by its fork server before we opened them: they may be a
+                # stranger's that was given its pid
+                self.close_proc()
+                return None
+        return self.proc.usage()
+
+    def close_proc(self) -> None:
+        if self.proc is not None:
+            self.proc.close()
+            self.proc = None
+
+    @property
+    def forked_by_server(self) -> bool:
+        return self.server != 0
+
+    def alive(self) -> bool:
+        """Not yet exited (its pidfd is not readable): its pid, and the group id it
+        leads, are still its own, even if another process reaps it."""
+        return self.pidfd >= 0 and not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to exit; True if it has."""
+        poller = select.poll()  # not select(): a pidfd may be numbered above 1024
+        poller.register(self.pidfd, select.POLLIN)
+        try:
+            return bool(poller.poll(max(0, int(timeout * 1000))))
+        except OSError:
+            return True
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.id
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    def read_pipe(self) -> bool:
+        """Read what the child has written; False at EOF, or once nothing more will be
+        read from it (a result too large, a protocol violation: see `reader`)."""
+        while True:
+            try:
+                chunk = os.read(self.pipe, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                self.reader.finish()
+                return False
+            self.reader.feed(chunk)
+            if self.reader.done:
+                return False
+
+    def signal_group(self, sig: int) -> None:
+        if sig == signal.SIGKILL and self.spec.cgroup:
+            kill_all(self.spec.cgroup)  # those that left the group too; the cgroup is ours
+        if self.forked_by_server and not self.alive():
+            return  # the fork server reaps it, and killed its group then: the pid may be reused
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, reason: KillReason, detail: str = "", grace: float = 2.0) -> None:
+        """Stop the child's whole process group: SIGTERM now, SIGKILL after `grace`.
+        The first reason wins: a timed-out job whose lease is then lost stays a timeout."""
+        if self.kill_reason is None:
+            self.kill_reason = reason
+            self.kill_detail = detail
+        if grace <= 0:
+            self.signal_group(signal.SIGKILL)
+            self.sigkill_at = time.monotonic()
+            return
+        if self.sigkill_at is None:
+            self.signal_group(signal.SIGTERM)
+            self.sigkill_at = time.monotonic() + grace
+
+    def report(self) -> Report | None:
+        return self.reader.report

@@ -1,0 +1,256 @@
+"""Spawner: fork each job's child, and report each child's end, whoever forked it.
+
+Children are forked by the lean fork server (`fork/`), the only process that imports
+the handler modules; the supervisor never runs handler code, and learns which tasks
+exist from the fork server (`tasks`). When `[supervisor].fork_server` is off, when the
+fork server cannot start, or after it was lost more than `MAX_LOSSES` times in a minute
+(a crash loop must not stop the jobs), each child is a fresh interpreter exec'd by the
+supervisor (`fork.oneshot`), never a fork of it: its memory holds the Redis password.
+Either way the end of a child reaches `on_exit(child, status, peak_rss, cause)` from
+the event loop: the fork server's exit report, or the child's pidfd becoming readable.
+
+A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
+crash — or with its result, if it had written one — and a new fork server takes over.
+After a reload that changed `imports`, the old fork server forks no more, lets its
+spare children go at once (`ForkServer.retire`), and stops when its last child ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+from forq.queue import Lease
+from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.client import ForkServer, ForkServerError, ForkServerFatal, spawn
+from forq.supervisor.fork.launchspec import Launch
+from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.loop.eventloop import EventLoop
+
+log = logging.getLogger("forq.supervisor")
+
+MAX_LOSSES = 5  # fork servers lost within a minute before the supervisor forks itself
+ORPHAN_GRACE = 2.0  # how long a lost fork server's children get to finish dying
+
+OnExit = Callable[[RunningChild, int, int, str], None]
+
+
+class Spawner:
+    def __init__(self, loop: EventLoop, children: Callable[[], Iterable[RunningChild]],
+                 on_exit: OnExit,
+                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
+        self.loop = loop
+        self.children = children  # every running child, whoever forked it
+        self.on_exit = on_exit
+        self.server: ForkServer | None = None
+        self.retiring: list[ForkServer] = []
+        self.losses: list[float] = []  # monotonic times
+        self.given_up = False
+        self.launch = Launch()
+        self.enabled = False
+        # the registered tasks, from the last fork server that started (None: not known,
+        # every task is forked and a child of an unknown one reports it)
+        self.tasks: dict[str, TaskInfo] | None = None
+        # why jobs cannot have namespaces of their own ("" they can; None: not asked)
+        self.namespaces_problem: str | None = None
+        self.accepting = True  # False once draining: a lost server is not replaced
+        # (every, call): what goes on while a new fork server starts (lease extension)
+        self.while_waiting = while_waiting
+
+    def configure(self, enabled: bool, launch: Launch) -> None:
+        """At start and on reload: a change of what it imports, as whom or with which
+        environment needs a new fork server (and a new task table). Raises
+        ForkServerFatal if the new one cannot start for a reason a retry would meet
+        again (a handler module that does not import): then nothing changed."""
+        if enabled == self.enabled and launch == self.launch:
+            self.start()
+            return
+        new = self._new_server(launch)  # ForkServerFatal escapes: nothing changed yet
+        self.enabled, self.launch = enabled, launch
+        if self.server is not None:
+            self._retire()
+        if new is None:
+            return
+        self.tasks, self.namespaces_problem = new.tasks, new.namespaces_problem
+        if enabled:
+            self._take(new)
+        else:  # asked for the task table only: each child is exec'd alone
+            new.close()
+
+    def _new_server(self, launch: Launch) -> ForkServer | None:
+        try:
+            return ForkServer(launch, while_waiting=self.while_waiting)
+        except ForkServerFatal:
+            raise
+        except ForkServerError as exc:
+            log.error("fork server did not start (%s); starting each job's child alone "
+                      "instead", exc)
+            return None
+
+    def known(self, task: str) -> TaskInfo | None:
+        """The task's registration, if the handler modules register it. With no table
+        (no fork server ever started) every task counts as known: its child says."""
+        if self.tasks is None:
+            return TaskInfo(task)
+        return self.tasks.get(task)
+
+    def task_info(self, task: str) -> TaskInfo | None:
+        return self.tasks.get(task) if self.tasks is not None else None
+
+    def start(self) -> None:
+        """Start the fork server; if it cannot start, children are exec'd alone."""
+        if not self.enabled or self.server is not None or self.given_up:
+            return
+        try:
+            server = self._new_server(self.launch)
+        except ForkServerFatal as exc:  # it imported at start: a module changed on disk
+            log.error("fork server did not start (%s); starting each job's child alone "
+                      "instead", exc)
+            return
+        if server is not None:
+            self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
+            self._take(server)
+
+    def _take(self, server: ForkServer) -> None:
+        self.server = server
+        self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
+        self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
+        log.info("fork server started in pid %d%s", server.pid,
+                 f": {server.huge_pages}" if server.huge_pages else "")
+
+    def _on_output(self, server: ForkServer) -> None:
+        if server.output < 0:  # closed earlier in this loop turn (the server was lost)
+            return
+        if not server.read_output():
+            self.loop.remove_reader(server.output)
+            os.close(server.output)
+            server.output = -1
+
+    def _unwatch(self, server: ForkServer) -> None:
+        self.loop.remove_reader(server.sock)
+        if server.output >= 0:
+            self.loop.remove_reader(server.output)
+
+    def spawn(self, lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
+              fence_at: float | None = None) -> RunningChild:
+        """`fence_at` (monotonic): the fork server kills the child then, unless `fence`
+        moves it on (a child forked here has no such guard)."""
+        for _attempt in range(2):  # a lost fork server is replaced once, then forked here
+            server = self.server
+            if server is None:
+                break
+            try:
+                child = server.spawn(lease, spec, title=title, timeout=timeout,
+                                     fence_at=fence_at)
+            except ForkServerError as exc:
+                self._lost(server, exc)
+                continue
+            if server.pending_exits:  # other children's exits read while waiting
+                self.loop.timers.schedule(0, functools.partial(self._dispatch_exits, server))
+            return child
+        child = spawn(lease, spec, title=title, timeout=timeout, launch=self.launch)
+        self.loop.add_reader(child.pidfd, lambda _f, _m: self._reap_here(child))
+        return child
+
+    def fence(self, deadlines: Iterable[tuple[RunningChild, float]]) -> None:
+        """Tell each fork server its children's new fencing deadlines: it kills them past
+        those if this supervisor is frozen and cannot (see fork/protocol.py)."""
+        by_server: dict[int, list[tuple[int, float]]] = {}
+        for child, at in deadlines:
+            if child.forked_by_server:
+                by_server.setdefault(child.server, []).append((child.server_pid, at))
+        for server in [self.server, *self.retiring]:
+            if server is not None and server.pid in by_server:
+                server.fence(by_server[server.pid])
+
+    def close(self) -> None:
+        for server in [*self.retiring, self.server]:
+            if server is not None:
+                self._unwatch(server)
+                server.close()
+        self.server, self.retiring = None, []
+
+    # -- ends of children ------------------------------------------------------------
+
+    def _reap_here(self, child: RunningChild) -> None:
+        """A child forked here exited (its pidfd is readable)."""
+        # the job's whole process group goes with it: no grandchild outlives its job
+        child.signal_group(signal.SIGKILL)
+        _, status, usage = os.wait4(child.pid, 0)
+        self.loop.remove_reader(child.pidfd)
+        self.on_exit(child, status, usage.ru_maxrss * 1024, "")
+
+    def _on_readable(self, server: ForkServer) -> None:
+        try:
+            server.drain()
+        except ForkServerError as exc:
+            self._lost(server, exc)
+            return
+        self._dispatch_exits(server)
+
+    def _of(self, server: ForkServer) -> list[RunningChild]:
+        return [c for c in self.children() if c.server == server.pid]
+
+    def _dispatch_exits(self, server: ForkServer) -> None:
+        while server.pending_exits:
+            pid, status, peak, fenced = server.pending_exits.pop(0)
+            child = next((c for c in self._of(server) if c.server_pid == pid), None)
+            if child is not None:
+                if fenced and child.kill_reason is None:
+                    log.warning("job %s %s: lease not confirmed in time, its fork server "
+                                "killed its child", child.job_id, child.task)
+                    child.kill_reason = KillReason.LEASE_LOST
+                self.on_exit(child, status, peak, "")
+        if server in self.retiring and not self._of(server):
+            self.retiring.remove(server)
+            self._unwatch(server)
+            server.close()
+            log.info("old fork server %d stopped", server.pid)
+
+    def _retire(self) -> None:
+        """Fork no more from the current fork server; stop it when its children end."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        if self._of(server):
+            server.retire()  # its spares go now, it stays for its running children
+            self.retiring.append(server)
+        else:
+            self._unwatch(server)
+            server.close()
+
+    def _lost(self, server: ForkServer, exc: Exception) -> None:
+        self._unwatch(server)
+        self._dispatch_exits(server)  # the exits it reported before it went
+        orphans = self._of(server)
+        server.close()
+        if self.server is server:
+            self.server = None
+        if server in self.retiring:
+            self.retiring.remove(server)
+        log.error("fork server %d lost (%s); %d running job(s) die with it", server.pid, exc,
+                  len(orphans))
+        deadline = time.monotonic() + ORPHAN_GRACE
+        for child in orphans:
+            if not child.wait_exit(max(0.0, deadline - time.monotonic())):
+                child.signal_group(signal.SIGKILL)
+                child.wait_exit(1.0)
+            if child.pipe_open:
+                child.read_pipe()
+            # its status died with the fork server: a complete report means it finished
+            status = 0 if child.report() is not None else signal.SIGKILL
+            self.on_exit(child, status, 0, f"its fork server was lost ({exc})")
+        now = time.monotonic()
+        self.losses = [t for t in self.losses if now - t < 60] + [now]
+        if len(self.losses) > MAX_LOSSES:
+            log.error("fork server lost %d times in a minute: starting each job's child "
+                      "alone from now on", len(self.losses))
+            self.given_up = True
+            return
+        if self.accepting:
+            self.start()

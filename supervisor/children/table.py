@@ -1,0 +1,262 @@
+"""Children: the supervisor's running children, from fork to the report of their end.
+
+`start` has a leased job's child forked (`Launcher` decides its spec and cgroup,
+`Spawner` forks it), watches its result pipe, and holds its lease in the
+`LeaseKeeper`; `ended` (called by the `Spawner` when the child was reaped) classifies
+its end and hands an `Outcome` to `on_report`. A job whose task no handler module
+registers is never forked: it is reported dead at once. A job leased while its queue's
+slots are full (its `prefetch`) waits in `held` and starts when a child of that queue
+ends (`supervisor/leases/held.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Iterator
+
+from forq.queue import Lease
+from forq.supervisor.children.launch import Launcher
+from forq.supervisor.children.outcomes import FailMode, Kind, Outcome, classify
+from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.children.spawner import Spawner
+from forq.supervisor.config.load import QueueConfig
+from forq.supervisor.isolation.limits import KILL_GRACE, LimitPolice
+from forq.supervisor.leases.held import HeldLeases
+from forq.supervisor.leases.keeper import LeaseKeeper
+from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.observe import tracing
+from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.redis_io.reports import Pending
+
+log = logging.getLogger("forq.supervisor")
+
+
+class Children:
+    def __init__(self, loop: EventLoop, launcher: Launcher, spawner: Spawner,
+                 leases: LeaseKeeper, held: HeldLeases, metrics: Metrics, *,
+                 on_report: Callable[[Pending], None],
+                 on_notes: Callable[[RunningChild], None],
+                 first_deadline: Callable[[float], float | None],
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.loop = loop
+        self.launcher = launcher
+        self.spawner = spawner  # forks each child; calls `ended` when one is reaped
+        self.leases = leases
+        self.held = held
+        self.metrics = metrics
+        self.on_report = on_report  # a finished child's outcome, for the Reporter
+        # a child's pipe was read: its progress or a step may wait for Redis (`JobNotes`)
+        self.on_notes = on_notes
+        # sent_at -> the child's first fencing deadline (`Fencer.first_deadline`)
+        self.first_deadline = first_deadline
+        self.on_change = on_change  # a child started or ended (the process title)
+        self.by_job: dict[str, RunningChild] = {}
+        self.running: dict[str, int] = defaultdict(int)  # by queue
+        self.police = LimitPolice(self.kill_after_grace)
+        self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
+
+    def __len__(self) -> int:
+        return len(self.by_job)
+
+    def __iter__(self) -> Iterator[RunningChild]:
+        return iter(list(self.by_job.values()))
+
+    def get(self, job_id: str) -> RunningChild | None:
+        return self.by_job.get(job_id)
+
+    def configure(self, queues: Iterable[QueueConfig]) -> None:
+        """At start and on reload: each queue's slots. Held jobs beyond a queue's new
+        prefetch (all of a queue no longer served) are given back now."""
+        self.slots = {qc.name: (qc.concurrency, qc.prefetch) for qc in queues}
+        for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
+            self._give_back(queue, lease, "prefetch lowered or queue no longer served")
+        for queue in self.slots:
+            self._start_held(queue)  # a reload that added slots: held jobs take them first
+            # after `Metrics.declare_queue`, which zeroes them
+            self.metrics.set_children(queue, self.running[queue])
+            self.metrics.set_held(queue, self.held.count(queue))
+
+    def free(self, queue: str) -> int:
+        """How many jobs to claim for the queue: free slots, plus the prefetch not held."""
+        concurrency, prefetch = self.slots[queue]
+        return concurrency + prefetch - self.running[queue] - self.held.count(queue)
+
+    def start(self, queue: str, lease: Lease, sent_at: float) -> None:
+        """A job just leased by a claim sent at `sent_at`: its child now, or held for the
+        queue's next free slot."""
+        if queue not in self.slots:  # not served since a reload: nothing would start it
+            self._give_back(queue, lease, "queue no longer served")
+            return
+        if self.running[queue] >= self.slots[queue][0]:
+            self.held.hold(queue, lease, sent_at)
+            return
+        self._start(queue, lease, sent_at)
+
+    def _start_held(self, queue: str) -> None:
+        concurrency, _ = self.slots.get(queue, (0, 0))
+        while self.running[queue] < concurrency:
+            lease = self.held.next(queue)
+            if lease is None:
+                return
+            sent_at = self.held.proven_since(lease)
+            if sent_at is None:  # fenced while held: the lease may be someone else's now
+                self._give_back(queue, lease, "lease not proven while held")
+                continue
+            self._start(queue, lease, sent_at)
+
+    def _give_back(self, queue: str, lease: Lease, why: str) -> None:
+        """Release a lease whose job never started (fenced by its token: a lease
+        another supervisor holds by now is answered "lost" and nothing changes)."""
+        log.info("job %s %s: not started, released (%s)", lease.job.id, lease.job.task, why,
+                 extra={"job": lease.job.id, "task": lease.job.task, "event": "released"})
+        self._never_started(queue, lease, Outcome(Kind.RELEASE, "released", reason=why))
+
+    def _never_started(self, queue: str, lease: Lease, outcome: Outcome) -> None:
+        never = RunningChild(lease, self.launcher.spec(queue, lease), 0, -1, -1,
+                             time.monotonic(), 0)
+        self.on_report(Pending(never, outcome, lease.token))
+
+    def release_held(self, job_ids: Collection[str] | None, why: str) -> None:
+        """Give back held jobs now: these (cancelled ones, which `release` ends as
+        cancelled), or all (drain)."""
+        taken = (self.held.take(job_ids) if job_ids is not None
+                 else self.held.trim(lambda _q: 0))
+        for queue, lease in taken:
+            self._give_back(queue, lease, why)
+
+    def forget_held(self, job_ids: Collection[str]) -> None:
+        """Redis answered these leases lost: another supervisor has the job now."""
+        for _queue, lease in self.held.take(job_ids):
+            log.warning("job %s %s: held lease lost; not started", lease.job.id,
+                        lease.job.task)
+            self.leases.remove(lease.job.id)
+
+    def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
+        job, f = lease.job, lease.job.fields
+        if not self.leases.provable(sent_at):
+            # this process was stopped (or starved) between the claim and now: the lease
+            # may be another supervisor's already, so no child; give it back (fenced)
+            log.warning("job %s %s: its lease ran out before its child could start; "
+                        "released", job.id, job.task)
+            self._never_started(queue, lease, Outcome(Kind.RELEASE, "released",
+                                                      reason="lease ran out before the start"))
+            return
+        if self.spawner.known(job.task) is None:
+            log.warning("job %s: unknown task %r: dead", job.id, job.task)
+            why = f"unknown task {job.task!r}"
+            self._never_started(queue, lease, Outcome(
+                Kind.FAIL, "dead", mode=FailMode.FATAL, reason=why,
+                error={"type": "UnknownTask", "reason": why,
+                       "message": f"no handler registered for {job.task!r}"}))
+            return
+        spec = self.launcher.spec(queue, lease)
+        spec.cgroup = self.launcher.cgroup(job.id, spec.memory_limit)
+        spec.traceparent = tracing.TRACER.started(queue, job, lease.token, f.get("owner", ""))
+        try:
+            child = self.spawner.spawn(lease, spec, title=f"forq: job {job.id} {job.task}",
+                                       timeout=self.launcher.timeout(lease),
+                                       fence_at=self.first_deadline(sent_at))
+        except BaseException as exc:
+            self.launcher.discard(spec)
+            tracing.TRACER.finished(job.id, lease.token, "not started", None, repr(exc))
+            raise
+        self.by_job[job.id] = child
+        self.running[queue] += 1
+        self.leases.add(queue, job.id, lease.token, sent_at)
+        self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
+        if child.output >= 0:
+            self.loop.add_reader(child.output, lambda _f, _m: self._on_output(child))
+        waited = None
+        if f.get("started_at"):
+            waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
+                                                       int(f.get("run_at", 0)))) / 1000
+        self.metrics.job_started(queue, job.task, waited)
+        self.metrics.set_children(queue, self.running[queue])
+        log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, child.pid,
+                 job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
+        self.on_change()
+
+    def _on_pipe(self, child: RunningChild) -> None:
+        more = child.read_pipe()
+        self.on_notes(child)
+        if not more:
+            self.loop.remove_reader(child.pipe)
+            child.pipe_open = False
+            if child.reader.done and child.kill_reason is None:
+                # nothing it says from now on can be used: stop it now, not at its time limit
+                log.warning("job %s %s: %s; killing its child", child.job_id, child.task,
+                            child.reader.violation or "result too large")
+                child.stop(KillReason.PROTOCOL, grace=0)
+
+    def _on_output(self, child: RunningChild) -> None:
+        if child.output < 0:  # closed earlier in this loop turn (the child ended)
+            return
+        if not child.out.read(child.output):  # EOF: every process of the job closed it
+            self.loop.remove_reader(child.output)
+            os.close(child.output)
+            child.output = -1
+
+    def ended(self, child: RunningChild, status: int, peak_rss: int, cause: str = "") -> None:
+        """A child was reaped (here, or by the fork server, which killed its group first).
+        `cause`: what is known beyond its status, said in the reason of a crash."""
+        if child.pipe_open:
+            child.read_pipe()
+            self.loop.remove_reader(child.pipe)
+        self.on_notes(child)  # a step it sent last is still recorded (before its report)
+        job_cgroups = self.launcher.cgroups
+        if child.spec.cgroup and job_cgroups is not None:
+            # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
+            # counts the pages it shares with the fork server, charged to the server)
+            child.oom = job_cgroups.oom_cause(child.spec.cgroup)
+            child.peak_rss = (job_cgroups.usage(child.spec.cgroup, peak=True)
+                              or max(child.peak_rss, peak_rss))
+            job_cgroups.remove(child.spec.cgroup)
+        else:
+            child.peak_rss = max(child.peak_rss, peak_rss)
+        if child.output >= 0:
+            self.loop.remove_reader(child.output)
+            child.close_output()
+        child.close_proc()
+        os.close(child.pidfd)
+        os.close(child.pipe)
+        child.pipe, child.pipe_open = -1, False  # a step answered later is not written
+        self.by_job.pop(child.job_id, None)
+        self.running[child.queue] -= 1
+        self.metrics.set_children(child.queue, self.running[child.queue])
+        token = self.leases.token(child.job_id) or child.lease.token
+        # the lease stays in the keeper (and is extended) until the report lands: a
+        # result waiting out a Redis blip must not expire and be run again elsewhere
+        outcome = classify(child, status)
+        if outcome.kind is Kind.FAIL and outcome.error.get("type") == "MemoryError":
+            outcome.metric = "memory"
+        if outcome.kind is Kind.EXPIRE and cause:
+            outcome.reason = f"{cause}: {outcome.reason}"
+        if outcome.kind is Kind.RELEASE and child.kill_reason is None:
+            # a release the child caused itself: it could not join its cgroup
+            self.launcher.child_could_not_join(child.job_id, child.spec.cgroup)
+        # the slot's next job first: its fork overlaps this report's round trip
+        self._start_held(child.queue)
+        self.on_report(Pending(child, outcome, token))
+        self.on_change()
+
+    def kill_after_grace(self, child: RunningChild) -> None:
+        def kill() -> None:
+            if self.by_job.get(child.job_id) is child:
+                child.signal_group(signal.SIGKILL)
+
+        self.loop.timers.schedule(KILL_GRACE, kill)
+
+    def stop_all(self, why: str) -> None:
+        """Drain's end: every child stops (SIGTERM, then SIGKILL), its lease released."""
+        for child in self:
+            child.stop(KillReason.RELEASED, why, grace=KILL_GRACE)
+            self.kill_after_grace(child)
+
+    def police_limits(self) -> None:
+        if self.launcher.cgroups is not None:
+            self.launcher.cgroups.sweep()
+        self.police.tick(self)

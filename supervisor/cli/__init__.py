@@ -1,0 +1,24 @@
+"""The `forq` command: `main` parses, one module per family of subcommands.
+
+| module | what it is |
+| --- | --- |
+| `main` | `main()`: the parser, logging, and the dispatch to a command |
+| `base` | what every command shares: errors, the Redis client, the config, JSON |
+| `jobs` | forq run, enqueue, job, cancel |
+| `batches` | forq batch |
+| `stats` | forq stats, workers, schedules |
+| `dead` | forq dead list, show, requeue, purge |
+| `operate` | forq limit, pause, resume, web, config check |
+| `render` | human-readable views of jobs, queues, supervisors, schedules |
+| `terminal` | where human output goes: rich on a terminal, plain text elsewhere |
+| `demo` | `make demo` |
+
+Each family module has ``cmd_*`` functions (argparse Namespace in, exit code out) and a
+``register(sub, parents)`` that adds its parsers; `main` calls every module's
+``register`` in the order of `FAMILIES`, which is the order of ``forq --help``.
+A new command goes into the module of its family, or a new module listed here.
+"""
+
+from __future__ import annotations
+
+FAMILIES = ("jobs", "batches", "stats", "dead", "operate")

@@ -1,0 +1,91 @@
+"""HeldLeases: jobs leased ahead of a free slot, a queue's `prefetch`.
+
+Why: at high rates a slot whose child has ended waits for a claim's round trip and the
+claim script before its next fork. With its next job already leased, the slot starts
+that job's child in the loop turn that saw the end, and the claim that tops the
+prefetch up rides in the same round trip as the finished job's ack (Dramatiq and
+Celery prefetch for the same reason; forq does it only when asked, `prefetch = N` in a
+`[[queue]]`, default 0).
+
+A held lease is a lease like a running job's: it is in the `LeaseKeeper`, extended with
+the others, and fenced the same way — a held job whose lease is no longer proven is not
+started but given back. What holding costs (docs/operations/supervisor.md, "Prefetch"): a held job
+waits for this machine's slot even while another supervisor is idle, so prefetch suits
+short jobs; it counts against `max_in_flight` and `group_concurrency` like a running
+job; a job enqueued later with a higher priority starts after the held ones; and a
+supervisor killed while holding leaves those leases to the reaper, like its running
+children (each counted as a crash). Drain, a reload that lowers the prefetch or stops
+serving the queue, and a cancel give held jobs back at once (`release`: no attempt is
+counted; a cancelled job ends as cancelled).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable, Collection
+
+from forq.queue import Lease
+from forq.supervisor.leases.keeper import LeaseKeeper
+
+
+class HeldLeases:
+    def __init__(self, leases: LeaseKeeper,
+                 on_change: Callable[[str, int], None] = lambda _queue, _count: None) -> None:
+        self.leases = leases
+        self.on_change = on_change  # (queue, jobs it holds now): the metrics gauge
+        self._held: dict[str, deque[Lease]] = defaultdict(deque)  # by queue, claim order
+
+    def count(self, queue: str) -> int:
+        return len(self._held[queue])
+
+    def ids(self) -> list[str]:
+        """Every held job's id (the heartbeat lists them: the dashboard shows them held)."""
+        return [lease.job.id for held in self._held.values() for lease in held]
+
+    def hold(self, queue: str, lease: Lease, sent_at: float) -> None:
+        """Keep a lease claimed by a call sent at `sent_at` (monotonic) for a later slot."""
+        self._held[queue].append(lease)
+        self.leases.add(queue, lease.job.id, lease.token, sent_at)
+        self.on_change(queue, len(self._held[queue]))
+
+    def next(self, queue: str) -> Lease | None:
+        """The queue's longest-held lease, no longer held here."""
+        held = self._held.get(queue)
+        if not held:
+            return None
+        lease = held.popleft()
+        self.on_change(queue, len(held))
+        return lease
+
+    def proven_since(self, lease: Lease) -> float | None:
+        """When the extension that last proved this lease was sent (monotonic), the
+        `sent_at` its child starts with; None once the `Fencer` gave it up unproven."""
+        until = self.leases.proven_until(lease.job.id)
+        if until is None or self.leases.token(lease.job.id) != lease.token:
+            return None
+        return until - self.leases.ttl
+
+    def take(self, job_ids: Collection[str]) -> list[tuple[str, Lease]]:
+        """Stop holding these jobs (a cancel, a lost lease); returns (queue, lease) of
+        each that was held."""
+        taken: list[tuple[str, Lease]] = []
+        if not job_ids:  # every extension asks, nearly always about nothing
+            return taken
+        for queue, held in self._held.items():
+            keep = deque(lease for lease in held if lease.job.id not in job_ids)
+            if len(keep) != len(held):
+                taken += [(queue, lease) for lease in held if lease.job.id in job_ids]
+                self._held[queue] = keep
+                self.on_change(queue, len(keep))
+        return taken
+
+    def trim(self, allowed: Callable[[str], int]) -> list[tuple[str, Lease]]:
+        """Hold at most `allowed(queue)` per queue (0 for a queue no longer served):
+        returns the (queue, lease) let go, the last claimed first."""
+        taken: list[tuple[str, Lease]] = []
+        for queue, held in self._held.items():
+            excess = len(held) - max(0, allowed(queue))
+            if excess > 0:
+                taken += [(queue, held.pop()) for _ in range(excess)]
+                self.on_change(queue, len(held))
+        return taken

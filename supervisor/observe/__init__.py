@@ -1,0 +1,8 @@
+"""How the supervisor is seen from outside: metrics and traces.
+
+| module | what it is |
+| --- | --- |
+| `metrics` | the Prometheus registry of the parent (children never touch it) |
+| `metrics_server` | the HTTP endpoint for `/metrics`, on the supervisor's own loop |
+| `tracing` | OpenTelemetry job spans (`[tracing]`) |
+"""

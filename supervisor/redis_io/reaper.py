@@ -1,0 +1,105 @@
+"""Reaper: hand expired leases back (every supervisor runs it; safe concurrently).
+
+The reclaim script moves each expired lease of a queue back to pending with a crash
+counted, or to dead past `max_crashes`, at a cost of O(expired). It runs every
+`reaper_interval` for every served queue, and in the very round trip that reports a
+crashed child (`expire`), so a crash is back in pending within milliseconds.
+
+Each timed pass also sweeps the jobs whose expiry before start passed while they
+waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from forq import Queue
+from forq.defaults import MAX_CRASHES
+from forq.supervisor.leases.calls import LeaseCalls, leasing
+from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.redis_io.health import RedisHealth
+from forq.supervisor.redis_io.relay import BatchRelay
+from forq.supervisor.redis_io.shard_health import ShardHealth
+from forq.supervisor.redis_io.shards import execute_by_shard
+
+log = logging.getLogger("forq.supervisor")
+
+
+class Reaper:
+    def __init__(self, owner: str, queue_for: Callable[[str], Queue], metrics: Metrics,
+                 on_reclaimed: Callable[[], None]) -> None:
+        self.owner = owner
+        self.queue_for = queue_for
+        self.metrics = metrics
+        self.on_reclaimed = on_reclaimed  # jobs went back to pending: claim
+        self.max_crashes: dict[str, int] = {}  # each queue's default, for jobs without one
+
+    def send(self, pipe: Any, names: list[str]) -> None:
+        for name in names:
+            leasing(self.queue_for(name)).reclaim(self.owner, self.max_crashes.get(name, MAX_CRASHES),
+                                         client=pipe)
+
+    def send_sweeps(self, pipe: Any, names: list[str]) -> None:
+        for name in names:
+            leasing(self.queue_for(name)).sweep_expired(self.owner, client=pipe)
+
+    def swept(self, name: str, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            return
+        ids = LeaseCalls.parse_sweep(reply)
+        if ids:
+            log.info("%d job(s) in %s expired before start: dead, never run", len(ids), name)
+
+    def reap(self, client: Any, names: list[str], health: RedisHealth, relay: BatchRelay,
+             shards: ShardHealth | None = None) -> None:
+        """The periodic pass, every served queue in one round trip: expired leases,
+        expired pending jobs, and the ends of batch members the `relay` carries to
+        batches on other queues. On a cluster (`shards`), one pipeline per shard, the
+        shards backing off left out: one shard down does not stop the others' pass."""
+        if shards is None and not health.ready():
+            return
+        if shards is not None:
+            names = [name for name in names if shards.ready(name)]
+            if not names:
+                return
+        pipe = client.pipeline(transaction=False)
+        self.send(pipe, names)
+        self.send_sweeps(pipe, names)
+        relay.send(pipe, names)
+        try:
+            sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
+        except (redis.RedisError, OSError) as exc:
+            health.failed("reclaim", exc)
+            return
+        replies = sent.replies
+        if shards is not None:
+            shards.failed(sent.failed, "reclaim")
+            shards.worked(sent.answered - set(sent.failed))
+        elif any(isinstance(reply, Exception) for reply in replies):
+            health.failed("reclaim", next(r for r in replies if isinstance(r, Exception)))
+            return
+        n = len(names)
+        for name, reply in zip(names, replies[:n], strict=True):
+            self.answered(name, reply, say=True)
+        for name, reply in zip(names, replies[n:2 * n], strict=True):
+            self.swept(name, reply)
+        try:
+            relay.deliver(client, names, replies[2 * n:])
+        except (redis.RedisError, OSError) as exc:
+            health.failed("relay", exc)
+
+    def answered(self, name: str, reply: Any, say: bool = False) -> None:
+        if isinstance(reply, Exception):
+            return
+        to_pending, to_dead, completed, ids = LeaseCalls.parse_reclaim(reply)
+        if not ids:
+            return
+        self.metrics.reclaimed(name, len(ids))
+        self.on_reclaimed()
+        if say:
+            log.info("reclaimed %d expired lease(s) in %s: %d to pending, %d dead, "
+                     "%d already complete", len(ids), name, to_pending, to_dead, completed)
