@@ -1,6 +1,6 @@
 """What `prefetch` buys and what it costs: the default, decided by measurement.
 
-    .venv/bin/python -m bench.prefetch [--rounds 2] [--seconds 10] [--values 0,1,4]
+    .venv/bin/python -m bench.prefetch [--rounds 2] [--seconds 10] [--values 0,auto,4]
 
 * throughput: no-op jobs drained by one supervisor (concurrency 2) with each prefetch
   value, alternating in rounds (`bench.supervisor.drain_once`);
@@ -37,25 +37,30 @@ from bench.common import (
 )
 from bench.supervisor import drain_once
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 
 LONG_S = 0.3  # one job in LONG_EVERY sleeps this long
 LONG_EVERY = 5
 LOAD = 0.6  # of the fleet's capacity
 
 
-def fleet_latency(url: str, prefetch: int, seconds: float, supervisors: int = 2,
+def _setting(prefetch: str) -> str:
+    """The [[queue]] line: a number, or "auto" (quoted in TOML)."""
+    return f'prefetch = "{prefetch}"\n' if prefetch == "auto" else f"prefetch = {prefetch}\n"
+
+
+def fleet_latency(url: str, prefetch: str, seconds: float, supervisors: int = 2,
                   concurrency: int = 2) -> dict[str, Any]:
     r = connect(url)
     name = f"bench-fleet-{uuid.uuid4().hex[:8]}"
     q = Queue(name, redis=r)
     wd = workdir()
     cfg = write_forq_config(wd / f"{name}.toml", url, name, concurrency,
-                            queue_extra=f"prefetch = {prefetch}\n")
+                            queue_extra=_setting(prefetch))
     sups = [ForqSupervisor(cfg, wd / f"{name}-{i}.log").start() for i in range(supervisors)]
     mean_job = LONG_S / LONG_EVERY
     rate = LOAD * supervisors * concurrency / mean_job
-    rng = random.Random(prefetch)
+    rng = random.Random(seconds)
     jobs: list[tuple[Any, float, bool]] = []
     try:
         time.sleep(0.5)
@@ -90,15 +95,14 @@ def fleet_latency(url: str, prefetch: int, seconds: float, supervisors: int = 2,
             "max_ms": max(waits)}
 
 
-def measure(url: str, values: list[int], rounds: int, seconds: float,
+def measure(url: str, values: list[str], rounds: int, seconds: float,
             drain_n: int = 1000) -> dict[str, Any]:
-    drains: dict[int, list[float]] = {v: [] for v in values}
-    fleets: dict[int, list[dict[str, Any]]] = {v: [] for v in values}
+    drains: dict[str, list[float]] = {v: [] for v in values}
+    fleets: dict[str, list[dict[str, Any]]] = {v: [] for v in values}
     for i in range(rounds):
         for v in values:
             log(f"prefetch: round {i + 1}/{rounds}, prefetch {v}: drain, fleet ...")
-            drains[v].append(drain_once(url, drain_n, queue_extra=f"prefetch = {v}\n")[
-                "jobs_per_s"])
+            drains[v].append(drain_once(url, drain_n, queue_extra=_setting(v))["jobs_per_s"])
             fleets[v].append(fleet_latency(url, v, seconds))
     out: dict[str, Any] = {"values": values, "long_s": LONG_S, "long_every": LONG_EVERY,
                            "load": LOAD, "throughput": {}, "fleet": {}}
@@ -116,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--values", default="0,1,4")
+    p.add_argument("--values", default="0,auto,4", help="prefetch values: numbers or auto")
     args = p.parse_args(argv)
-    values = [int(v) for v in args.values.split(",")]
+    values = args.values.split(",")
     with RedisServer() as server:
         res = measure(server.url(0), values, args.rounds, args.seconds)
     base = res["throughput"][values[0]]["median"]

@@ -126,6 +126,7 @@ def test_minimal_config_gets_every_default(tmp_path):
     assert config.queues == [QueueConfig(name="q", concurrency=1)]
     assert config.queues[0].nice == 10 and config.queues[0].priority == 0
     assert config.queues[0].prefetch == 0  # no job is leased ahead of a free slot
+    assert config.queues[0].prefetch_auto is False
     assert config.queues[0].rate_limit is None and config.queues[0].max_in_flight is None
     assert config.sandbox == SandboxConfig(run_as=None, env_allow=None, max_open_files=None)
     assert config.metrics_listen == ("127.0.0.1", 9464)
@@ -163,6 +164,7 @@ def test_full_config_values(tmp_path):
         [[queue]]
         name = "mid"
         concurrency = 1
+        prefetch = "auto"
 
         [sandbox]
         run_as = "{user}"
@@ -183,7 +185,9 @@ def test_full_config_values(tmp_path):
     high = config.queue("high")
     assert (high.concurrency, high.priority, high.nice) == (8, 5, 0)
     assert high.rate_limit == (50.0, 60.0)
-    assert high.max_in_flight == 3 and high.prefetch == 16
+    assert high.max_in_flight == 3 and high.prefetch == 16 and not high.prefetch_auto
+    # "auto": the held jobs only while the queue's jobs are short (leases.held.ShortJobs)
+    assert (config.queue("mid").prefetch, config.queue("mid").prefetch_auto) == (4, True)
     assert config.sandbox == SandboxConfig(run_as=user, env_allow=("PATH",), max_open_files=256)
     assert config.metrics_listen == ("::1", 0)
     with pytest.raises(KeyError):
@@ -701,13 +705,13 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
         (QUEUE + QUEUE, '[queue 2].name: duplicate queue "q"'),
         (QUEUE + "nice = 20\n", "[queue 1].nice: expected an integer from 0 to 19, got 20"),
         (QUEUE + "prefetch = -1\n",
-         "[queue 1].prefetch: expected an integer from 0 to 1000, got -1"),
+         '[queue 1].prefetch: expected "auto" or an integer from 0 to 1000, got -1'),
         (QUEUE + "prefetch = 1001\n",
-         "[queue 1].prefetch: expected an integer from 0 to 1000, got 1001"),
+         '[queue 1].prefetch: expected "auto" or an integer from 0 to 1000, got 1001'),
         (QUEUE + 'prefetch = "4"\n',
-         '[queue 1].prefetch: expected an integer from 0 to 1000, got "4"'),
+         '[queue 1].prefetch: expected "auto" or an integer from 0 to 1000, got "4"'),
         (QUEUE + "prefetch = true\n",
-         "[queue 1].prefetch: expected an integer from 0 to 1000, got true"),
+         '[queue 1].prefetch: expected "auto" or an integer from 0 to 1000, got true'),
         (QUEUE + 'priority = "high"\n', '[queue 1].priority: expected an integer, got "high"'),
         (
             QUEUE + 'rate_limit = "fast"\n',

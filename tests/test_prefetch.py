@@ -221,3 +221,30 @@ def test_held_leases_of_a_killed_supervisor_go_to_a_peer_and_run_once(tmp_path, 
             assert job.state == "succeeded", job.history
             assert "reclaimed" in events(queue, job_id)
         assert sorted(started(touch)) == sorted(ids)  # each held job ran once, on the peer
+
+
+@pytest.mark.timeout(60)
+def test_auto_prefetch_holds_nothing_behind_a_slot_busy_with_a_long_job(tmp_path, redis_url,
+                                                                         queue):
+    """prefetch = "auto" holds jobs only after a streak of short ones (`ShortJobs`): behind
+    a long job, the next jobs stay in pending, free for any other supervisor. A job of a
+    second queue, claimed in the same kind of loop turn, shows the claims went on."""
+    from forq.testing.redis import delete_queue
+
+    other = Queue(f"{queue.name}-b", redis=queue.redis)
+    gate, touch = tmp_path / "gate", tmp_path / "touch"
+    cfg = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1, other.name: 1},
+                       queue_extra='prefetch = "auto"\n', lease_ttl="1s")
+    try:
+        with SupervisorProcess(cfg).start() as sup:
+            blocker = hold_slot(queue, gate, sup)
+            ids = [queue.enqueue("tests.touch", str(touch)).id for _ in range(2)]
+            witness = other.enqueue("tests.touch", str(tmp_path / "other"))
+            wait_job(other, witness.id, ("succeeded",), context=lambda: sup.log()[-3000:])
+            assert [queue.get(i).state for i in ids] == ["pending", "pending"]
+            gate.touch()
+            for job_id in [blocker, *ids]:
+                assert wait_job(queue, job_id, TERMINAL).state == "succeeded"
+            assert started(touch) == ids
+    finally:
+        delete_queue(other.redis, other.name)

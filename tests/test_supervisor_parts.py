@@ -18,6 +18,7 @@ from forq.supervisor.config.load import load_config
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.leases.fencing import Fencer
+from forq.supervisor.leases.held import AUTO_SHORT, AUTO_STREAK, ShortJobs
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.loop.timers import Timers
@@ -54,6 +55,23 @@ def child_of(lease, pid=0, queue="q") -> RunningChild:
 
 
 # -- RedisHealth -------------------------------------------------------------------------
+
+def test_auto_prefetch_holds_jobs_only_after_a_streak_of_short_ones():
+    short = ShortJobs()
+    short.configure(["auto"])
+    assert short.prefetch("fixed", 3) == 3  # a number is a number, whatever the jobs
+    for _ in range(AUTO_STREAK - 1):
+        short.ended("auto", AUTO_SHORT / 2)
+        short.ended("fixed", 60.0)
+    assert short.prefetch("auto", 4) == 0  # not yet: a streak of AUTO_STREAK
+    short.ended("auto", AUTO_SHORT)
+    assert short.prefetch("auto", 4) == 4
+    short.ended("auto", 0.3)  # one job of 300 ms: none held behind the next one
+    assert short.prefetch("auto", 4) == 0
+    assert short.prefetch("fixed", 3) == 3
+    short.configure([])  # a reload to a number
+    assert short.prefetch("auto", 2) == 2
+
 
 def test_redis_health_backs_off_doubling_to_a_cap_and_resets_when_redis_answers():
     clock, errors = Clock(), []

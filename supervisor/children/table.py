@@ -25,7 +25,7 @@ from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.config.load import QueueConfig
 from forq.supervisor.isolation.limits import KILL_GRACE, LimitPolice
-from forq.supervisor.leases.held import HeldLeases
+from forq.supervisor.leases.held import HeldLeases, ShortJobs
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.observe import tracing
@@ -58,6 +58,7 @@ class Children:
         self.running: dict[str, int] = defaultdict(int)  # by queue
         self.police = LimitPolice(self.kill_after_grace)
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
+        self.short_jobs = ShortJobs()  # queues with prefetch = "auto": are their jobs short
 
     def __len__(self) -> int:
         return len(self.by_job)
@@ -71,7 +72,9 @@ class Children:
     def configure(self, queues: Iterable[QueueConfig]) -> None:
         """At start and on reload: each queue's slots. Held jobs beyond a queue's new
         prefetch (all of a queue no longer served) are given back now."""
+        queues = list(queues)
         self.slots = {qc.name: (qc.concurrency, qc.prefetch) for qc in queues}
+        self.short_jobs.configure(qc.name for qc in queues if qc.prefetch_auto)
         for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
             self._give_back(queue, lease, "prefetch lowered or queue no longer served")
         for queue in self.slots:
@@ -83,7 +86,8 @@ class Children:
     def free(self, queue: str) -> int:
         """How many jobs to claim for the queue: free slots, plus the prefetch not held."""
         concurrency, prefetch = self.slots[queue]
-        return concurrency + prefetch - self.running[queue] - self.held.count(queue)
+        prefetch = self.short_jobs.prefetch(queue, prefetch)
+        return max(0, concurrency + prefetch - self.running[queue] - self.held.count(queue))
 
     def start(self, queue: str, lease: Lease, sent_at: float) -> None:
         """A job just leased by a claim sent at `sent_at`: its child now, or held for the
@@ -227,6 +231,7 @@ class Children:
         self.by_job.pop(child.job_id, None)
         self.running[child.queue] -= 1
         self.metrics.set_children(child.queue, self.running[child.queue])
+        self.short_jobs.ended(child.queue, time.monotonic() - child.started)
         token = self.leases.token(child.job_id) or child.lease.token
         # the lease stays in the keeper (and is extended) until the report lands: a
         # result waiting out a Redis blip must not expire and be run again elsewhere

@@ -98,6 +98,7 @@ _POLICY_KEYS = (
 )
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
+AUTO_PREFETCH = 4  # what prefetch = "auto" holds while a queue's jobs are short
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
                "network", "paused", "group_concurrency", "group_rate_limit", "prefetch")
 _METRICS_KEYS = ("listen",)
@@ -140,6 +141,9 @@ class QueueConfig:
     # jobs leased ahead of a free slot (see `supervisor/leases/held.py`): a slot starts its next
     # job the moment its child ends, without waiting for a claim's round trip
     prefetch: int = 0
+    # prefetch = "auto": `prefetch` jobs held only while the queue's jobs are short
+    # (`held.ShortJobs`)
+    prefetch_auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,15 @@ class Config:
 
 def _fork_server(value: object) -> bool:
     return _flag(value, "[supervisor].fork_server")
+
+
+def _prefetch(value: object, where: str) -> dict[str, Any]:
+    """`prefetch`: a number of jobs (0-MAX_PREFETCH), or "auto" (`held.ShortJobs`)."""
+    if value == "auto":
+        return {"prefetch": AUTO_PREFETCH, "prefetch_auto": True}
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PREFETCH:
+        return {"prefetch": value}
+    raise read.expected(where, f'"auto" or an integer from 0 to {MAX_PREFETCH}', value)
 
 
 def _flag(value: object, where: str) -> bool:
@@ -346,8 +359,7 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
                 paused=_flag(table.get("paused", False), f"{prefix}.paused"),
-                prefetch=read.integer(table.get("prefetch", 0), f"{prefix}.prefetch", 0,
-                                      MAX_PREFETCH),
+                **_prefetch(table.get("prefetch", 0), f"{prefix}.prefetch"),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)
