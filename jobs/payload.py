@@ -7,7 +7,7 @@ worker. Errors name the offending argument so the producer can fix the call.
 from __future__ import annotations
 
 import json
-import os
+import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -30,10 +30,8 @@ MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue s
 
 
 def new_job_id() -> str:
-    """80 random bits as hex: unguessable and short enough to type. `os.urandom` is what
-    `secrets.token_hex` reads; importing `secrets` would load OpenSSL (via hashlib) into
-    every handler module's process, the fork server's included: 4 MiB for nothing."""
-    return os.urandom(10).hex()
+    """80 random bits as hex: unguessable and short enough to type."""
+    return secrets.token_hex(10)
 
 
 def _dumps(value: Any, where: str) -> str:

@@ -10,10 +10,10 @@ from (e.g. ``[supervisor].lease_ttl``), so a typo never ends in a traceback.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import re
-import sys
 import time
 from typing import Any
 
@@ -104,10 +104,7 @@ def describe_value(value: object) -> str:
         return "a table"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(describe_value(v) for v in value) + "]"
-    # a date can only come from a module already imported (TOML's parser): not imported
-    # here, so that a process that never parses one (the fork server) never loads it
-    dt = sys.modules.get("datetime")
-    if dt is not None and isinstance(value, (dt.datetime, dt.date, dt.time)):
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
     return repr(value)
 
