@@ -147,8 +147,9 @@ def render(res: dict[str, Any]) -> str:
             rows.append(_row(f"{LABELS.get(app, app)}, `huge_pages = false`", off, keep,
                              {}, {}, vs))
     out = [_table(["application loaded at import", "forq fork server", "forq jobs/s",
-                   "÷ forq at 20 MiB", "forq CPU per job: supervisor / fork server + child "
-                   "/ Redis", "RQ forking worker ×2, jobs/s (RSS)", "forq ÷ RQ",
+                   "÷ forq at 20 MiB", "forq CPU per job: supervisor / fork server / child "
+                   "/ Redis", "page faults per job: fork server / child",
+                   "RQ forking worker ×2, jobs/s (RSS)", "forq ÷ RQ",
                    "Dramatiq 2 × 1, jobs/s", "runs (forq; RQ)"], rows)]
     return "\n".join(out)
 
@@ -161,10 +162,16 @@ def _row(label: str, f: dict[str, Any], keep: float | None, rq: dict[str, Any],
     rss = f.get("fork_server_rss")
     pages = f.get("huge_pages") or ""
     server = (f"{rss / 2**20:.0f} MiB" if rss else "") + (f"; {_short(pages)}" if pages else "")
-    cpu = (f"{f.get('parent_cpu_ms_per_job', 0):.2f} / {f.get('children_cpu_ms_per_job', 0):.2f}"
-           f" / {f.get('redis_cpu_ms_per_job', 0):.2f} ms") if f else ""
+    def ms(key: str) -> str:
+        return "?" if f.get(key) is None else f"{f[key]:.2f}"
+
+    cpu = (f"{ms('parent_cpu_ms_per_job')} / {ms('fork_server_cpu_ms_per_job')} / "
+           f"{ms('child_cpu_ms_per_job')} / {ms('redis_cpu_ms_per_job')} ms") if f else ""
+    faults = (f"{num(f.get('fork_server_faults_per_job'))} / "
+              f"{num(f.get('child_faults_per_job'))}") if f else ""
     rq_rss = rq.get("worker_rss")
     return [label, server, num(f.get("median")), "" if keep is None else f"{keep:.2f}×", cpu,
+            faults,
             (num(rq.get("median")) + (f" ({rq_rss / 2**20:.0f} MiB)" if rq_rss else ""))
             if rq else "", "" if vs_rq is None else f"{vs_rq:.1f}×",
             num(dr.get("median")) if dr else "",

@@ -109,7 +109,24 @@ def _proc_stat(pid: int) -> dict[str, float]:
     tick = os.sysconf("SC_CLK_TCK")
     return {"user": int(fields[11]) / tick, "sys": int(fields[12]) / tick,
             "children": (int(fields[13]) + int(fields[14])) / tick,
-            "minflt": int(fields[7])}
+            "minflt": int(fields[7]), "cminflt": int(fields[8])}
+
+
+def _helpers_stat(pid: int) -> dict[int, dict[str, float]]:
+    """`_proc_stat` of each live child process of `pid` (the fork server)."""
+    import psutil
+
+    out = {}
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return out
+    for kid in kids:
+        try:
+            out[kid.pid] = _proc_stat(kid.pid)
+        except OSError:
+            continue
+    return out
 
 
 def _helpers_cpu(pid: int) -> dict[int, float]:
@@ -187,6 +204,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         cpu1 = _cpu_seconds(sup.pid)
         st1 = _proc_stat(sup.pid)
         helpers1 = _helpers_cpu(sup.pid)
+        server1 = _helpers_stat(sup.pid)
         rcpu1 = _redis_cpu(r)
         calls1 = command_calls(r)
         if profile_to is not None:
@@ -198,6 +216,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         cpu2 = _cpu_seconds(sup.pid)
         st2 = _proc_stat(sup.pid)
         helpers2 = _helpers_cpu(sup.pid)
+        server2 = _helpers_stat(sup.pid)
         helpers = sum(v - helpers1[k] for k, v in helpers2.items() if k in helpers1)
         rcpu2 = _redis_cpu(r)
         calls2 = command_calls(r)
@@ -206,11 +225,22 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         jobs = done - first
         seconds = t2 - t1
         started = re.search(r"fork server started in pid \d+: (.*)", sup.log())
+        # the fork server itself, and the job children it reaped: CPU ms and faults a job
+        split: dict[str, float] = {}
+        for spid, b in server2.items():
+            a = server1.get(spid)
+            if a is not None:
+                split = {"fork_server_cpu_ms_per_job":
+                         (b["user"] + b["sys"] - a["user"] - a["sys"]) / jobs * 1000,
+                         "fork_server_faults_per_job": (b["minflt"] - a["minflt"]) / jobs,
+                         "child_cpu_ms_per_job": (b["children"] - a["children"]) / jobs * 1000,
+                         "child_faults_per_job": (b["cminflt"] - a["cminflt"]) / jobs}
         return {
             "jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds,
             "supervisor_rss": rss, "fork_server_rss": max(helpers_rss, default=None),
             # what its start-up line said of its memory on huge pages
             "fork_server_pages": started.group(1).strip() if started else "",
+            **split,
             "parent_cpu_ms_per_job": (cpu2[0] - cpu1[0]) / jobs * 1000,
             "parent_user_ms_per_job": (st2["user"] - st1["user"]) / jobs * 1000,
             "parent_sys_ms_per_job": (st2["sys"] - st1["sys"]) / jobs * 1000,
@@ -258,8 +288,9 @@ def throughput_summary(runs: list[dict[str, Any]], n: int, concurrency: int = 2)
     out = summary([x["jobs_per_s"] for x in runs])
     for k in ("supervisor_rss", "parent_cpu_ms_per_job", "children_cpu_ms_per_job",
               "redis_cpu_ms_per_job", "parent_user_ms_per_job", "parent_sys_ms_per_job",
-              "parent_minor_faults_per_job"):
-        out[k] = median(x[k] for x in runs)
+              "parent_minor_faults_per_job", "fork_server_cpu_ms_per_job",
+              "fork_server_faults_per_job", "child_cpu_ms_per_job", "child_faults_per_job"):
+        out[k] = median(x.get(k) for x in runs)
     out["redis_commands_per_job"] = runs[-1]["redis_commands_per_job"]
     out["n"] = n
     out["concurrency"] = concurrency
