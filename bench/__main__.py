@@ -182,7 +182,9 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
             + ", ".join(f"{s} {sz.drain[s]}" for s in systems) + " ...")
         fork_runs += forq_sup.fork_limit(pad_to=rss, forks=500 if sz.quick else 1000,
                                          reps=3)["runs"]
-        forq_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"]))
+        # prefetch 0 explicitly: the default ("auto") holds jobs in a no-op drain like 4
+        forq_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
+                                             queue_extra="prefetch = 0\n"))
         prefetch_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
                                                  queue_extra=f"prefetch = {PREFETCH}\n"))
         for system in systems:

@@ -9,7 +9,7 @@ from typing import Any
 # written by hand, appended to every rendering from its first "## " heading on
 FINDINGS_PATH = Path(__file__).resolve().parent / "FINDINGS.md"
 
-NAMES = {"forq": "forq (supervisor, concurrency 2)",
+NAMES = {"forq": "forq (supervisor, concurrency 2, `prefetch = 0`)",
          "forq-prefetch": "forq, `prefetch = {prefetch}` (docs/operations/supervisor.md, \"Prefetch\")",
          "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",

@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                         '--job-cgroups')
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="a mixed fleet: the odd-numbered supervisors lease N jobs ahead of "
-                        "their free slots ([[queue]].prefetch; default 0)")
+                        "their free slots ([[queue]].prefetch; 0 leaves the config's "
+                        "default, \"auto\")")
     p.add_argument("--namespaces", action="store_true",
                    help="[sandbox].namespaces = true: every job in namespaces of its own "
                         "(needs root or user namespaces)")

@@ -125,8 +125,8 @@ def test_minimal_config_gets_every_default(tmp_path):
     assert config.job_cgroups == "auto"
     assert config.queues == [QueueConfig(name="q", concurrency=1)]
     assert config.queues[0].nice == 10 and config.queues[0].priority == 0
-    assert config.queues[0].prefetch == 0  # no job is leased ahead of a free slot
-    assert config.queues[0].prefetch_auto is False
+    # prefetch "auto": 4 jobs leased ahead of the free slots, only while jobs are short
+    assert (config.queues[0].prefetch, config.queues[0].prefetch_auto) == (4, True)
     assert config.queues[0].rate_limit is None and config.queues[0].max_in_flight is None
     assert config.sandbox == SandboxConfig(run_as=None, env_allow=None, max_open_files=None)
     assert config.metrics_listen == ("127.0.0.1", 9464)

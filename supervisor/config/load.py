@@ -140,10 +140,10 @@ class QueueConfig:
     paused: bool = False
     # jobs leased ahead of a free slot (see `supervisor/leases/held.py`): a slot starts its next
     # job the moment its child ends, without waiting for a claim's round trip
-    prefetch: int = 0
-    # prefetch = "auto": `prefetch` jobs held only while the queue's jobs are short
-    # (`held.ShortJobs`)
-    prefetch_auto: bool = False
+    prefetch: int = AUTO_PREFETCH
+    # prefetch = "auto" (the default): `prefetch` jobs held only while the queue's jobs are
+    # short (`held.ShortJobs`); a number N: N held, whatever the jobs
+    prefetch_auto: bool = True
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def _prefetch(value: object, where: str) -> dict[str, Any]:
     if value == "auto":
         return {"prefetch": AUTO_PREFETCH, "prefetch_auto": True}
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PREFETCH:
-        return {"prefetch": value}
+        return {"prefetch": value, "prefetch_auto": False}
     raise read.expected(where, f'"auto" or an integer from 0 to {MAX_PREFETCH}', value)
 
 
@@ -359,7 +359,7 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 network=(None if "network" not in table
                          else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
                 paused=_flag(table.get("paused", False), f"{prefix}.paused"),
-                **_prefetch(table.get("prefetch", 0), f"{prefix}.prefetch"),
+                **_prefetch(table.get("prefetch", "auto"), f"{prefix}.prefetch"),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)

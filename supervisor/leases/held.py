@@ -4,8 +4,9 @@ Why: at high rates a slot whose child has ended waits for a claim's round trip a
 claim script before its next fork. With its next job already leased, the slot starts
 that job's child in the loop turn that saw the end, and the claim that tops the
 prefetch up rides in the same round trip as the finished job's ack (Dramatiq and
-Celery prefetch for the same reason; forq does it only when asked, `prefetch = N` in a
-`[[queue]]`, default 0, or `prefetch = "auto"`: `ShortJobs`).
+Celery prefetch for the same reason). A `[[queue]]`'s `prefetch` is "auto" by default:
+jobs held only while the queue's jobs are short (`ShortJobs`); `prefetch = N` holds N
+whatever the jobs, 0 none.
 
 A held lease is a lease like a running job's: it is in the `LeaseKeeper`, extended with
 the others, and fenced the same way — a held job whose lease is no longer proven is not
