@@ -50,6 +50,10 @@ class Sizes:
     def __init__(self, quick: bool, with_1m: bool) -> None:
         self.quick = quick
         self.reps = 2 if quick else 3
+        # end to end and latency take fewer rounds than the rest since the application-size
+        # section (a full run stays under 10 minutes on 2 cores)
+        self.e2e_rounds = 2
+        self.latency_rounds = 2 if quick else 3
         self.enqueue_single = 2000 if quick else 5000
         self.enqueue_batch = 10_000 if quick else 20_000
         # no-op jobs drained end to end; the slow forking RQ worker gets fewer
@@ -176,8 +180,8 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     # a single measurement at the start would carry that moment's noise into it
     rss = ctx.get("supervisor_rss_idle") or forq_sup.idle_rss(ctx["url"]) or 0
     fork_runs: list[float] = []
-    for i in range(sz.reps):
-        log(f"e2e: round {i + 1}/{sz.reps}: fork limit, forq {sz.drain['forq']} jobs "
+    for i in range(sz.e2e_rounds):
+        log(f"e2e: round {i + 1}/{sz.e2e_rounds}: fork limit, forq {sz.drain['forq']} jobs "
             f"(prefetch 0 and {PREFETCH}), "
             + ", ".join(f"{s} {sz.drain[s]}" for s in systems) + " ...")
         fork_runs += forq_sup.fork_limit(pad_to=rss, forks=500 if sz.quick else 1000,
@@ -239,7 +243,7 @@ def section_latency(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     from bench import supervisor as forq_sup
 
     systems = ("rq-fork", "rq-simple", "celery", "dramatiq")
-    rounds = 2 if sz.quick else 4
+    rounds = sz.latency_rounds
     per_round = max(5, sz.latency_samples // rounds)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in ("forq", *systems)}
     for i in range(rounds):

@@ -12,7 +12,7 @@ forq (its fork server holds the application; every job's child is a fork of it):
   script that imports the application before the worker starts, so that every work
   horse (one fork per job) inherits it (`bench/peers/rq_app_worker.py`);
 * Dramatiq 2 processes × 1 thread, each process with the application loaded, which
-  runs every job in the same process (no fork).
+  runs every job in the same process (no fork); at the sizes of the targets only (its rate does not depend on it).
 
 forq runs its default configuration (huge pages on); at 300 MiB it also runs with
 `[supervisor].huge_pages = false`, the "before" of the same run. No-op jobs, enqueued
@@ -40,13 +40,19 @@ TARGET_RQ = 3.0  # forq ≥ this × RQ's forking worker at every size
 
 
 class Sizes:
+    """One round (the sizes alternate within it): two would take a full `python -m bench`
+    past 10 minutes on 2 cores; `python -m bench.appsize --rounds N` for more."""
+
     def __init__(self, quick: bool) -> None:
         self.apps = ("heap:20", "heap:300", "real") if quick else \
             ("heap:20", "heap:100", "heap:300", "real")
-        self.rounds = 1 if quick else 2
-        self.forq = 600 if quick else 800
-        self.rq = 150 if quick else 200
-        self.dramatiq = 600 if quick else 800
+        self.rounds = 1
+        self.forq = 400 if quick else 800
+        self.rq = 100 if quick else 200
+        self.dramatiq = 400 if quick else 800
+        # Dramatiq does not fork per job: its rate does not depend on the size, so it
+        # runs at the sizes of the targets only
+        self.dramatiq_apps = ("heap:20", "heap:300", "real")
 
 
 def measure(url: str, redis_base: str, sz: Sizes,
@@ -60,14 +66,16 @@ def measure(url: str, redis_base: str, sz: Sizes,
     for i in range(sz.rounds):
         for app in sz.apps:
             log(f"appsize: round {i + 1}/{sz.rounds}, {LABELS.get(app, app)}: forq "
-                f"{sz.forq}{' (and huge pages off)' if app == BIG else ''}, RQ {sz.rq}, "
-                f"Dramatiq {sz.dramatiq} ...")
+                f"{sz.forq}{' (and huge pages off)' if app == BIG else ''}, RQ {sz.rq}"
+                f"{f', Dramatiq {sz.dramatiq}' if app in sz.dramatiq_apps else ''} ...")
             env = {"BENCH_APP": app}
             forq[app].append(forq_sup.drain_once(url, sz.forq, imports=IMPORTS, env=env))
             if app == BIG:
                 forq_off.append(forq_sup.drain_once(url, sz.forq, imports=IMPORTS, env=env,
                                                     supervisor_extra="huge_pages = false"))
             for system, n in (("rq-fork-app", sz.rq), ("dramatiq", sz.dramatiq)):
+                if system == "dramatiq" and app not in sz.dramatiq_apps:
+                    continue
                 peers[system][app].append(run_driver("drain", system, redis_base, 1, n=n,
                                                      reps=1, app=app))
     out: dict[str, Any] = {"apps": list(sz.apps), "rounds": sz.rounds,
@@ -77,6 +85,8 @@ def measure(url: str, redis_base: str, sz: Sizes,
         out["forq"][app] = _forq_summary(forq[app], sz.forq)
         for system in peers:
             runs = peers[system][app]
+            if not runs:
+                continue
             out[system][app] = dict(summary([r["median"] for r in runs]), n=runs[0]["n"],
                                     worker_rss=median(r.get("worker_rss") for r in runs))
     if forq_off:

@@ -445,7 +445,7 @@ def render(res: dict[str, Any]) -> str:
                    "that imports the application first, as RQ's docs advise for a big one, so "
                    "each work horse inherits it; Dramatiq's 2 processes × 1 thread each load it "
                    "and run every job in the same process. No-op jobs, enqueued first; "
-                   f"{a.get('rounds')} round(s), the systems and sizes alternating.\n")
+                   f"{a.get('rounds')} round{'s' if (a.get('rounds') or 1) > 1 else ''}, the systems and sizes alternating.\n")
         out.append(appsize.render(a))
         out.append("")
 
