@@ -248,7 +248,8 @@ TABLES: tuple[Table, ...] = (
     Table(DEFAULTS, "Each job's policy. A `[[queue]]`, then a `[tasks.\"name\"]` table, then "
           "(most keys) the producer, per job, override it, key by key.", DEFAULTS_ROWS),
     Table(config_queues.QUEUE, "A queue this supervisor serves (at least one). Any key of "
-          "`[defaults]` may be set too, for the queue's jobs.", config_queues.ROWS),
+          "`[defaults]` may be set too, for the queue's jobs.",
+          config_queues.ROWS + config_queues.POLICY_ROWS),
     Table(TASKS, "Any key of `[defaults]`, for one task's jobs, over its queue's.", schema.policy_rows(TASKS)),
     Table("[sandbox]", "What each child gives up before its handler runs.", config_sandbox.ROWS),
     Table('[sandbox.tasks."name"]', "A task's own sandbox.", config_sandbox.TASK_ROWS),

@@ -84,8 +84,8 @@ class SandboxConfig:
     max_output_bytes: int = key("1MiB", read.sizes(),
                                 "stdout + stderr logged per job; the rest is dropped, counted.")
     require: tuple[str, ...] = key(
-        [], read.Reader("a list of protection names", _require),
-        "Protections the supervisor refuses to start without: " + ", ".join(PROTECTIONS) + ".")
+        [], read.Reader("a list of: " + ", ".join(PROTECTIONS), _require),
+        "Protections the supervisor refuses to start without.")
     task_network: dict[str, str] = key(
         {}, read.Reader('tables [sandbox.tasks."name"]', _task_networks),
         'Per task: `[sandbox.tasks."name"]`, below.', name="tasks")
