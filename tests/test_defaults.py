@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from forq.defaults import ENQUEUE, JOB_POLICY, POLICY_KEYS
-from forq.scripts import TRANSITIONS, source
+from forq.store.scripts import TRANSITIONS, source
 from forq.supervisor.config.load import BUILTIN_POLICY
 
 # a script's fallback for a job field it finds missing: num_field(jkey, 'name', default),
@@ -39,7 +39,7 @@ def test_every_lua_fallback_is_the_default_of_forq_defaults():
 def test_the_enqueue_script_stores_every_policy_key_a_producer_may_set():
     """A policy row with the enqueue scope is an option of enqueue (forq.payload) and a
     field the enqueue script copies into the job: the Lua list must name each one."""
-    listed = re.search(r"local OPTION_FIELDS = \{([^}]*)\}", source("_lib"))
+    listed = re.search(r"local OPTION_FIELDS = \{([^}]*)\}", source("enqueue"))
     assert listed
     fields = set(re.findall(r"'(\w+)'", listed.group(1)))
     per_job = {key.field for key in POLICY_KEYS if ENQUEUE in key.scopes}

@@ -25,10 +25,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from forq import Queue
+from forq import Queue, units
 from forq.errors import JobNotFound
-from forq.keys import QueueKeys
-from forq.supervisor.cli import render
+from forq.store.keys import QueueKeys
 from forq.units import UnitError, parse_rate
 from forq.web import data
 from forq.web.security import (
@@ -62,11 +61,11 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                              autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters["age"] = render.age
-    env.filters["when"] = render.when
-    env.filters["when_ms"] = render.when_ms
+    env.filters["age"] = units.age
+    env.filters["when"] = units.when
+    env.filters["when_ms"] = units.when_ms
     env.filters["bytes"] = _bytes
-    env.filters["rate"] = render.rate
+    env.filters["rate"] = units.rate
     env.globals["LISTS"] = data.LISTS
     return env
 
@@ -245,7 +244,7 @@ class Dashboard:
         limits = Queue(name, redis=self.client).limits()
         per_ms = limits.get("rate")
         return self.render(request, "jobs.html", page=page, queue=name,
-                           rate=render.rate(per_ms * 1000) if per_ms else "",
+                           rate=units.rate(per_ms * 1000) if per_ms else "",
                            max_in_flight=int(limits["max_in_flight"])
                            if limits.get("max_in_flight") else "",
                            paused="paused" in limits,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from forq import Queue
+from forq import Queue, units
 from forq.supervisor.cli import render
 from forq.supervisor.cli.base import (
     Failure,
@@ -29,13 +29,13 @@ def _limits_info(queue: Queue) -> dict[str, Any]:
     group_per_second = group_per_ms * 1000.0 if group_per_ms else None
     return {
         "queue": queue.name,
-        "rate": render.rate(per_second) if per_second else None,
+        "rate": units.rate(per_second) if per_second else None,
         "rate_per_second": per_second,
         "burst": current.get("burst") if per_second else None,
         "max_in_flight": int(mif) if mif else None,
         # per group (jobs enqueued with group=): 1 when unset
         "group_concurrency": int(current.get("group_concurrency") or 1),
-        "group_rate": render.rate(group_per_second) if group_per_second else None,
+        "group_rate": units.rate(group_per_second) if group_per_second else None,
         "group_rate_per_second": group_per_second,
     }
 

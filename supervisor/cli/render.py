@@ -13,43 +13,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from forq import Job
-from forq.units import format_duration
+from forq.units import age, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
 
 Grid = tuple[Sequence[str], list[Sequence[Any]]]  # header, rows
-
-
-def when(seconds: float | None, *, date: bool = True) -> str:
-    """Local time of a Unix timestamp in seconds, to the millisecond; "-" for none."""
-    if not seconds:
-        return "-"
-    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
-    return time.strftime(fmt, time.localtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}"
-
-
-def when_ms(ms: Any) -> str:
-    """`when` for the millisecond fields of a job record."""
-    try:
-        return when(int(ms) / 1000.0)
-    except (TypeError, ValueError):
-        return "-"
-
-
-def age(seconds: float | None) -> str:
-    """A duration for people ("340ms", "12s", "1h5m"), "-" for none."""
-    return "-" if seconds is None else format_duration(max(0.0, seconds))
-
-
-def relative(then: float, now: float) -> str:
-    """"12s ago" or "in 12s"."""
-    delta = then - now
-    return f"in {age(delta)}" if delta >= 0 else f"{age(-delta)} ago"
 
 
 def clip(text: str, width: int) -> str:
@@ -281,17 +253,6 @@ def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
 
 
 # -- forq limit ---------------------------------------------------------------------
-
-
-def rate(per_second: float | None) -> str:
-    """A rate in the largest unit that reads as at least one: "50/s", "30/m", "3/h"."""
-    if not per_second:
-        return "none"
-    for unit, scale in (("s", 1), ("m", 60), ("h", 3600)):
-        amount = per_second * scale
-        if amount >= 1 or unit == "h":
-            return f"{amount:.6g}/{unit}"
-    raise AssertionError("unreachable")
 
 
 def limits(info: Mapping[str, Any]) -> str:

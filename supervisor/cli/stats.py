@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from forq import known_queues
+from forq import known_queues, units
 from forq.supervisor.cli import render, terminal
 from forq.supervisor.cli.base import (
     Parents,
@@ -61,7 +61,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         with live or contextlib.nullcontext():
             while True:
                 head = f"forq stats   {time.strftime('%Y-%m-%d %H:%M:%S')}   every " \
-                       f"{render.age(interval)}   (Ctrl-C to stop)"
+                       f"{units.age(interval)}   (Ctrl-C to stop)"
                 if error:
                     head += f"\ncannot reach Redis: {error} (retrying; the counts are the last read)"
                 if args.json:  # one compact object per line, for `| jq` or a log
@@ -87,7 +87,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from forq.supervisor.redis_io.roster import live_supervisors
+    from forq.fleet import live_supervisors
 
     records = live_supervisors(redis_for(args))
     if args.json:
@@ -99,12 +99,13 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from forq.supervisor.redis_io.scheduler import schedule_rows
+    from forq.fleet import schedule_rows
+    from forq.supervisor.redis_io.scheduler import config_defs
 
     client = redis_for(args)
-    schedules = config_of(args).schedules if args.config else None
     now = redis_now(client)
-    rows = schedule_rows(client, now, schedules)
+    defs = config_defs(config_of(args).schedules, now) if args.config else None
+    rows = schedule_rows(client, now, defs)
     if args.json:
         emit(rows)
     else:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from forq.connection import describe
+from forq.store.connection import describe
+from forq.store.topology import as_cluster_url, is_topology_url, url_problem
 from forq.supervisor.config import fields as read
-from forq.topology import as_cluster_url, is_topology_url, url_problem
 
 if TYPE_CHECKING:
     from forq.supervisor.config.load import Config
@@ -85,7 +85,7 @@ def _read_password(file_path: Path) -> str:
 def check_url(url: str, where: str) -> None:
     shown = redact(url)
     what = 'a URL such as "redis://127.0.0.1:6379/0", rediss:// or unix://'
-    if is_topology_url(url):  # redis+cluster:// or redis+sentinel:// (jobs/topology.py)
+    if is_topology_url(url):  # redis+cluster:// or redis+sentinel:// (jobs/store/topology.py)
         problem = url_problem(url)
         if problem:
             raise read.expected(where, problem, shown)

@@ -1,5 +1,5 @@
-"""The roster of live supervisors, for `forq workers`, `forq web` and the "no
-supervisor" alert.
+"""The roster of live supervisors: each supervisor's own record, written every heartbeat
+(read by `forq.fleet` for `forq workers`, `forq web` and the "no supervisor" alert).
 
 A hash field per supervisor holds a JSON record refreshed every heartbeat; readers
 judge liveness by the heartbeat's age in Redis time, so no clock but Redis's matters.
@@ -16,21 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from forq.keys import SUPERVISORS
+from forq.fleet import redis_now
+from forq.store.keys import SUPERVISORS
 
 if TYPE_CHECKING:
     from forq.supervisor.children.running import RunningChild
     from forq.supervisor.leases.keeper import LeaseKeeper
 
 VERSION = "0.2.0"  # pyproject.toml's version (tests/test_defaults.py checks)
-STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
-FORGET_AFTER = 3600.0  # seconds: drop the record entirely
 MAX_CHILDREN_LISTED = 1000  # a heartbeat record stays small whatever the concurrency
-
-
-def _redis_now(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return int(seconds) + int(micros) / 1e6
 
 
 class Roster:
@@ -40,7 +34,7 @@ class Roster:
         self.started = time.time()
 
     def beat(self, record: dict[str, Any]) -> None:
-        now = _redis_now(self.client)
+        now = redis_now(self.client)
         record = dict(record, id=self.id, version=VERSION, heartbeat=now,
                       started=self.started)
         self.client.hset(SUPERVISORS, self.id, json.dumps(record))
@@ -76,28 +70,3 @@ def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
     return {"memory_mode": "cgroups" if per_job_cgroups else "rss",
             "children": listed, "children_total": total,
             "held": list(held[:MAX_CHILDREN_LISTED])}
-
-
-CHILD_FIELDS = ("id", "queue", "task", "pid", "elapsed", "timeout", "rss", "memory_limit",
-                "lease_left")
-
-
-def live_supervisors(client: redis.Redis) -> list[dict[str, Any]]:
-    """Supervisors with a recent heartbeat, each with `age` seconds; forgets old ones."""
-    now = _redis_now(client)
-    alive, forget = [], []
-    for sid, raw in client.hgetall(SUPERVISORS).items():
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            forget.append(sid)
-            continue
-        age = now - float(record.get("heartbeat", 0))
-        record["age"] = age
-        if age > FORGET_AFTER:
-            forget.append(sid)
-        elif age <= STALE_AFTER:
-            alive.append(record)
-    if forget:
-        client.hdel(SUPERVISORS, *forget)
-    return sorted(alive, key=lambda r: r.get("name", ""))

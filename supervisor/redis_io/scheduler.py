@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from forq import Queue
-from forq.keys import SCHEDULE_DEFS, SCHEDULES
+from forq.store.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config.load import ScheduleConfig
 from forq.supervisor.loop.timers import Timers
 from forq.supervisor.redis_io.health import RedisHealth
@@ -32,8 +32,6 @@ log = logging.getLogger("forq.scheduler")
 
 LATE_GRACE = dt.timedelta(seconds=5)  # a tick this late still fires under catch_up="none"
 MAX_SCAN = 100_000  # ticks walked to find missed ones, bounding a very long downtime
-STALE_AFTER = 600.0  # a definition no supervisor re-published for this long is stale
-FORGET_AFTER = 7 * 86400.0  # ... and after this long it is dropped
 
 
 def _now() -> dt.datetime:
@@ -175,69 +173,15 @@ class Scheduler:
                      tick.isoformat(timespec="seconds"), job.id)
 
 
-def _last_fired(raw: str | None) -> tuple[float | None, str | None]:
-    """The scheduler's record of a schedule's last tick; (None, None) if absent or unreadable."""
-    if raw is None:
-        return None, None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None, None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), None
-    if not isinstance(value, dict):
-        return None, None
-    last = value.get("last")
-    last = float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None
-    job = value.get("job")
-    return last, (str(job) if job is not None else None)
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def schedule_rows(client: redis.Redis, now: float,
-                  schedules: Sequence[ScheduleConfig] | None = None) -> list[dict[str, Any]]:
-    """Every schedule with its last and next fire, for `forq schedules` and `forq web`:
-    those of a config file when `schedules` is given, else those the supervisors
-    published (each with ``stale`` when no supervisor re-published it lately)."""
-    if schedules is not None:
-        names = [s.name for s in schedules]
-        now_dt = dt.datetime.fromtimestamp(now, dt.timezone.utc)
-        defs = {}
-        for s in schedules:
-            try:
-                nxt: float | None = s.next_after(now_dt).timestamp()
-            except (StopIteration, ValueError):
-                nxt = None
-            defs[s.name] = {"cron": s.cron, "timezone": s.timezone, "queue": s.queue,
-                            "task": s.task, "next": nxt, "seen": now}
-    else:
-        defs, forget = {}, []
-        for key, raw in client.hgetall(SCHEDULE_DEFS).items():
-            name = str(key)
-            try:
-                value = json.loads(raw)
-            except ValueError:
-                value = None
-            seen = _number(value.get("seen")) if isinstance(value, dict) else None
-            if seen is None or now - seen > FORGET_AFTER:
-                forget.append(name)  # unreadable (not a supervisor's) or long gone
-                continue
-            defs[name] = value
-        if forget:
-            client.hdel(SCHEDULE_DEFS, *forget)
-        names = sorted(defs)
-    raw_last = client.hmget(SCHEDULES, names) if names else []
-    rows = []
-    for name, value in zip(names, raw_last, strict=True):
-        d = defs[name]
-        last, job_id = _last_fired(str(value) if value is not None else None)
-        seen = _number(d.get("seen")) or now
-        rows.append({"name": name, "cron": str(d.get("cron", "")),
-                     "timezone": str(d.get("timezone") or "UTC"),
-                     "queue": str(d.get("queue", "")), "task": str(d.get("task", "")),
-                     "last_fired": last, "last_job": job_id, "next_fire": _number(d.get("next")),
-                     "stale": now - seen > STALE_AFTER})
-    return rows
+def config_defs(schedules: Sequence[ScheduleConfig], now: float) -> dict[str, dict[str, Any]]:
+    """A config file's schedules as `forq.fleet.schedule_rows` takes them."""
+    now_dt = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+    defs = {}
+    for s in schedules:
+        try:
+            nxt: float | None = s.next_after(now_dt).timestamp()
+        except (StopIteration, ValueError):
+            nxt = None
+        defs[s.name] = {"cron": s.cron, "timezone": s.timezone, "queue": s.queue,
+                        "task": s.task, "next": nxt, "seen": now}
+    return defs
