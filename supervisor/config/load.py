@@ -153,18 +153,26 @@ class Config:
     tracing: TracingConfig = TracingConfig()
 
     # [supervisor]
-    name: str = key(None, read.names(), "How this supervisor appears in leases, job history "
-                    "and metrics.", scope=SUPERVISOR, factory=_host_and_pid, shown="hostname:pid")
-    lease_ttl: float = key("15s", read.durations(positive=True), "A claimed job is this "
-                           "supervisor's for this long, renewed every third of it.", scope=SUPERVISOR)
-    reaper_interval: float = key("1s", read.durations(positive=True),
-                                 "How often this supervisor looks for expired leases.",
-                                 scope=SUPERVISOR)
-    drain_timeout: float = key("60s", read.durations(), "On SIGTERM, how long running jobs may "
-                               "finish before they are stopped and handed back.", scope=SUPERVISOR)
-    imports: list[str] = key([], read.Reader("a list of module names", _imports),
-                             "Modules imported before forking; importing them registers tasks.",
-                             scope=SUPERVISOR)
+    name: str = key(
+        None, read.names(),
+        "How this supervisor appears in leases, job history and metrics.",
+        scope=SUPERVISOR, factory=_host_and_pid, shown="hostname:pid")
+    lease_ttl: float = key(
+        "15s", read.durations(positive=True),
+        "A claimed job is this supervisor's for this long, renewed every third of it.",
+        scope=SUPERVISOR)
+    reaper_interval: float = key(
+        "1s", read.durations(positive=True),
+        "How often this supervisor looks for expired leases.",
+        scope=SUPERVISOR)
+    drain_timeout: float = key(
+        "60s", read.durations(),
+        "On SIGTERM, how long running jobs may finish before they are stopped and handed back.",
+        scope=SUPERVISOR)
+    imports: list[str] = key(
+        [], read.Reader("a list of module names", _imports),
+        "Modules imported before forking; importing them registers tasks.",
+        scope=SUPERVISOR)
     memory_sample_interval: float = key(
         "50ms", read.durations(positive=True),
         "How often a child's memory (when not in a cgroup) and time limit are checked.",
@@ -173,33 +181,46 @@ class Config:
         4.0, read.Reader(_FACTOR, _address_space_factor),
         "Each child's RLIMIT_AS is this times its `memory_limit`, a backstop (0: none).",
         scope=SUPERVISOR)
-    log_format: str = key("text", read.choices("text", "json"),
-                          '`"text"` for people, `"json"` for log collectors.', scope=SUPERVISOR)
+    log_format: str = key(
+        "text", read.choices("text", "json"),
+        '`"text"` for people, `"json"` for log collectors.',
+        scope=SUPERVISOR)
     # fork job children from a lean fork server (supervisor/fork/server.py), not from here
-    fork_server: bool = key(True, read.BOOLEAN, "Fork jobs from a lean fork server (false: "
-                            "a fresh interpreter per job).", scope=SUPERVISOR)
+    fork_server: bool = key(
+        True, read.BOOLEAN,
+        "Fork jobs from a lean fork server (false: a fresh interpreter per job).",
+        scope=SUPERVISOR)
     # per-job cgroup v2 memory limits (supervisor/isolation/cgroups.py)
-    job_cgroups: str = key("auto", read.choices("auto", "required", "off"),
-                           "A cgroup per job, the kernel enforcing `memory_limit`: where "
-                           "possible, required, or never.", scope=SUPERVISOR)
+    job_cgroups: str = key(
+        "auto", read.choices("auto", "required", "off"),
+        "A cgroup per job, the kernel enforcing `memory_limit`: where possible, required, or never.",
+        scope=SUPERVISOR)
 
     # [redis] (redis_table.resolve then applies FORQ_REDIS_URL, cluster and the password)
-    redis_url: str = key(DEFAULT_REDIS_URL, config_redis.URL, "`redis://host:port/db`, "
-                         "`rediss://` (TLS) or `unix:///path`; `FORQ_REDIS_URL` wins.", scope=REDIS,
-                         name="url")
+    redis_url: str = key(
+        DEFAULT_REDIS_URL, config_redis.URL,
+        "`redis://host:port/db`, `rediss://` (TLS) or `unix:///path`; `FORQ_REDIS_URL` wins.",
+        scope=REDIS, name="url")
     redis_password_file: str | None = key(
-        None, config_redis.FILE_PATH, "A file holding the password, relative to this file; "
-        "`FORQ_REDIS_PASSWORD` wins.", scope=REDIS, name="password_file")
-    redis_cluster: bool = key(False, read.BOOLEAN, "A Redis Cluster, `url` naming any node.",
-                              scope=REDIS, name="cluster")
-    # WAIT for replicas after every report batch
-    redis_min_replicas: int = key(0, read.integers(0, 16), "After each batch of reports, "
-                                  "WAIT for this many replicas.", scope=REDIS, name="min_replicas")
-    redis_wait_timeout: float = key("1s", read.durations(positive=True), "How long that WAIT "
-                                    "may take.", scope=REDIS, name="wait_timeout")
-    redis_allow_eviction: bool = key(False, read.BOOLEAN, "Start on a Redis whose "
-                                     "`maxmemory-policy` may evict keys (only warn).", scope=REDIS,
-                                     name="allow_eviction")
+        None, config_redis.FILE_PATH,
+        "A file holding the password, relative to this file; `FORQ_REDIS_PASSWORD` wins.",
+        scope=REDIS, name="password_file")
+    redis_cluster: bool = key(
+        False, read.BOOLEAN,
+        "A Redis Cluster, `url` naming any node.",
+        scope=REDIS, name="cluster")
+    redis_min_replicas: int = key(
+        0, read.integers(0, 16),
+        "After each batch of reports, WAIT for this many replicas.",
+        scope=REDIS, name="min_replicas")
+    redis_wait_timeout: float = key(
+        "1s", read.durations(positive=True),
+        "How long that WAIT may take.",
+        scope=REDIS, name="wait_timeout")
+    redis_allow_eviction: bool = key(
+        False, read.BOOLEAN,
+        "Start on a Redis whose `maxmemory-policy` may evict keys (only warn).",
+        scope=REDIS, name="allow_eviction")
     # FORQ_REDIS_PASSWORD, or the password file's (never in a repr: reprs end up in logs)
     redis_password: str | None = field(default=None, repr=False)
     # where redis_url came from, said at start-up: an environment variable that silently
@@ -208,8 +229,9 @@ class Config:
 
     # [metrics]
     metrics_listen: tuple[str, int] | None = key(
-        DEFAULT_METRICS_LISTEN, read.Reader("host:port, or \"\" for off", _listen),
-        "Prometheus metrics over HTTP at this address.", scope=METRICS, name="listen")
+        DEFAULT_METRICS_LISTEN, read.Reader('host:port, or "" for off', _listen),
+        "Prometheus metrics over HTTP at this address.",
+        scope=METRICS, name="listen")
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""

@@ -22,35 +22,46 @@ MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
 
 @dataclass(frozen=True)
 class QueueConfig:
-    """One ``[[queue]]`` this supervisor serves."""
+    """One ``[[queue]]`` this supervisor serves: each field is its key's row (`schema.key`)."""
 
-    name: str = key(REQUIRED, read.names(read.QUEUE_NAME_RE), "The queue's name.")
-    concurrency: int = key(REQUIRED, read.integers(1),
-                           "Children this machine runs at once for the queue.")
-    priority: int = key(0, read.integers(), "This supervisor serves higher-priority queues first.")
-    nice: int = key(10, read.integers(0, 19),
-                    "Niceness of the children, so jobs never starve lease renewal.")
+    name: str = key(
+        REQUIRED, read.names(read.QUEUE_NAME_RE),
+        "The queue's name.")
+    concurrency: int = key(
+        REQUIRED, read.integers(1),
+        "Children this machine runs at once for the queue.")
+    priority: int = key(
+        0, read.integers(),
+        "This supervisor serves higher-priority queues first.")
+    nice: int = key(
+        10, read.integers(0, 19),
+        "Niceness of the children, so jobs never starve lease renewal.")
     # the limits below are shared by every supervisor serving the queue (kept in Redis)
     rate_limit: tuple[float, float] | None = key(
-        None, read.RATE, "Job starts per period, across every supervisor.")
+        None, read.RATE,
+        "Job starts per period, across every supervisor.")
     max_in_flight: int | None = key(
-        None, read.integers(1), "Jobs running at once, across every supervisor.")
+        None, read.integers(1),
+        "Jobs running at once, across every supervisor.")
     group_concurrency: int | None = key(
         None, read.integers(1),
-        'Jobs of one group (enqueued with `group=`) running at once (unset: 1).')
+        "Jobs of one group (enqueued with `group=`) running at once (unset: 1).")
     group_rate_limit: tuple[float, float] | None = key(
-        None, read.RATE, "Job starts per group per period.")
-    network: str | None = key(None, read.choices(*NETWORKS),
-                              "The jobs' network, over `[sandbox].network` (unset: that one).")
+        None, read.RATE,
+        "Job starts per group per period.")
+    network: str | None = key(
+        None, read.choices(*NETWORKS),
+        "The jobs' network, over `[sandbox].network` (unset: that one).")
     # true: this supervisor pauses the queue (Queue.pause) when it starts and reloads;
     # false never resumes one (an operator's `forq pause` outlives restarts)
-    paused: bool = key(False, read.BOOLEAN,
-                       "`true`: pause the queue everywhere at start and reload; `false` resumes none.")
+    paused: bool = key(
+        False, read.BOOLEAN,
+        "`true`: pause the queue everywhere at start and reload; `false` resumes none.")
     # see `supervisor/leases/held.py`: a slot starts its next job the moment its child
     # ends, without waiting for a claim's round trip
-    prefetch: int = key(0, read.integers(0, MAX_PREFETCH),
-                        "Jobs leased ahead of a free slot, started without a claim's round trip.")
-
+    prefetch: int = key(
+        0, read.integers(0, MAX_PREFETCH),
+        "Jobs leased ahead of a free slot, started without a claim's round trip.")
 
 ROWS = schema.rows(QueueConfig, QUEUE)
 POLICY_ROWS = schema.policy_rows(QUEUE)
