@@ -147,6 +147,21 @@ def rate(value: object, where: str) -> tuple[float, float]:
         raise Invalid(str(exc)) from None
 
 
+def listen(value: object, where: str) -> tuple[str, int] | None:
+    """An address to listen on, "host:port" ("[::1]:9464" for IPv6), or "" for none."""
+    if value == "":
+        return None
+    what = 'host:port such as "127.0.0.1:9464" (or "" for off)'
+    if not isinstance(value, str):
+        raise expected(where, what, value)
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise expected(where, what, value)
+    return host, int(port)
+
+
 def string_list(value: object, where: str, what: str) -> list[str]:
     if not isinstance(value, list):
         raise expected(where, f"a list of {what}", value)
@@ -227,3 +242,4 @@ def strings(what: str = "a string") -> Reader:
 
 BOOLEAN = Reader("true or false", boolean)
 RATE = Reader('a rate such as "100/s"', rate)
+LISTEN = Reader('host:port, or "" for off', listen)

@@ -110,20 +110,6 @@ def _address_space_factor(value: object, where: str) -> float:
     return factor
 
 
-def _listen(value: object, where: str) -> tuple[str, int] | None:
-    if value == "":
-        return None
-    what = 'host:port such as "127.0.0.1:9464" (or "" for off)'
-    if not isinstance(value, str):
-        raise read.expected(where, what, value)
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise read.expected(where, what, value)
-    return host, int(port)
-
-
 def _host_and_pid() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -229,7 +215,7 @@ class Config:
 
     # [metrics]
     metrics_listen: tuple[str, int] | None = key(
-        DEFAULT_METRICS_LISTEN, read.Reader('host:port, or "" for off', _listen),
+        DEFAULT_METRICS_LISTEN, read.LISTEN,
         "Prometheus metrics over HTTP at this address.",
         scope=METRICS, name="listen")
 
