@@ -26,6 +26,7 @@ OPTIONS = frozenset({
     "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
     "depends_on", "allow_failure",
 })
+BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
 
 
@@ -120,6 +121,15 @@ def _expiry(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None
                            "it could never run")
 
 
+def _number(task: str, value: Any, where: str, low: float,
+            high: float = float("inf")) -> float:
+    """A backoff factor or jitter: a number in [low, high], as the config reads one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        span = f"from {low} to {high}" if high != float("inf") else f">= {low}"
+        raise PayloadError(f"task {task!r}: {where} must be a number {span}, got {value!r}"[:300])
+    return float(value)
+
+
 def _ms(value: Any, where: str) -> int:
     try:
         return int(round(parse_duration(value, where=where) * 1000))
@@ -204,10 +214,15 @@ def build_spec(
             spec["backoff_base_ms"] = _ms(backoff["base"], "backoff.base")
         if "max" in backoff:
             spec["backoff_max_ms"] = _ms(backoff["max"], "backoff.max")
+        unknown = set(backoff) - set(BACKOFF_KEYS)
+        if unknown:
+            raise PayloadError(f"task {task!r}: backoff has unknown key(s) "
+                               f"{', '.join(sorted(map(str, unknown)))}; expected "
+                               f"{', '.join(BACKOFF_KEYS)}"[:300])
         if "factor" in backoff:
-            spec["backoff_factor"] = float(backoff["factor"])
+            spec["backoff_factor"] = _number(task, backoff["factor"], "backoff.factor", 1.0)
         if "jitter" in backoff:
-            spec["backoff_jitter"] = float(backoff["jitter"])
+            spec["backoff_jitter"] = _number(task, backoff["jitter"], "backoff.jitter", 0.0, 1.0)
     if options.get("idempotent"):
         spec["idempotent"] = 1
     if options.get("group") is not None:

@@ -976,6 +976,19 @@ def test_refuses_a_bad_priority(queue, priority):
     assert queue.redis.zcard(queue.keys.pending) == 0
 
 
+@pytest.mark.parametrize("backoff, needle", [
+    ({"factor": "x"}, "backoff.factor must be a number >= 1.0"),
+    ({"factor": [2]}, "backoff.factor"), ({"factor": 0.5}, "backoff.factor"),
+    ({"factor": True}, "backoff.factor"), ({"jitter": 1.5}, "backoff.jitter"),
+    ({"jitter": None}, "backoff.jitter"), ({"bse": "1s"}, "unknown key(s) bse"),
+    ([1], "backoff must be a mapping")])
+def test_refuses_a_bad_backoff_as_the_config_would(queue, backoff, needle):
+    with pytest.raises(PayloadError) as refused:
+        queue.enqueue("t.x", backoff=backoff)
+    assert needle in str(refused.value)
+    assert queue.redis.zcard(queue.keys.pending) == 0
+
+
 def test_refuses_an_unknown_option(queue):
     with pytest.raises(PayloadError, match="colour"):
         queue.enqueue("t.x", colour="red")
