@@ -20,7 +20,6 @@ import pytest
 
 from forq import Queue
 from forq.keys import SCHEDULES as SCHEDULES_KEY
-from forq.supervisor.cli.stats import CLEAR
 from forq.supervisor.redis_io.roster import Roster
 from tests.redis_server import free_port
 
@@ -352,22 +351,27 @@ def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.timeout(20)
-def test_stats_watch_redraws_in_place_until_ctrl_c(redis_url, queue):
+def test_stats_watch_in_a_pipe_prints_plain_frames_until_ctrl_c(redis_url, queue):
+    """Not a terminal: frame after frame of the plain table, no escape codes (a log of
+    `forq stats --watch > file` reads as text)."""
     queue.enqueue("examples.add")
     proc = _watch(redis_url, "-q", queue.name, "--interval", "50ms")
     try:
-        frames = 0
-        while frames < 2:
+        seen = []
+        while sum(line.startswith("forq stats ") for line in seen) < 3:
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
-            if line.startswith(CLEAR):
-                frames += 1
+            seen.append(line)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    text = "".join(seen) + out
+    assert "\x1b" not in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(queue.name)]
+    assert len(rows) >= 2 and all(row[:2] == [queue.name, "1"] for row in rows), text
 
 
 @pytest.mark.timeout(20)
