@@ -66,7 +66,7 @@ def test_mypy_follows_forq_to_the_repositorys_files(tmp_path):
         "import forq.lua\n"
         "import forq.testing.waiting\n"
         "import forq.web.demo\n"
-        "from forq.supervisor.cli.jobs import cmd_enqueue\n"
+        "from forq.supervisor.cli.enqueue import cmd_enqueue\n"
         "from forq.supervisor.loop.eventloop import *  # noqa\n"
         "cmd_enqueue(bogus=2)\n")
     proc = mypy(["-v", "probe.py"], tmp_path, tmp_path / "cache", env={"MYPYPATH": ""})
@@ -76,7 +76,7 @@ def test_mypy_follows_forq_to_the_repositorys_files(tmp_path):
                                '"cmd_enqueue"'), findings
     parsed = dict(re.findall(r"^LOG:  Parsing (\S+) \((forq(?:\.\w+)*)\)$", out, re.MULTILINE))
     files = layout.installed_files()
-    for module in ("forq.lua", "forq.testing.waiting", "forq.web.demo", "forq.supervisor.cli.jobs",
+    for module in ("forq.lua", "forq.testing.waiting", "forq.web.demo", "forq.supervisor.cli.enqueue",
                    "forq.supervisor.loop.eventloop", "forq.queue"):
         path = next((p for p, m in parsed.items() if m == module), None)
         assert path is not None, f"mypy did not parse {module}: {sorted(parsed.values())}"
