@@ -16,19 +16,28 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from forq.supervisor.cli.terminal import interactive
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def escapes_allowed() -> bool:
+    """The CLI's rule (forq.supervisor.cli.terminal.interactive, which forq.testing may not
+    import): stdout a terminal, not dumb, and no NO_COLOR (set and not empty)."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return tty and os.environ.get("TERM", "") != "dumb" and not os.environ.get("NO_COLOR")
 
 
 def say(text: str) -> None:
     """A demo's heading: bold on a terminal, plain text in a pipe, a file or with NO_COLOR."""
-    print(f"\033[1m==> {text}\033[0m" if interactive() else f"==> {text}", flush=True)
+    print(f"\033[1m==> {text}\033[0m" if escapes_allowed() else f"==> {text}", flush=True)
 
 
 class Stopped(KeyboardInterrupt):
