@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo web test lint bench chaos clean
+.PHONY: venv demo web test lint docs bench chaos clean
 
 # forq installs editable in setuptools' strict mode: build/__editable__.forq-*/ lays the
 # package out as installed (forq/ -> jobs/, forq/supervisor/ -> supervisor/, ...) in
@@ -35,7 +35,16 @@ web: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.typecheck
+	$(DOCS_BUILD)
 	$(PY) -m forq.testing.redis -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# the documentation site (docs/, mkdocs.yml) into build/site; --strict: any warning (a
+# broken link, a page missing from the nav) fails it. The variable hides Material's
+# end-of-life banner, which is not about this site.
+DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs: venv
+	$(DOCS_BUILD)
 
 lint: venv
 	$(VENV)/bin/ruff check .

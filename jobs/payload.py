@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from forq.defaults import ENQUEUE, POLICY_KEYS
 from forq.errors import PayloadError
 from forq.tracing import current_traceparent, valid_traceparent
 from forq.units import UnitError, parse_duration, parse_size
@@ -20,11 +21,13 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double
 MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 
+# a job policy key set per job (a forq.defaults row with the enqueue scope), as
+# its option ("backoff" for backoff.base, …) and as the field a spec stores
+PER_JOB_POLICY = tuple(key for key in POLICY_KEYS if ENQUEUE in key.scopes)
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
-    "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
-    "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
-    "depends_on", "allow_failure",
+    "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure",
+    *(key.name.partition(".")[0] for key in PER_JOB_POLICY),
 })
 BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
@@ -271,12 +274,10 @@ _NUM = (int, float)
 SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "id": (str,), "task": (str,), "args": (str,), "kwargs": (str,), "queue": (str,),
     "parent": (str,), "priority": _INT, "delay_ms": _INT, "run_at_ms": _INT, "key": (str,),
-    "unique_ms": _INT, "max_attempts": _INT, "max_crashes": _INT, "timeout_ms": _INT,
-    "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
-    "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
-    "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
+    "unique_ms": _INT, "idempotent": _INT, "traceparent": (str,), "group": (str,),
     "expires_in_ms": _INT, "expire_at_ms": _INT,
     "batch": (str,), "batch_queue": (str,),
+    **{key.field: _NUM if key.kind == "number" else _INT for key in PER_JOB_POLICY},
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")

@@ -5,7 +5,7 @@ mixed example jobs (quick, slow, CPU-heavy, memory-hungry, flaky, a few that cra
 die) and `forq web`, prints the dashboard's URL and runs until Ctrl-C or SIGTERM (or
 ``--duration``), then stops every one of them. ``--screenshots DIR`` lets the traffic
 build up, then saves the overview and "running now" pages as PNGs from headless
-Chromium (the README's pictures come from here) and stops.
+Chromium (the pictures in docs/images come from here) and stops.
 
     python -m forq.web.demo [--port 8080] [--duration 10m] [--screenshots DIR]
 """
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.demos import Stopped, say, signals_stop, stop_all
 from forq.testing.redis import RedisServer
 from forq.testing.supervisor import SupervisorProcess, write_config

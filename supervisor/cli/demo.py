@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
 from forq.job import TERMINAL
+from forq.store.connection import connect
 from forq.supervisor.cli import render
 from forq.testing.demos import Stopped, exit_code, say, signals_stop, stop_all
 from forq.testing.redis import RedisServer, free_port, reachable

@@ -1,47 +1,45 @@
-"""The lease transitions: what a supervisor sends for the jobs it leases (claim, extend,
-ack, fail, expire, release, reclaim, and the notes a running job leaves), as methods of
-`Queue`. Each builds one `ScriptCall` in `forq.transitions` and runs it, alone or queued
+"""LeaseCalls: what a supervisor sends for the jobs of one queue it leases — claim,
+extend, ack, fail, expire, release, reclaim, and the notes a running job leaves.
+
+Each method builds one `ScriptCall` in `forq.store.transitions` and runs it, alone or queued
 on a pipeline passed as `client` (then the call returns the pipeline and the reply is
-read with the matching ``parse_*``). Producers never need these; tests and the
-supervisor do.
+read with the matching ``parse_*``). Producers never need these: `forq.Queue` is the
+producer's API, and `leasing(queue)` gives the supervisor (and tests) a queue's lease
+calls.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-import redis
+from forq.queue import Queue
+from forq.store import transitions as tr
+from forq.store.policy import fill, flatten, policy_sha
+from forq.store.transitions import RECLAIM_BATCH, ClaimResult
 
-from forq import keys as keyspace
-from forq import transitions as tr
-from forq.policy import fill, flatten, policy_sha
-from forq.scripts import Scripts
-from forq.transitions import RECLAIM_BATCH, ClaimResult
-
-if TYPE_CHECKING:
-    from forq.queue import Queue
+_BY_QUEUE: weakref.WeakKeyDictionary[Queue, LeaseCalls] = weakref.WeakKeyDictionary()
 
 
-class LeaseTransitions:
-    """Mixed into `Queue`, which provides these attributes."""
+def leasing(queue: Queue) -> LeaseCalls:
+    """The lease calls of `queue` (one per Queue object: a claim and the parse of its
+    reply must meet on the same one)."""
+    calls = _BY_QUEUE.get(queue)
+    if calls is None:
+        calls = _BY_QUEUE[queue] = LeaseCalls(queue)
+    return calls
 
-    name: str
-    keys: keyspace.QueueKeys
-    redis: redis.Redis
-    scripts: Scripts
-    _claim_policy: str  # the policy JSON of the last claim, for parse_claim
-    _policies: dict[str, dict[str, str]]  # sha -> stored policy (immutable)
 
-    def _stored_policy(self, sha: str) -> dict[str, str]:
-        """The policy claim stored under `sha` (named by content: cached for good)."""
-        if sha not in self._policies:
-            flat = self.redis.hgetall(self.keys.policy(sha))
-            if not flat:
-                return {}
-            self._policies[sha] = {str(k): str(v) for k, v in flat.items()}
-        return self._policies[sha]
+class LeaseCalls:
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.name = queue.name
+        self.keys = queue.keys
+        self.redis = queue.redis
+        self.scripts = queue.scripts
+        self._claim_policy = ""  # the policy JSON of the last claim, for parse_claim
 
     def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "",
               client: Any = None) -> Any:
@@ -54,16 +52,16 @@ class LeaseTransitions:
 
     def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:
         return tr.parse_claim([*reply[:5], *(self._with_policy(flat) for flat in reply[5:])],
-                              cast("Queue", self))
+                              self.queue)
 
     def _with_policy(self, flat: Sequence[str]) -> list[str]:
-        """A claimed record with the limits it lacks from its policy (forq.policy)."""
+        """A claimed record with the limits it lacks from its policy (forq.store.policy)."""
         record = dict(zip(flat[::2], flat[1::2], strict=False))
         sha = record.get("policy")
         if not sha:
             return list(flat)
         mine = self._claim_policy and sha == policy_sha(self._claim_policy)
-        fill(record, flatten(self._claim_policy) if mine else self._stored_policy(sha))
+        fill(record, flatten(self._claim_policy) if mine else self.queue._stored_policy(sha))
         return [part for pair in record.items() for part in pair]
 
     def extend(self, leases: Iterable[tuple[str, str]], lease_ttl_ms: int,

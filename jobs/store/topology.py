@@ -1,6 +1,6 @@
 """Topologies beyond one Redis: Redis Cluster, Sentinel, and replicated writes (WAIT).
 
-URLs (what `forq.connection.connect` accepts besides redis://, rediss:// and unix://):
+URLs (what `forq.store.connection.connect` accepts besides redis://, rediss:// and unix://):
 
 * ``redis+cluster://host:port,host:port`` (``rediss+cluster://`` for TLS): a Redis
   Cluster, reached through any of the listed nodes (the client discovers the rest).
@@ -48,7 +48,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from forq.errors import NotReplicated
-from forq.scripts import ForqRedis, finish_pipeline
+from forq.store.scripts import ForqRedis, finish_pipeline
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")

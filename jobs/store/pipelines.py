@@ -1,4 +1,4 @@
-"""Sending a plan's commands (`forq.plans`): the part the sync and async clients share,
+"""Sending a plan's commands (`forq.store.plans`): the part the sync and async clients share,
 and the sync client's runner.
 
 A batch of one transition is sent alone (EVALSHA, reloaded on NOSCRIPT: one round
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from forq import topology
-from forq.plans import Command, Plan, WaitReplicas
-from forq.scripts import Scripts
-from forq.transitions import ScriptCall
+from forq.store import topology
+from forq.store.plans import Command, Plan, WaitReplicas
+from forq.store.scripts import Scripts
+from forq.store.transitions import ScriptCall
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from forq import topology
-from forq.scripts import ForqRedis
+from forq.store import topology
+from forq.store.scripts import ForqRedis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 

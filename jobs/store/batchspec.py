@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forq.errors import PayloadError
-from forq.keys import QueueKeys
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec, new_job_id
+from forq.store.keys import QueueKeys
 
 MAX_BATCH = 100_000  # members of one batch (its record lists them all)
 CALLBACKS = ("on_success", "on_complete")

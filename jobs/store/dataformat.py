@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from forq.errors import IncompatibleFormat
-from forq.keys import FORMAT as FORMAT_KEY
+from forq.store.keys import FORMAT as FORMAT_KEY
 
 # 2: batches and dependencies. A job's end now acts on its links (its batch's counter,
 # the jobs waiting on it): an older forq's ack would end a batch member without counting

@@ -1,5 +1,5 @@
 --[[
-  Groups: per-key concurrency and rate, pasted into _lib (so every script has them).
+  groups: per-key concurrency and rate.
 
   A job enqueued with a `group` (its record's `group` field) never waits in `pending`:
     forq:{q}:gpending:<group>  zset   that group's pending jobs, scored like `pending`

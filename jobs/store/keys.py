@@ -9,7 +9,7 @@ ROOT = "forq"
 QUEUES = f"{ROOT}:queues"  # set of every queue name ever enqueued to
 SUPERVISORS = f"{ROOT}:supervisors"  # hash: supervisor id -> JSON heartbeat record
 SCHEDULES = f"{ROOT}:schedules"  # hash: schedule name -> JSON {"last": tick seconds, "job": id}
-FORMAT = f"{ROOT}:format"  # hash: the data format in Redis (forq.dataformat)
+FORMAT = f"{ROOT}:format"  # hash: the data format in Redis (forq.store.dataformat)
 # hash: schedule name -> JSON definition {cron, timezone, queue, task, next, seen}, written
 # by every supervisor that runs it, so `forq schedules` and `forq web` need no config file
 SCHEDULE_DEFS = f"{ROOT}:schedules:defs"
@@ -75,7 +75,7 @@ class QueueKeys:
         return self.prefix + "wake"
 
     def policy(self, sha: str) -> str:
-        """A job policy, stored once by claim under the sha1 of its JSON (forq.policy)."""
+        """A job policy, stored once by claim under the sha1 of its JSON (forq.store.policy)."""
         return f"{self.prefix}policy:{sha}"
 
     def job(self, job_id: str) -> str:
@@ -93,7 +93,7 @@ class QueueKeys:
         enqueued by claim/reclaim if the ack that carried them never landed."""
         return f"{self.prefix}done-followups:{job_id}"
 
-    # -- groups (per-key concurrency and rate; lua/_groups.lua says what each holds)
+    # -- groups (per-key concurrency and rate; lua/includes/groups.lua says what each holds)
 
     def group_pending(self, group: str) -> str:
         """One group's pending jobs (zset scored like `pending`)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from forq.job import Job
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 if TYPE_CHECKING:
     from forq.queue import Queue

@@ -2,13 +2,16 @@
 
 The scripts are the only code that changes job state. redis-py's `Script` sends
 EVALSHA and reloads the source on NOSCRIPT (after a Redis restart or failover),
-inside pipelines too. ``--@include NAME`` lines are replaced by ``NAME.lua`` so the
-shared helpers live in one file, the way BullMQ's includes do.
+inside pipelines too. A ``--@include includes/NAME`` line is replaced by
+``lua/includes/NAME.lua``, the way BullMQ's includes are: each script includes the
+helper files it calls, each helper file those it calls, and `expand` pastes each file
+once, before the first file that needs it (lua/README.md, "Includes").
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -19,11 +22,12 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from forq.transitions import TRANSITIONS, ScriptCall, Transition
+from forq.store.transitions import TRANSITIONS, ScriptCall, Transition
 
-__all__ = ["TRANSITIONS", "ForqRedis", "ScriptPipeline", "Scripts", "source"]
+__all__ = ["TRANSITIONS", "ForqRedis", "ScriptPipeline", "Scripts", "expand", "source"]
 
-_INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
+# a path under lua/ without ".lua": "includes/time" ("_lib" before lua/includes/ existed)
+_INCLUDE = re.compile(r"^--@include ([\w/]+)\s*$", re.MULTILINE)
 
 
 def _lua_dir() -> Path:
@@ -33,21 +37,53 @@ def _lua_dir() -> Path:
             return path
     except ModuleNotFoundError:
         pass
-    return Path(__file__).resolve().parent.parent / "lua"
+    return Path(__file__).resolve().parent.parent.parent / "lua"
+
+
+def expand(name: str, read: Callable[[str], str]) -> str:
+    """`name`'s text (``read(name)``, a path under lua/ without ".lua") with every
+    ``--@include`` line replaced by the included file, expanded the same way: a file
+    comes in at its first include line in this depth-first walk, so after every file it
+    includes itself (a Lua local exists from its definition on), and a later line for it
+    is dropped, so it comes once. An include cycle or a missing include is a ValueError
+    naming the file that includes it. Older versions' trees expand alike (their `_lib`
+    included `_groups`): tests and benchmarks rebuild what those versions loaded."""
+    done: set[str] = set()
+
+    def walk(current: str, chain: tuple[str, ...]) -> str:
+        if current in chain:
+            raise ValueError(f"lua/{chain[-1]}.lua: include cycle "
+                             f"{' -> '.join((*chain[chain.index(current):], current))}")
+        if not chain:
+            text = read(current)  # the script itself: the caller's own error
+        else:
+            try:
+                text = read(current)
+            except (OSError, LookupError) as exc:
+                raise ValueError(f"lua/{chain[-1]}.lua: --@include {current}: no file "
+                                 f"lua/{current}.lua ({exc})") from None
+
+        def paste(m: re.Match[str]) -> str:
+            included = m.group(1)
+            if included in done:
+                return ""
+            text = walk(included, (*chain, current))
+            done.add(included)
+            return text
+        return _INCLUDE.sub(paste, text)
+    return walk(name, ())
 
 
 @cache
 def source(name: str) -> str:
-    """The script's text with its includes expanded."""
+    """The script's text with its includes expanded (`expand`)."""
     directory = _lua_dir()
-    text = (directory / f"{name}.lua").read_text()
-    # an included file may include others (_lib includes _groups)
-    return _INCLUDE.sub(lambda m: source(m.group(1)), text)
+    return expand(name, lambda path: (directory / f"{path}.lua").read_text())
 
 
 class Scripts:
     """The transitions registered on one client: `run` sends a `ScriptCall` (built by
-    `forq.transitions`) by EVALSHA, reloading the script on NOSCRIPT; on a pipeline it
+    `forq.store.transitions`) by EVALSHA, reloading the script on NOSCRIPT; on a pipeline it
     queues the call instead. Each script is also an attribute (its `sha`, for tests)."""
 
     def __init__(self, client: redis.Redis) -> None:

@@ -2,8 +2,8 @@
 
 A plan is a generator: it yields a batch of commands (sent as one round trip), gets
 their replies back, and returns its result — so `Queue` and `AsyncQueue` run the very
-same plans, each with its own I/O (`forq.pipelines.run_plan` and its awaiting twin).
-A command is a `ScriptCall` (a transition, see `forq.transitions`), a `WaitReplicas`,
+same plans, each with its own I/O (`forq.store.pipelines.run_plan` and its awaiting twin).
+A command is a `ScriptCall` (a transition, see `forq.store.transitions`), a `WaitReplicas`,
 or a plain Redis command as a tuple (``("HGETALL", key)``).
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from forq import keys as keyspace
-from forq import topology
-from forq import transitions as tr
 from forq.errors import JobNotFound
-from forq.keys import QueueKeys
+from forq.store import keys as keyspace
+from forq.store import topology
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
 
 T = TypeVar("T")
 
