@@ -42,13 +42,17 @@ def test_the_package_says_it_is_typed():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["forq", *(p.name for p in EXAMPLES)])
 def test_mypy_strict(tmp_path_factory, target):
-    """The public API (`forq`: jobs/'s modules), and each example app as its own program,
-    with forq found where pip installed it."""
+    """The public API (`forq`: every module of jobs/, forq.store's too), and each example
+    app as its own program, with forq found where pip installed it."""
     pytest.importorskip("mypy", reason="mypy comes with the test extra")
     cache = tmp_path_factory.getbasetemp() / "mypy-cache"
     if target == "forq":
-        modules = sorted(p.stem for p in layout.package_dirs()["forq"].glob("*.py"))
-        args = [arg for m in modules for arg in ("-m", "forq" if m == "__init__" else f"forq.{m}")]
+        jobs = layout.package_dirs()["forq"]  # jobs/ and its subpackages (forq.store)
+        modules = sorted(f"{package}.{p.stem}".removesuffix(".__init__")
+                         for package, folder in layout.package_dirs().items()
+                         if folder.is_relative_to(jobs) for p in folder.glob("*.py"))
+        assert {"forq", "forq.queue", "forq.store.scripts"} <= set(modules), modules
+        args = [arg for m in modules for arg in ("-m", m)]
         proc = mypy(["--strict", *args], tmp_path_factory.mktemp("api"), cache)
     else:
         example = REPO / "examples" / target
