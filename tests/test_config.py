@@ -126,7 +126,7 @@ def test_minimal_config_gets_every_default(tmp_path):
     assert config.queues == [QueueConfig(name="q", concurrency=1)]
     assert config.queues[0].nice == 10 and config.queues[0].priority == 0
     # prefetch "auto": 4 jobs leased ahead of the free slots, only while jobs are short
-    assert (config.queues[0].prefetch, config.queues[0].prefetch_auto) == (4, True)
+    assert config.queues[0].prefetch == "auto"
     assert config.queues[0].rate_limit is None and config.queues[0].max_in_flight is None
     assert config.sandbox == SandboxConfig(run_as=None, env_allow=None, max_open_files=None)
     assert config.metrics_listen == ("127.0.0.1", 9464)
@@ -185,9 +185,9 @@ def test_full_config_values(tmp_path):
     high = config.queue("high")
     assert (high.concurrency, high.priority, high.nice) == (8, 5, 0)
     assert high.rate_limit == (50.0, 60.0)
-    assert high.max_in_flight == 3 and high.prefetch == 16 and not high.prefetch_auto
+    assert high.max_in_flight == 3 and high.prefetch == 16
     # "auto": the held jobs only while the queue's jobs are short (leases.held.ShortJobs)
-    assert (config.queue("mid").prefetch, config.queue("mid").prefetch_auto) == (4, True)
+    assert config.queue("mid").prefetch == "auto"
     assert config.sandbox == SandboxConfig(run_as=user, env_allow=("PATH",), max_open_files=256)
     assert config.metrics_listen == ("::1", 0)
     with pytest.raises(KeyError):

@@ -25,7 +25,7 @@ MAX_CLASS_LINES = 300
 KNOWN_PRIVATE_IMPORTS = {"supervisor/fork/server.py: from forq.supervisor.fork.child import _PRCTL",
                          "supervisor/fork/server.py: from forq.supervisor.fork.child import "
                          "_die_with_parent"}
-KNOWN_LONG = {"supervisor/config/load.py", "supervisor/fork/server.py",
+KNOWN_LONG = {"supervisor/fork/server.py",
               "supervisor/fork/server.py: Server", "supervisor/observe/metrics.py",
               "web/app.py"}
 

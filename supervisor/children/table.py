@@ -25,7 +25,7 @@ from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.config.load import QueueConfig
 from forq.supervisor.isolation.limits import KILL_GRACE, LimitPolice
-from forq.supervisor.leases.held import HeldLeases, ShortJobs
+from forq.supervisor.leases.held import AUTO_PREFETCH, HeldLeases, ShortJobs
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.observe import tracing
@@ -73,8 +73,9 @@ class Children:
         """At start and on reload: each queue's slots. Held jobs beyond a queue's new
         prefetch (all of a queue no longer served) are given back now."""
         queues = list(queues)
-        self.slots = {qc.name: (qc.concurrency, qc.prefetch) for qc in queues}
-        self.short_jobs.configure(qc.name for qc in queues if qc.prefetch_auto)
+        self.slots = {qc.name: (qc.concurrency, AUTO_PREFETCH if qc.prefetch == "auto"
+                                else int(qc.prefetch)) for qc in queues}
+        self.short_jobs.configure(qc.name for qc in queues if qc.prefetch == "auto")
         for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
             self._give_back(queue, lease, "prefetch lowered or queue no longer served")
         for queue in self.slots:

@@ -92,8 +92,9 @@ class HeldLeases:
         return taken
 
 
-# prefetch = "auto": hold jobs (config's AUTO_PREFETCH) while the last AUTO_STREAK jobs of
-# the queue each ran at most AUTO_SHORT (seconds, fork to exit), none otherwise
+# prefetch = "auto": hold AUTO_PREFETCH jobs while the last AUTO_STREAK jobs of the queue
+# each ran at most AUTO_SHORT (seconds, fork to exit), none otherwise
+AUTO_PREFETCH = 4
 AUTO_STREAK = 16
 AUTO_SHORT = 0.010
 
