@@ -2,7 +2,7 @@
 limits, in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
 
     .venv/bin/python -m bench                 # full run (under 10 minutes on 2 cores)
-    .venv/bin/python -m bench --quick         # smaller N, fewer repetitions (about 2.5 minutes)
+    .venv/bin/python -m bench --quick         # smaller N, fewer repetitions (about 4 minutes)
     .venv/bin/python -m bench --skip-1m       # full run without the 1,000,000-job backlog
     .venv/bin/python -m bench --only e2e,latency
 

@@ -44,11 +44,13 @@ class Sizes:
     past 10 minutes on 2 cores; `python -m bench.appsize --rounds N` for more."""
 
     def __init__(self, quick: bool) -> None:
-        self.apps = ("heap:20", "heap:300", "real") if quick else \
+        # --quick: the two sizes of the targets (python -m bench --quick stays under 4 min)
+        self.apps = ("heap:20", "heap:300") if quick else \
             ("heap:20", "heap:100", "heap:300", "real")
         self.rounds = 1
         self.forq = 400 if quick else 600
-        self.forq_off = self.forq // 4  # huge pages off at 300 MiB: 3-4 times slower
+        # huge pages off at 300 MiB (3-4 times slower): the full run's "before" only
+        self.forq_off = 0 if quick else self.forq // 4
         self.rq = 100 if quick else 150
         self.dramatiq = 400 if quick else 600
         # Dramatiq does not fork per job: its rate does not depend on the size, so it
@@ -67,11 +69,12 @@ def measure(url: str, redis_base: str, sz: Sizes,
     for i in range(sz.rounds):
         for app in sz.apps:
             log(f"appsize: round {i + 1}/{sz.rounds}, {LABELS.get(app, app)}: forq "
-                f"{sz.forq}{' (and huge pages off)' if app == BIG else ''}, RQ {sz.rq}"
+                f"{sz.forq}{' (and huge pages off)' if app == BIG and sz.forq_off else ''}, "
+                f"RQ {sz.rq}"
                 f"{f', Dramatiq {sz.dramatiq}' if app in sz.dramatiq_apps else ''} ...")
             env = {"BENCH_APP": app}
             forq[app].append(forq_sup.drain_once(url, sz.forq, imports=IMPORTS, env=env))
-            if app == BIG:
+            if app == BIG and sz.forq_off:
                 forq_off.append(forq_sup.drain_once(url, sz.forq_off, imports=IMPORTS, env=env,
                                                     supervisor_extra="huge_pages = false"))
             for system, n in (("rq-fork-app", sz.rq), ("dramatiq", sz.dramatiq)):
