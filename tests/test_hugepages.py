@@ -99,3 +99,17 @@ def test_huge_pages_must_be_true_or_false(tmp_path):
         load_config(str(path))
     path.write_text('[supervisor]\nhuge_pages = false\n[[queue]]\nname = "q"\nconcurrency = 1\n')
     assert load_config(str(path)).huge_pages is False
+
+
+@pytest.mark.timeout(60)
+def test_what_the_fork_server_says_of_its_pages_is_one_capped_line(tmp_path, redis_url, queue):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1},
+                          imports=(*TEST_IMPORTS, "tests.hostile_pages"), drain_timeout="2s")
+    sup = SupervisorProcess(config).start()
+    try:
+        said = _started_line(sup)
+        assert said.startswith("ok?2026-01-01 ERROR"), said
+        assert len(said) <= 300
+        assert "\n2026-01-01 ERROR forq.supervisor: forged" not in sup.log()
+    finally:
+        sup.stop()

@@ -156,7 +156,9 @@ class ForkServer:
                 raise ForkServerError(f"unexpected first message {str(message)[:200]}")
             if "namespaces" in message:
                 self.namespaces_problem = str(message["namespaces"])[:500]
-            self.huge_pages = str(message.get("huge_pages", ""))[:300]
+            # said by a process that ran handler modules: one printable line, capped
+            self.huge_pages = "".join(c if c.isprintable() else "?"
+                                      for c in str(message.get("huge_pages", ""))[:300])
             try:
                 self.tasks = parse_tasks(message.get("tasks"))
             except BadTaskTable as exc:
