@@ -28,7 +28,13 @@ from forq import batches
 from forq.batches import AsyncBatch
 from forq.errors import refused
 from forq.job import Job, settled
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+    new_run_at,
+)
 from forq.store import plans, topology
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
@@ -253,6 +259,31 @@ class AsyncQueue:
     async def cancel(self, job_id: str) -> str:
         """"cancelled", "cancelling" (active), "missing", or its terminal state."""
         return tr.parse_cancel(await self._run(plans.script(tr.cancel_call(self.keys, job_id))))
+
+    async def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (await self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    async def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = new_run_at(at, delay)
+        return (await self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    async def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (await self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     async def pause(self) -> bool:
         """Stop claiming from this queue on every supervisor (see `Queue.pause`)."""

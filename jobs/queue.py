@@ -16,7 +16,13 @@ from forq import batches
 from forq.batches import Batch
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+    new_run_at,
+)
 from forq.store import dataformat, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
@@ -84,7 +90,9 @@ class Queue:
         job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
-        group run at once, 1 unless set, see `set_limits`; other groups keep flowing).
+        group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
+        lifo=True (when it becomes pending it goes to the head of its priority, newest
+        first, instead of the tail).
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -187,6 +195,31 @@ class Queue:
         """Cancel a job: "cancelled", "cancelling" (active; its supervisor stops it within
         one lease-extension period), "missing", or the terminal state it already had."""
         return tr.parse_cancel(self.scripts.run(tr.cancel_call(self.keys, job_id)))
+
+    def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = new_run_at(at, delay)
+        return (self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     def requeue_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
         """Requeue the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""

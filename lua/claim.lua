@@ -81,9 +81,9 @@ if next_due >= 0 and next_due <= at then
   for _, id in ipairs(due) do
     local jkey = job_key(prefix, id)
     redis.call('ZREM', scheduled_key, id)
-    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group')
+    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group', 'lifo')
     if f[1] then
-      local score = pending_score(prefix, tonumber(f[2]) or 0)
+      local score = pending_score(prefix, tonumber(f[2]) or 0, f[4])
       redis.call('HSET', jkey, 'state', 'pending', 'score', score)
       to_pending(prefix, id, score, f[3], at)
       if f[3] then grouped = true end -- maybe the queue's first: take it in this claim

@@ -38,6 +38,9 @@ CALLS = {
     "batch": tr.batch_call(KEYS, "b", {"total": 1, "members": [["calls", "b-1"]]},
                            [{"id": "b-1", "task": "t"}]),
     "batch_relay": tr.batch_relay_call(KEYS, [("b", "b-1", True)]),
+    "promote": tr.promote_call(KEYS, "a"),
+    "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
+    "set_priority": tr.set_priority_call(KEYS, "a", 5),
 }
 
 
@@ -88,5 +91,10 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_progress(["ok", "lost"]) == ["ok", "lost"]
     assert tr.parse_batch(["opened", 3]) == ("opened", 3)
     assert tr.parse_batch_relay(2) == 2
+    assert tr.parse_changed_job(["promoted", "pending"]) == ("promoted", "pending", "", 0)
+    assert tr.parse_changed_job(["rescheduled", "scheduled", 99]).run_at_ms == 99
+    assert tr.parse_changed_job(["refused", "active", "state"]).why == "state"
+    assert tr.parse_changed_job(["refused", "dead"]) == ("refused", "dead", "state", 0)
+    assert tr.parse_changed_job(["missing", ""]).outcome == "missing"
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

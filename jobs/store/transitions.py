@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
-                     "progress", "step", "batch", "batch_relay"]
+                     "progress", "step", "batch", "batch_relay",
+                     "promote", "reschedule", "set_priority"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -144,6 +145,41 @@ def purge_dead_call(keys: QueueKeys, ids: Sequence[str] | None, limit: int) -> S
 
 def parse_dead_batch(reply: Sequence[Any]) -> DeadBatchResult:
     return DeadBatchResult(int(reply[0]), [str(i) for i in reply[1:]])
+
+
+class Changed(NamedTuple):
+    """promote, reschedule and set_priority: what the script answered."""
+
+    outcome: str  # "promoted" | "rescheduled" | "changed" | "refused" | "missing"
+    state: str  # the job's state now ("" when missing); when refused, the state that refused
+    why: str = ""  # reschedule refused: "state" or "expires"
+    run_at_ms: int = 0  # reschedule: the job's run-at now
+
+
+def promote_call(keys: QueueKeys, job_id: str) -> ScriptCall:
+    """Run a scheduled job now (scheduled -> pending)."""
+    return ScriptCall("promote", (keys.scheduled, keys.pending), (keys.prefix, job_id))
+
+
+def reschedule_call(keys: QueueKeys, job_id: str, ms: int, relative: bool = False) -> ScriptCall:
+    """A pending or scheduled job's new run-at: Unix ms, or (`relative`) ms from now by
+    Redis's clock."""
+    return ScriptCall("reschedule", (keys.scheduled, keys.pending),
+                      (keys.prefix, job_id, int(ms), "in" if relative else "at"))
+
+
+def set_priority_call(keys: QueueKeys, job_id: str, priority: int) -> ScriptCall:
+    """A pending, scheduled or waiting job's new priority (a pending one moves at once)."""
+    return ScriptCall("set_priority", (keys.pending,), (keys.prefix, job_id, int(priority)))
+
+
+def parse_changed_job(reply: Sequence[Any]) -> Changed:
+    """{outcome, state[, why | run_at]} from promote, reschedule or set_priority."""
+    outcome, state = str(reply[0]), str(reply[1])
+    if outcome == "refused":
+        return Changed(outcome, state, str(reply[2]) if len(reply) > 2 else "state")
+    run_at = int(reply[2]) if outcome == "rescheduled" and len(reply) > 2 else 0
+    return Changed(outcome, state, "", run_at)
 
 
 def pause_call(keys: QueueKeys) -> ScriptCall:

@@ -5,6 +5,7 @@
 | `main` | `main()`: the parser, logging, and the dispatch to a command |
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
 | `jobs` | forq run, enqueue, job, cancel |
+| `change` | forq promote, priority, reschedule: one job changed before it runs |
 | `batches` | forq batch |
 | `stats` | forq stats, workers, schedules |
 | `dead` | forq dead list, show, requeue, purge |
@@ -21,4 +22,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "change", "batches", "stats", "dead", "operate")

@@ -44,6 +44,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         options["key"] = args.key
     if args.group is not None:
         options["group"] = args.group
+    if args.lifo:
+        options["lifo"] = True
     queue = queue_named(args.queue, redis_for(args))
     try:
         job = queue.enqueue(args.task, **options)
@@ -107,6 +109,8 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--key", help="idempotency key: no second live job with this key")
     p.add_argument("--group", help="group key: at most the queue's group_concurrency jobs "
                                    "of one group run at once")
+    p.add_argument("--lifo", action="store_true",
+                   help="run before the jobs of its priority already waiting (newest first)")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("job", help="show a job's record and history",

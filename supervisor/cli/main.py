@@ -1,7 +1,7 @@
 """The `forq` command: run a supervisor, enqueue, and look at what is going on.
 
     forq run [--config PATH]
-    forq enqueue TASK [--args JSON] [--kwargs JSON] [-q QUEUE] [--priority N] [--delay 30s] [--key KEY]
+    forq enqueue TASK [--args JSON] [--kwargs JSON] [-q QUEUE] [--priority N] [--delay 30s] [--key KEY] [--lifo]
     forq stats [-q QUEUE] [--json] [--watch [--interval 2s]]
     forq job ID [--json]
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
@@ -9,6 +9,7 @@
     forq schedules [--config PATH] [--json]
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
+    forq promote ID | priority ID N | reschedule ID --at TIME|--in 30m [-q QUEUE] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
     forq pause|resume QUEUE [--json]
     forq config check PATH
