@@ -99,22 +99,6 @@ def checked_priority(priority: Any, where: str = "") -> int:
     return priority
 
 
-def new_run_at(at: Any = None, delay: Any = None) -> tuple[int, bool]:
-    """`reschedule`'s time: `at` (a datetime or Unix seconds) as Unix ms, or `delay` (a
-    duration: "30s", seconds) as ms from now by Redis's clock; (ms, relative)."""
-    if (at is None) == (delay is None):
-        raise PayloadError("give the new time as at= (a datetime or Unix seconds) or "
-                           "delay= (a duration such as \"30s\"), one of them")
-    if delay is not None:
-        if isinstance(delay, bool):
-            raise PayloadError(f"delay must be a duration, got {delay!r}")
-        return max(0, _ms(delay, "delay")), True
-    when = at.timestamp() if hasattr(at, "timestamp") else at
-    if not isinstance(when, (int, float)) or isinstance(when, bool) or not 0 <= when < 2 ** 43 / 1000:
-        raise PayloadError(f"at must be a datetime or Unix seconds, got {at!r}"[:300])
-    return int(when * 1000), False
-
-
 def _expiry(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
     """expires_in (a duration, from Redis's clock at enqueue) or expire_at (a datetime or
     Unix seconds): a job not started by then never runs (dead, "expired before start").

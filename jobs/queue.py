@@ -7,7 +7,7 @@ Every state change is one Lua script call (see ``lua/``), built and parsed by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -21,13 +21,13 @@ from forq.payload import (
     batch_specs,
     call_spec,
     checked_priority,
-    new_run_at,
 )
-from forq.store import dataformat, plans, topology
+from forq.store import dataformat, finder, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import connect
+from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.pipelines import run_plan
 from forq.store.policy import fill
 from forq.store.scripts import Scripts
@@ -189,6 +189,46 @@ class Queue:
         return [Job.from_record(self, record, history)
                 for record, history in self._run(plans.dead(self.keys, limit))]
 
+    # -- finding jobs, and acting on all of them (forq.store.finder) ---------------------
+
+    def find(self, state: str = "pending", *, cursor: str | None = None, count: int = 100,
+             **filters: Any) -> FoundPage:
+        """One page of the jobs in `state` that pass the filters (task=, error= (a regular
+        expression), since=, before=, args_contains=, group=: see `JobFilter`), in the
+        order of the state's set, at most `count` in `page.jobs`. Pass `page.cursor` back
+        for the next page; None means the walk is over. A page is bounded work: it may
+        hold fewer than `count` jobs (even none) and a cursor when matches are sparse."""
+        filt = JobFilter(state, **filters)
+        page = self._run(finder.find(self.keys, filt, cursor, count))
+        page.jobs = [Job.from_record(self, record, []) for record in page.records]
+        return page
+
+    def find_iter(self, state: str = "pending", *, limit: int | None = None,
+                  **filters: Any) -> Iterator[Job]:
+        """Every job in `state` that passes the filters (as `find`), page by page, up to
+        `limit` jobs."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            page = self.find(state, cursor=cursor, count=100, **filters)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    def bulk(self, action: str, state: str, *, limit: int | None = None,
+             **filters: Any) -> BulkResult:
+        """Do `action` to every job in `state` that passes the filters (as `find`), up to
+        `limit`: "requeue" or "purge" (dead jobs), "cancel" (pending, scheduled, waiting
+        or active), "promote" (scheduled). Each job is one atomic call: a match that
+        changed before its turn (another state, its record trimmed) is skipped, counted
+        in `result.skipped`."""
+        return self._run(finder.act(self.keys, JobFilter(state, **filters), action, limit))
+
     # -- operator actions ----------------------------------------------------------
 
     def cancel(self, job_id: str) -> str:
@@ -209,7 +249,7 @@ class Queue:
         it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
         is in another state (a waiting job runs when its dependencies end) or its expiry
         before start would come first."""
-        ms, relative = new_run_at(at, delay)
+        ms, relative = plans.new_run_at(at, delay)
         return (self._run(plans.change(
             self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
 

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from forq.store import finder
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.scripts import source
@@ -41,6 +42,7 @@ CALLS = {
     "promote": tr.promote_call(KEYS, "a"),
     "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
     "set_priority": tr.set_priority_call(KEYS, "a", 5),
+    "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
 }
 
 
@@ -96,5 +98,10 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_changed_job(["refused", "active", "state"]).why == "state"
     assert tr.parse_changed_job(["refused", "dead"]) == ("refused", "dead", "state", 0)
     assert tr.parse_changed_job(["missing", ""]).outcome == "missing"
+    records, cursor, examined, gone = finder.parse_find(
+        ["5", "b", 0, 3, 1, ["a", "4", "t.x", None, "1000"]])
+    assert records == [{"id": "a", "score": "4", "task": "t.x", "enqueued_at": "1000"}]
+    assert (cursor, examined, gone) == ("5|b", 3, 1)
+    assert finder.parse_find(["5", "b", 1, 3, 0])[1] is None  # done: no cursor
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

@@ -110,6 +110,7 @@ class Scripts:
         self.promote: Script = register(source("promote"))
         self.reschedule: Script = register(source("reschedule"))
         self.set_priority: Script = register(source("set_priority"))
+        self.find: Script = register(source("find"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

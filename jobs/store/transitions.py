@@ -25,7 +25,7 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
-                     "promote", "reschedule", "set_priority"]
+                     "promote", "reschedule", "set_priority", "find"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -121,12 +121,14 @@ def parse_enqueue(reply: Sequence[Any]) -> list[Enqueued]:
 # -- operator actions ------------------------------------------------------------------
 
 
-def cancel_call(keys: QueueKeys, job_id: str) -> ScriptCall:
-    return ScriptCall("cancel", (keys.pending, keys.scheduled), (keys.prefix, job_id))
+def cancel_call(keys: QueueKeys, job_id: str, only_if: str = "") -> ScriptCall:
+    """Cancel a job; with `only_if` (a state), only when it is in that state."""
+    return ScriptCall("cancel", (keys.pending, keys.scheduled), (keys.prefix, job_id, only_if))
 
 
 def parse_cancel(reply: Any) -> str:
-    """"cancelled", "cancelling", "missing", or the terminal state it already had."""
+    """"cancelled", "cancelling", "missing", or the terminal state it already had (with
+    `only_if`: the state it was in, when another)."""
     return str(reply)
 
 

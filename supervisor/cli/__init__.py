@@ -6,6 +6,7 @@
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
 | `jobs` | forq run, enqueue, job, cancel |
 | `change` | forq promote, priority, reschedule: one job changed before it runs |
+| `find` | forq jobs: find jobs by state, task, error, age, argument; act on all of them |
 | `batches` | forq batch |
 | `stats` | forq stats, workers, schedules |
 | `dead` | forq dead list, show, requeue, purge |
@@ -22,4 +23,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "change", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "change", "find", "batches", "stats", "dead", "operate")

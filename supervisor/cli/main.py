@@ -10,6 +10,8 @@
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
     forq promote ID | priority ID N | reschedule ID --at TIME|--in 30m [-q QUEUE] [--json]
+    forq jobs QUEUE [--state dead] [--task T] [--error REGEX] [--since 1h] [--args-contains S]
+              [--requeue|--cancel|--purge|--promote [--yes]] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
     forq pause|resume QUEUE [--json]
     forq config check PATH

@@ -188,6 +188,21 @@ def dead_table(jobs: Sequence[Job]) -> str:
     return table(*dead_grid(jobs))
 
 
+# -- forq jobs ----------------------------------------------------------------------
+
+
+def found_grid(jobs: Sequence[Job]) -> Grid:
+    """Jobs `forq jobs` found: when each got to its state (died, started, due)."""
+    rows: list[Sequence[Any]] = []
+    for j in jobs:
+        f = j.fields
+        at = f.get("finished_at") or f.get("started_at") if j.state in ("dead", "active",
+            "succeeded", "cancelled") else f.get("run_at") or f.get("enqueued_at")
+        rows.append((j.id, j.task, j.state, when_ms(at), j.attempts, j.crashes,
+                     clip(printable(j.reason or "-"), REASON_WIDTH)))
+    return ("id", "task", "state", "since", "attempts", "crashes", "reason"), rows
+
+
 # -- forq workers -------------------------------------------------------------------
 
 
