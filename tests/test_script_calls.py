@@ -43,7 +43,10 @@ CALLS = {
     "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
     "set_priority": tr.set_priority_call(KEYS, "a", 5),
     "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
+    "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
+    "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
 }
+GLOBAL = {"schedule_define", "schedule_fired"}  # one global key each, not a queue's
 
 
 def _header_counts(name: str) -> tuple[int, int, bool]:
@@ -67,7 +70,10 @@ def test_call_matches_its_script_header(name):
     assert len(call.keys) == keys, f"{name}: header names {keys} KEYS"
     assert len(call.args) >= fixed if variadic else len(call.args) == fixed, \
         f"{name}: header names {fixed} fixed ARGV (variadic: {variadic}), call has {call.args}"
-    assert all(key.startswith(KEYS.prefix) for key in call.keys)  # one cluster slot
+    if name in GLOBAL:
+        assert len(call.keys) == 1  # one cluster slot
+    else:
+        assert all(key.startswith(KEYS.prefix) for key in call.keys)  # one cluster slot
 
 
 def test_enqueue_calls_are_batched():
@@ -103,5 +109,6 @@ def test_parsers_read_the_documented_replies():
     assert records == [{"id": "a", "score": "4", "task": "t.x", "enqueued_at": "1000"}]
     assert (cursor, examined, gone) == ("5|b", 3, 1)
     assert finder.parse_find(["5", "b", 1, 3, 0])[1] is None  # done: no cursor
+    assert tr.parse_schedule_define(["exists", 4]) == ("exists", 4)
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

@@ -111,6 +111,8 @@ class Scripts:
         self.reschedule: Script = register(source("reschedule"))
         self.set_priority: Script = register(source("set_priority"))
         self.find: Script = register(source("find"))
+        self.schedule_define: Script = register(source("schedule_define"))
+        self.schedule_fired: Script = register(source("schedule_fired"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

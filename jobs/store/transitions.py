@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from forq.job import Job
-from forq.store.keys import QueueKeys
+from forq.store.keys import SCHEDULES, SCHEDULES_RUNTIME, QueueKeys
 
 if TYPE_CHECKING:
     from forq.queue import Queue
@@ -25,7 +25,8 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
-                     "promote", "reschedule", "set_priority", "find"]
+                     "promote", "reschedule", "set_priority", "find",
+                     "schedule_define", "schedule_fired"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -366,3 +367,26 @@ def batch_relay_call(keys: QueueKeys, ends: Iterable[tuple[str, str, bool]]) -> 
 def parse_batch_relay(reply: Any) -> int:
     """How many ends were counted (the rest had been delivered before)."""
     return int(reply)
+
+
+# -- schedules (not a queue's: the scripts touch one global hash each) --------------------
+
+
+ScheduleOp = Literal["add", "replace", "remove", "pause", "resume"]
+
+
+def schedule_define_call(op: ScheduleOp, name: str, definition: str = "") -> ScriptCall:
+    """Add, replace (definition: JSON), remove, pause or resume a run-time schedule."""
+    return ScriptCall("schedule_define", (SCHEDULES_RUNTIME,), (op, name, definition))
+
+
+def parse_schedule_define(reply: Sequence[Any]) -> tuple[str, int]:
+    """(outcome, version): see lua/schedule_define.lua."""
+    return str(reply[0]), int(reply[1])
+
+
+def schedule_fired_call(name: str, mode: Literal["tick", "skip", "trigger"], tick: float | None,
+                        job_id: str = "") -> ScriptCall:
+    """Record a schedule's tick (fired or skipped) or a manual trigger's job."""
+    return ScriptCall("schedule_fired", (SCHEDULES,),
+                      (name, mode, "" if tick is None else repr(float(tick)), job_id))

@@ -9,6 +9,7 @@
 | `find` | forq jobs: find jobs by state, task, error, age, argument; act on all of them |
 | `batches` | forq batch |
 | `stats` | forq stats, workers, schedules |
+| `schedule` | forq schedule add, remove, pause, resume, trigger, list: schedules at run time |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
@@ -23,4 +24,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "change", "find", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "change", "find", "batches", "stats", "schedule", "dead", "operate")

@@ -7,6 +7,7 @@
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
     forq workers [--json]
     forq schedules [--config PATH] [--json]
+    forq schedule add NAME --cron C --queue Q --task T [--overlap skip] | remove|pause|resume|trigger NAME | list
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
     forq promote ID | priority ID N | reschedule ID --at TIME|--in 30m [-q QUEUE] [--json]

@@ -262,9 +262,15 @@ def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
         next_text = "-" if nxt is None else f"{_in_zone(nxt, s['timezone'])} ({relative(nxt, now)})"
         if s.get("stale"):
             next_text += " (no supervisor runs it now)"
+        source = "run-time" if s.get("source") == "runtime" else "config"
+        if s.get("paused"):
+            source += ", paused"
+        if s.get("shadows"):
+            source += " (a run-time one of this name is not run)"
         out.append((s["name"], s["cron"], s["timezone"], s["queue"], s["task"], last_text,
-                    next_text))
-    return ("name", "cron", "timezone", "queue", "task", "last fired", "next"), out
+                    next_text, s.get("overlap") or "allow", source))
+    return ("name", "cron", "timezone", "queue", "task", "last fired", "next", "overlap",
+            "source"), out
 
 
 # -- forq limit ---------------------------------------------------------------------
