@@ -33,7 +33,7 @@ local jkey = job_key(prefix, id)
 local f = redis.call('HMGET', jkey, 'state', 'group')
 local state = f[1]
 if not state then return 'missing' end
-if ARGV[3] ~= '' and state ~= ARGV[3] then return state end
+if ARGV[3] and ARGV[3] ~= '' and state ~= ARGV[3] then return state end
 local at = now_ms()
 if state == 'pending' or state == 'scheduled' or state == 'waiting' then
   if f[2] and state == 'pending' then
