@@ -333,10 +333,10 @@ class Schedules:
 
     def trigger(self, name: str, *, force: bool = False) -> Triggered:
         """One run of the schedule now, once (see `trigger`)."""
-        return self._run(trigger(name, force))  # type: ignore[no-any-return]
+        return self._run(trigger(name, force))
 
     def list(self) -> list[dict[str, Any]]:
-        return self._run(rows())  # type: ignore[no-any-return]
+        return self._run(rows())
 
 
 class AsyncSchedules:
@@ -371,7 +371,7 @@ class AsyncSchedules:
         return bool(await self._run(change("resume", name)) == "resumed")
 
     async def trigger(self, name: str, *, force: bool = False) -> Triggered:
-        return await self._run(trigger(name, force))  # type: ignore[no-any-return]
+        return await self._run(trigger(name, force))
 
     async def list(self) -> list[dict[str, Any]]:
-        return await self._run(rows())  # type: ignore[no-any-return]
+        return await self._run(rows())

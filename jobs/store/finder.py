@@ -22,6 +22,7 @@ the action that dies again is not chased.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Sequence
@@ -36,9 +37,9 @@ from forq.store.plans import Plan
 from forq.units import UnitError, parse_duration
 
 try:  # the parser `re` compiles with: Python 3.11+, then 3.10's name for it
-    from re import _parser as _sre
+    _sre = importlib.import_module("re._parser")
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre  # type: ignore[no-redef]
+    _sre = importlib.import_module("sre_parse")
 
 EXAMINE = 1000  # set entries one find call looks at
 MAX_CALLS = 20  # find calls one page may take to fill (20,000 entries examined at most)

@@ -44,7 +44,7 @@ class RuntimeSchedules:
         version = str(raw) if raw is not None else ""
         if version == self.version:
             return False
-        found = self.client.hgetall(SCHEDULES_RUNTIME)
+        found: dict[str, str] = self.client.hgetall(SCHEDULES_RUNTIME)  # type: ignore[assignment]
         self.schedules, self.resumed = self._parse(found, set(config_names))
         self.version = version
         return True
