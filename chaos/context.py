@@ -114,6 +114,7 @@ class Context:
     production_done: threading.Event = field(default_factory=threading.Event)
     faults_done: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)  # harness problems (not invariants)
+    operator: dict[str, int] = field(default_factory=dict)  # what chaos/changes.py did
 
     def log(self, message: str) -> None:
         if not self.settings.quiet:
