@@ -333,10 +333,12 @@ class Schedules:
 
     def trigger(self, name: str, *, force: bool = False) -> Triggered:
         """One run of the schedule now, once (see `trigger`)."""
-        return self._run(trigger(name, force))
+        done: Triggered = self._run(trigger(name, force))
+        return done
 
     def list(self) -> list[dict[str, Any]]:
-        return self._run(rows())
+        found: list[dict[str, Any]] = self._run(rows())
+        return found
 
 
 class AsyncSchedules:
@@ -371,7 +373,9 @@ class AsyncSchedules:
         return bool(await self._run(change("resume", name)) == "resumed")
 
     async def trigger(self, name: str, *, force: bool = False) -> Triggered:
-        return await self._run(trigger(name, force))
+        done: Triggered = await self._run(trigger(name, force))
+        return done
 
     async def list(self) -> list[dict[str, Any]]:
-        return await self._run(rows())
+        found: list[dict[str, Any]] = await self._run(rows())
+        return found
