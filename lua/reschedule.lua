@@ -12,6 +12,7 @@
   ARGV[3]  the new run-at: Unix ms, or with ARGV[4] "in", ms from now (Redis's clock)
   ARGV[4]  "at" or "in"
 
+  An error reply "forq: run-at must be ..." when ARGV[3] is not a number (nothing changed).
   Returns {"rescheduled", state, run_at} (state "scheduled" or "pending"), or
   {"refused", state, why} when nothing changed: why is "state" (not pending or
   scheduled) or "expires" (the job's expire_at is not after the new run-at), or
@@ -31,6 +32,9 @@ local scheduled_key, pending_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]
 local at = now_ms()
 local run_at = tonumber(ARGV[3])
+if not run_at or run_at ~= run_at or math.abs(run_at) > 2^53 then
+  return redis.error_reply('forq: run-at must be a number of ms, got ' .. tostring(ARGV[3]))
+end
 if ARGV[4] == 'in' then run_at = at + run_at end
 local jkey = job_key(prefix, id)
 local f = redis.call('HMGET', jkey, 'state', 'priority', 'group', 'lifo', 'run_at',

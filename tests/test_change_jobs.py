@@ -250,6 +250,16 @@ def test_the_script_refuses_a_bad_priority_sent_around_the_api(queue: Queue, raw
     assert queue.get(job.id).fields["priority"] == 0
 
 
+@pytest.mark.parametrize("raw", ["x", "nan", "1e400", ""])
+def test_the_reschedule_script_refuses_a_time_that_is_not_one(queue: Queue, raw: str):
+    job = queue.enqueue("t.a", delay="1h")
+    call = tr.ScriptCall("reschedule", (queue.keys.scheduled, queue.keys.pending),
+                         (queue.keys.prefix, job.id, raw, "in"))
+    with pytest.raises(redis_lib.ResponseError, match="run-at must be a number"):
+        queue.scripts.run(call)
+    assert where(queue, job.id) == ["scheduled"]
+
+
 # -- lifo -------------------------------------------------------------------------------
 
 
