@@ -16,7 +16,7 @@
 
   Returns {outcome, version}: outcome "added", "replaced", "exists" (add refused),
   "removed", "paused", "resumed", "unchanged" (paused or resumed already) or "missing"
-  (no such schedule); version is the counter after the call.
+  (no such schedule); version is the counter after the call (0 when refused).
   Transitions: none
 ]]
 --@include includes/time
@@ -27,12 +27,12 @@ local outcome
 local exists = redis.call('HEXISTS', key, name) == 1
 if op == 'add' or op == 'replace' then
   if exists and op == 'add' then
-    return {'exists', tonumber(redis.call('HGET', key, '#version') or '0')}
+    return {'exists', 0}
   end
   redis.call('HSET', key, name, definition)
   outcome = exists and 'replaced' or 'added'
 elseif not exists then
-  return {'missing', tonumber(redis.call('HGET', key, '#version') or '0')}
+  return {'missing', 0}
 elseif op == 'remove' then
   redis.call('HDEL', key, name, '#paused:' .. name, '#resumed:' .. name)
   outcome = 'removed'
@@ -47,7 +47,12 @@ elseif op == 'resume' then
 else
   return redis.error_reply('forq: schedule_define: unknown operation ' .. op)
 end
-if outcome == 'unchanged' then
-  return {outcome, tonumber(redis.call('HGET', key, '#version') or '0')}
+-- not HINCRBY: a version that is not a number (written by hand) goes on from the clock,
+-- so no supervisor can hold the new one already
+local version = tonumber(redis.call('HGET', key, '#version'))
+if version then version = math.floor(version) else version = now_ms() end
+if outcome ~= 'unchanged' then
+  version = version + 1
+  redis.call('HSET', key, '#version', version)
 end
-return {outcome, redis.call('HINCRBY', key, '#version', 1)}
+return {outcome, version}

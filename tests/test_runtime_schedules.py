@@ -142,6 +142,19 @@ def test_a_bad_definition_is_refused_naming_the_key(kwargs, needle):
         definition(given.pop("name"), given.pop("cron"), **given)
 
 
+def test_a_version_that_is_not_a_number_goes_on_from_the_clock(schedules, name, queue, r):
+    before = r.hget(SCHEDULES_RUNTIME, "#version")
+    try:
+        r.hset(SCHEDULES_RUNTIME, "#version", "garbage")
+        schedules.add(name, "@hourly", queue=queue.name, task="t")
+        assert int(r.hget(SCHEDULES_RUNTIME, "#version")) > 1_600_000_000_000  # from the clock
+        s = scheduler(r)
+        assert s.refresh_runtime() and name in s.runtime.schedules
+    finally:
+        if before is None:
+            r.hdel(SCHEDULES_RUNTIME, "#version")
+
+
 def test_the_number_of_run_time_schedules_is_capped(schedules: Schedules, name: str,
                                                     r: redis_lib.Redis, queue: Queue,
                                                     monkeypatch: pytest.MonkeyPatch):
