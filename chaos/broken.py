@@ -9,6 +9,10 @@ It is forq's own `Supervisor` with collaborators replaced through its seams
   unproven keeps running (its fork server is given no fencing deadlines either), and
   its ack first takes the lease back whatever the token (the race fencing exists to
   prevent). The checker must catch the double runs, and the overlapping ones.
+* ``FORQ_CHAOS_BREAK=leak``: a slow leak, for the soak's self-test: every
+  `LEAK_EVERY`-th acknowledgement it sends leaves one fd open (``/dev/null``) and
+  `LEAK_BYTES` of written memory held, up to `LEAK_CAP` of each (past that it stays a
+  slow leak, not an fd exhaustion). The soak must call both series a leak.
 * ``FORQ_CHAOS_DEBUG=stall``: the loop dumps the supervisor's stack when a turn takes
   a second longer than it may (a diagnostic, not a fault).
 """
@@ -59,13 +63,50 @@ class StealingReporter(Reporter):
         super().send(pipe, item)
 
 
+LEAK_EVERY = 10
+LEAK_BYTES = 256 << 10
+LEAK_CAP = 500
+
+
+class LeakingReporter(Reporter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acks_sent = 0
+        self.leaked_fds: list[int] = []
+        self.leaked_memory: list[bytes] = []
+
+    def send(self, pipe: Any, item: Pending) -> None:
+        if item.outcome.kind == "ack":
+            self.acks_sent += 1
+            if self.acks_sent % LEAK_EVERY == 0 and len(self.leaked_fds) < LEAK_CAP:
+                self.leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
+                self.leaked_memory.append(b"\x01" * LEAK_BYTES)  # written: resident
+        super().send(pipe, item)
+
+
+def reporter_class(breaks: set[str]) -> type[Reporter]:
+    """The reporter with every break asked for (each a subclass that calls on)."""
+    bases = tuple(cls for flag, cls in (("leak", LeakingReporter),
+                                        ("no-fencing", StealingReporter)) if flag in breaks)
+    if len(bases) <= 1:
+        return bases[0] if bases else Reporter
+    return type("BrokenReporter", bases, {})
+
+
 class BrokenSupervisor(Supervisor):
+    def __init__(self, config: Any, breaks: set[str], loop: EventLoop | None = None) -> None:
+        self.breaks = breaks  # read by the seams, which the constructor calls
+        super().__init__(config, loop=loop)
+
     def make_fencer(self) -> Fencer:
-        return NoFencer(self.leases, self.children.by_job)
+        if "no-fencing" in self.breaks:
+            return NoFencer(self.leases, self.children.by_job)
+        return super().make_fencer()
 
     def make_reporter(self, min_replicas: int, wait_ms: int) -> Reporter:
-        return StealingReporter(self._queue_for, self.leases, self.metrics, min_replicas,
-                                wait_ms, task_info=self.spawner.task_info)
+        return reporter_class(self.breaks)(self._queue_for, self.leases, self.metrics,
+                                           min_replicas, wait_ms,
+                                           task_info=self.spawner.task_info)
 
 
 class StallDumpingLoop(EventLoop):
@@ -93,9 +134,10 @@ def main(argv: list[str]) -> int:
     if os.environ.get("FORQ_CHAOS_DEBUG") == "stall":
         loop = StallDumpingLoop(open(os.environ.get("FORQ_CHAOS_STALL_LOG",
                                                     "/tmp/forq-stall.log"), "a"))
-    broken = "no-fencing" in os.environ.get("FORQ_CHAOS_BREAK", "").split(",")
-    cls = BrokenSupervisor if broken else Supervisor
-    return cls(config, loop=loop).run()
+    breaks = set(os.environ.get("FORQ_CHAOS_BREAK", "").split(",")) & {"no-fencing", "leak"}
+    if breaks:
+        return BrokenSupervisor(config, breaks, loop=loop).run()
+    return Supervisor(config, loop=loop).run()
 
 
 if __name__ == "__main__":

@@ -86,8 +86,8 @@ class SupervisorProc:
 
     def launcher(self) -> list[str]:
         """`forq run`, or the deliberately broken build (`chaos.broken`) when asked."""
-        if ("no-fencing" in self.env.get("FORQ_CHAOS_BREAK", "").split(",")
-                or self.env.get("FORQ_CHAOS_DEBUG") == "stall"):
+        built_in = {"no-fencing", "leak"} & set(self.env.get("FORQ_CHAOS_BREAK", "").split(","))
+        if built_in or self.env.get("FORQ_CHAOS_DEBUG") == "stall":
             return ["chaos.broken"]
         return ["forq.supervisor.cli"]
 

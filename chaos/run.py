@@ -29,7 +29,7 @@ from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
 from .producer import Producer, client
 from .proxy import Proxy
 
-BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback")
+BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback", "leak")
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -119,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(f"--slow-ms: expected MIN-MAX milliseconds such as 300-3000, got {a.slow_ms!r}")
     if not 0 <= a.prefetch <= 1000:
         p.error(f"--prefetch: expected 0 to 1000 ([[queue]].prefetch), got {a.prefetch}")
+    if "leak" in breaks and not a.soak:
+        p.error("--break leak: only a soak (--soak) looks for leaks")
     duration = dur(a.duration or ("2h" if a.soak else "75s"), "--duration")
     interval = dur(a.sample_interval, "--sample-interval")
     if interval <= 0:
@@ -148,13 +150,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         nested_batches=a.nested_batches, soak=a.soak, sample_interval=interval, warmup=warmup)
 
 
-def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:
+def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...],
+                   leaks: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("FORQ_REDIS_URL", "FORQ_REDIS_PASSWORD", "NOTIFY_SOCKET")}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["FORQ_CHAOS_EXEC_LOG"] = str(exec_log)
     env["FORQ_CHAOS_SUPERVISOR"] = name
     inside = [b for b in breaks if b in ("no-fencing", "double-run")]  # built into supervisors
+    if leaks:
+        inside.append("leak")
     if inside:
         env["FORQ_CHAOS_BREAK"] = ",".join(inside)
     else:
@@ -226,8 +231,10 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                            job_cgroups="required" if s.job_cgroups else "auto",
                            namespaces=s.namespaces, prefetch=s.prefetch if i % 2 else 0,
                            defaults=soak.RETENTION_DEFAULTS if s.soak else "")
+        # the leaking build is one supervisor (chaos-2): the others show a flat control
+        leaks = "leak" in s.breaks and i == min(2, s.supervisors)
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
-                                   supervisor_env(exec_log, name, s.breaks),
+                                   supervisor_env(exec_log, name, s.breaks, leaks),
                                    own_cgroup=s.job_cgroups, proxy=proxy))
     ctx = Context(s, workdir, exec_log, redis_proc, sups)
     wall0 = time.monotonic()

@@ -117,6 +117,41 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     assert len(early) >= 2, batches  # the first two batches (examples are in batch order)
 
 
+@needs_redis
+@pytest.mark.timeout(300)
+def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat(tmp_path: Path) -> None:
+    """A 165 s soak sampled every 5 s in which chaos-2 is built to leak (`--break leak`:
+    an fd and 256 KiB every 10th ack it sends: about 45 fds and 11 MiB a minute at this
+    load). Its two series must be called a leak and fail the run, and no other process's:
+    the others are the control."""
+    code, result, out = run_chaos(
+        tmp_path, "--soak", "--duration", "165s", "--sample-interval", "5s", "--rate", "20",
+        "--seed", "5", "--break", "leak", "--settle", "30s", timeout=260)
+    assert code == 1, out
+    soak = result["soak"]
+    assert not soak["ok"] and not result["ok"]
+    assert soak["leaks"] == ["chaos-2 supervisor rss", "chaos-2 supervisor fds"], out
+    rows = [r for r in soak["series"] if r["name"] != "redis"]
+    assert {r["name"] for r in rows} == {f"chaos-{i} {role}" for i in (1, 2, 3)
+                                         for role in ("supervisor", "fork server")}
+    for row in rows:
+        assert row["fit"] is not None and row["n"] >= 15, row
+        if row["name"] != "chaos-2 supervisor":
+            assert row["verdict"] in ("flat", "small", "unclear"), (row, out)
+    leaky = {r["metric"]: r for r in rows if r["name"] == "chaos-2 supervisor"}
+    assert leaky["fds"]["low_per_hour"] > 300, leaky["fds"]
+    assert leaky["rss"]["low_per_hour"] > 60 * (1 << 20), leaky["rss"]
+    # every sample holds every process, and Redis's growth is a figure per job told
+    assert len(soak["samples"]) >= 30
+    assert all(len(s["procs"]) == 6 for s in soak["samples"])
+    assert 200 < soak["redis_per_job"]["used_memory"] < 20_000, soak["redis_per_job"]
+    # a soak is a chaos run: nothing told was lost (the timing invariants belong to the
+    # short run's test; on a loaded host two long runs are twice the exposure)
+    assert invariant(result, 1)["ok"], out
+    assert "[FAIL] no slow leak — chaos-2 supervisor RSS grows +" in out
+    assert len(out.strip().splitlines()) <= 50
+
+
 # -- the checker's pieces, without processes ------------------------------------------------
 
 
