@@ -15,13 +15,22 @@ It is forq's own `Supervisor` with collaborators replaced through its seams
   slow leak, not an fd exhaustion). The soak must call both series a leak.
 * ``FORQ_CHAOS_DEBUG=stall``: the loop dumps the supervisor's stack when a turn takes
   a second longer than it may (a diagnostic, not a fault).
+* ``FORQ_CHAOS_DEBUG=tracemalloc``: what a soak's growing RSS is made of. The
+  supervisor traces its allocations, takes a first snapshot after a minute, and every
+  minute after that writes the lines whose memory grew most since then to
+  ``FORQ_CHAOS_TRACEMALLOC_LOG`` (default ``/tmp/forq-tracemalloc-<name>.log``). Slower,
+  and bigger: a diagnostic, not a soak to judge.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import linecache
 import os
 import sys
+import threading
+import time
+import tracemalloc
 from collections.abc import Iterable
 from typing import Any
 
@@ -122,6 +131,29 @@ class StallDumpingLoop(EventLoop):
             faulthandler.cancel_dump_traceback_later()
 
 
+def trace_allocations(path: str, every: float = 60.0, frames: int = 12) -> None:
+    """Start tracing; a thread writes the biggest growth since the first snapshot (not
+    counting its own: the snapshots, and the source lines read to print them)."""
+    tracemalloc.start(frames)
+    own = [tracemalloc.Filter(False, tracemalloc.__file__),
+           tracemalloc.Filter(False, linecache.__file__), tracemalloc.Filter(False, __file__)]
+
+    def report() -> None:
+        time.sleep(every)
+        first = tracemalloc.take_snapshot().filter_traces(own)
+        while True:
+            time.sleep(every)
+            now = tracemalloc.take_snapshot().filter_traces(own)
+            with open(path, "a") as out:
+                out.write(f"--- {time.strftime('%H:%M:%S')} pid {os.getpid()}, traced "
+                          f"{tracemalloc.get_traced_memory()[0] >> 10} KiB\n")
+                for stat in now.compare_to(first, "traceback")[:12]:
+                    out.write(f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks\n")
+                    out.writelines(f"      {line}\n" for line in stat.traceback.format()[-2 * frames:])
+
+    threading.Thread(target=report, name="tracemalloc", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "run" or argv[1] != "--config":
         print("usage: python -m chaos.broken run --config FILE", file=sys.stderr)
@@ -134,6 +166,9 @@ def main(argv: list[str]) -> int:
     if os.environ.get("FORQ_CHAOS_DEBUG") == "stall":
         loop = StallDumpingLoop(open(os.environ.get("FORQ_CHAOS_STALL_LOG",
                                                     "/tmp/forq-stall.log"), "a"))
+    elif os.environ.get("FORQ_CHAOS_DEBUG") == "tracemalloc":
+        trace_allocations(os.environ.get("FORQ_CHAOS_TRACEMALLOC_LOG",
+                                         f"/tmp/forq-tracemalloc-{config.name}.log"))
     breaks = set(os.environ.get("FORQ_CHAOS_BREAK", "").split(",")) & {"no-fencing", "leak"}
     if breaks:
         return BrokenSupervisor(config, breaks, loop=loop).run()

@@ -87,7 +87,7 @@ class SupervisorProc:
     def launcher(self) -> list[str]:
         """`forq run`, or the deliberately broken build (`chaos.broken`) when asked."""
         built_in = {"no-fencing", "leak"} & set(self.env.get("FORQ_CHAOS_BREAK", "").split(","))
-        if built_in or self.env.get("FORQ_CHAOS_DEBUG") == "stall":
+        if built_in or self.env.get("FORQ_CHAOS_DEBUG") in ("stall", "tracemalloc"):
             return ["chaos.broken"]
         return ["forq.supervisor.cli"]
 
