@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from forq import Queue, units
 from forq.errors import JobNotFound
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 from forq.units import UnitError, parse_rate
 from forq.web import data
 from forq.web.security import (

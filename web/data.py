@@ -18,7 +18,7 @@ import redis
 from forq import Queue, known_queues
 from forq.fleet import CHILD_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 PAGE_SIZE = 50
 CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
