@@ -288,6 +288,7 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                             for sp in sups},
             "workdir": str(workdir) if (s.keep or not ok) else None,
         }
+        result["ok"] = ok  # not the checker's alone: a harness error or a leak fails it too
     except BaseException as exc:
         ctx.errors.append(f"{type(exc).__name__}: {exc}")
         raise

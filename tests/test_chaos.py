@@ -148,8 +148,13 @@ def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat(tmp_path: Pa
     # a soak is a chaos run: nothing told was lost (the timing invariants belong to the
     # short run's test; on a loaded host two long runs are twice the exposure)
     assert invariant(result, 1)["ok"], out
-    assert "[FAIL] no slow leak — chaos-2 supervisor RSS grows +" in out
-    assert len(out.strip().splitlines()) <= 50
+    # the one-screen summary: the verdict first, the soak's part in 24 lines
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("forq chaos — FAIL"), out
+    soak_lines = lines[next(i for i, line in enumerate(lines) if line.startswith("soak ")):]
+    assert soak_lines[-1].startswith("report ")
+    assert soak_lines[-2].startswith("  [FAIL] no slow leak — chaos-2 supervisor RSS grows +")
+    assert len(soak_lines) <= 24, soak_lines
 
 
 # -- the checker's pieces, without processes ------------------------------------------------
