@@ -12,6 +12,7 @@ from typing import Any
 
 from forq import Queue, find_job
 from forq.payload import checked_priority
+from forq.supervisor.cli.enqueue import when_arg
 from forq.supervisor.cli.base import (
     Parents,
     UsageError,
@@ -56,26 +57,12 @@ def cmd_priority(args: argparse.Namespace) -> int:
                    priority=args.priority)
 
 
-def _at(text: str) -> float:
-    """--at: an ISO 8601 date and time (without an offset: this machine's local time) or
-    Unix seconds."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return dt.datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise UsageError(f"--at: expected an ISO 8601 time such as 2030-01-02T03:04:05+00:00 "
-                         f"or Unix seconds, got {text!r}") from None
-
-
 def cmd_reschedule(args: argparse.Namespace) -> int:
     if (args.at is None) == (args.delay is None):
         raise UsageError("give the new time with --at TIME or --in DURATION, one of them")
     options: dict[str, Any] = {}
     if args.at is not None:
-        options["at"] = _at(args.at)
+        options["at"] = when_arg(args.at, "--at")
     else:
         options["delay"] = duration_arg(args.delay, "--in")
     queue = _queue_of(args)
@@ -113,7 +100,7 @@ def register(sub: Any, parents: Parents) -> None:
                                    "end: it cannot be rescheduled.")
     p.add_argument("id")
     p.add_argument("--at", metavar="TIME",
-                   help="ISO 8601 (no offset: local time) or Unix seconds")
+                   help="ISO 8601 (no offset: local time; Z: UTC) or Unix seconds")
     p.add_argument("--in", dest="delay", metavar="DURATION", help='from now, e.g. "30m"')
     p.add_argument("-q", "--queue", help="its queue (default: search every queue)")
     p.set_defaults(func=cmd_reschedule)
