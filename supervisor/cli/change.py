@@ -12,7 +12,6 @@ from typing import Any
 
 from forq import Queue, find_job
 from forq.payload import checked_priority
-from forq.supervisor.cli.enqueue import when_arg
 from forq.supervisor.cli.base import (
     Parents,
     UsageError,
@@ -21,6 +20,7 @@ from forq.supervisor.cli.base import (
     queue_named,
     redis_for,
 )
+from forq.supervisor.cli.enqueue import when_arg
 
 
 def _queue_of(args: argparse.Namespace) -> Queue:
