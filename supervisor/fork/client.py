@@ -22,6 +22,7 @@ from forq.queue import Lease
 from forq.supervisor.children.output import OutputReader
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.fingerprint import code_name, is_fingerprint
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
@@ -43,6 +44,8 @@ class Launch:
     # idle children the fork server keeps forked in advance (`Launcher.spares` says how
     # many); not compared: a reload that changes only concurrency keeps its fork server
     spares: int = dataclasses.field(default=0, compare=False)
+    # [supervisor].version: named with the fork server's fingerprint (`code_name`)
+    version: str = dataclasses.field(default="", compare=False)
 
     def settings(self) -> str:
         probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
@@ -137,6 +140,10 @@ class ForkServer:
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
+        # the handler code it imported: its fingerprint (`fingerprint`), and that with
+        # [supervisor].version, as job records name it (`code_name`)
+        self.fingerprint = ""
+        self.code = launch.version
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
@@ -179,6 +186,10 @@ class ForkServer:
                 self.tasks = parse_tasks(message.get("tasks"))
             except BadTaskTable as exc:
                 raise ForkServerError(f"bad task table: {exc}") from None
+            if not is_fingerprint(message.get("code")):
+                raise ForkServerError(f"bad code fingerprint {str(message.get('code'))[:40]!r}")
+            self.fingerprint = message["code"]
+            self.code = code_name(launch.version, self.fingerprint)
         except ForkServerError:
             self.close()
             raise
