@@ -84,6 +84,7 @@ _SUPERVISOR_KEYS = (
     "log_format",
     "fork_server",
     "job_cgroups",
+    "version",
 )
 _POLICY_KEYS = (
     "timeout",
@@ -104,6 +105,9 @@ _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 _LOG_FORMATS = ("text", "json")
 _JOB_CGROUPS = ("auto", "required", "off")
+# [supervisor].version: a deploy's label for its handler code, in job records beside the
+# fork server's fingerprint ("VERSION+FINGERPRINT"): no spaces, nothing to quote
+_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{0,63}")
 
 
 class ConfigError(Exception):
@@ -174,6 +178,8 @@ class Config:
     fork_server: bool = True
     # per-job cgroup v2 memory limits (supervisor/isolation/cgroups.py): auto | required | off
     job_cgroups: str = "auto"
+    # [supervisor].version: the handler code's version, named in job records ("" none)
+    version: str = ""
     # OpenTelemetry job spans (supervisor/observe/tracing.py)
     tracing: TracingConfig = TracingConfig()
     # where redis_url came from, said at start-up: an environment variable that silently
@@ -216,6 +222,13 @@ def _fork_server(value: object) -> bool:
     if not isinstance(value, bool):
         raise read.expected("[supervisor].fork_server", "true or false", value)
     return value
+
+
+def _version(value: object) -> str:
+    if value != "" and not (isinstance(value, str) and _VERSION_RE.fullmatch(value)):
+        raise read.expected("[supervisor].version", "up to 64 letters, digits, '.', '_', "
+                            "':', '~' or '-' (a release or a commit, \"2024.06.1\")", value)
+    return str(value)
 
 
 def check_redis_url(url: str, where: str) -> None:
@@ -465,6 +478,7 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         job_cgroups=read.choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
                             _JOB_CGROUPS),
         tracing=_tracing(doc),
+        version=_version(sup.get("version", "")),
         redis_url_source=config_redis.url_source(doc, shown, env),
         redis_password_file=config_redis.password_file_path(doc, base_dir),
         **config_redis.read_replication(doc),
