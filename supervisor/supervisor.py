@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import redis
 
@@ -35,7 +36,7 @@ from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.children.table import Children
 from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
 from forq.supervisor.config.redis_table import keep_redis_url
-from forq.supervisor.fork.client import ForkServerFatal
+from forq.supervisor.fork.client import ForkServerError, ForkServerFatal
 from forq.supervisor.isolation import cgroups, protections
 from forq.supervisor.leases.fencing import Fencer
 from forq.supervisor.leases.held import HeldLeases
@@ -84,6 +85,8 @@ class Supervisor:
             socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False,
             **fail_fast(config.redis_url))
         self.queues: dict[str, Queue] = {}
+        # the last reload refused, for `forq supervisors` (None once one applies)
+        self.reload_error: dict[str, object] | None = None
         self.outbox: list[Pending] = []
         self.want_claim = True
         self.metrics = Metrics(lambda: status.read_depths(self.redis, self._served()),
@@ -130,7 +133,7 @@ class Supervisor:
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
-                               self.wakeups, self.health, self.shards)
+                               self.wakeups, self.health, self.shards, code=self.code)
         self.settings = ShardSettings(self.redis, self._queue_for, self.shards,
                                       self.claimer.unsettled)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
@@ -191,18 +194,30 @@ class Supervisor:
         finally:
             self.notifier.ready(self.heartbeat.status())
 
+    def code(self) -> str:
+        """The handler code the jobs started now run: `[supervisor].version` and the
+        fingerprint its fork server reported (`fork/fingerprint.py`)."""
+        return self.spawner.code
+
     def _reload(self) -> None:
         try:
             config = load_config(self.config.path)
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
+            self._refused(str(exc))
             return
         config = keep_redis_url(self.config, config)
-        try:
-            self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config))
-        except ForkServerFatal as exc:
-            log.error("reload refused, keeping the old config: the new fork server did not "
-                      "start: %s%s", exc, renamed_hint(exc.module))
+        before = self.code()
+        try:  # always a new fork server: the handler modules are imported afresh
+            self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config),
+                                   fresh=True)
+        except ForkServerError as exc:
+            why = " ".join(str(exc).split())  # one line, whatever the module raised
+            module = exc.module if isinstance(exc, ForkServerFatal) else ""
+            log.error("reload refused, keeping the old config and code %s: the new fork "
+                      "server did not start: %s%s", before or "(unknown)", why,
+                      renamed_hint(module))
+            self._refused(why, module)
             return
         self._apply_config(config)
         try:
@@ -214,8 +229,19 @@ class Supervisor:
         if not self.drain.active:
             self.wakeups.subscribe(self._served())
         self.want_claim = True
-        log.info("reloaded %s: queues %s", config.path,
-                 ", ".join(f"{q.name}×{q.concurrency}" for q in config.queues))
+        self.reload_error = None
+        if self.code() != before:
+            # leased ahead of a slot under the old code, never started: back to the queue,
+            # to be claimed again (and recorded) under the new one
+            self.children.release_held(None, "reload: new handler code")
+        log.info("reloaded %s: queues %s; code %s", config.path,
+                 ", ".join(f"{q.name}×{q.concurrency}" for q in config.queues),
+                 self.code() or "(unknown)")
+        self.heartbeat.beat()  # `forq supervisors` shows the new code now
+
+    def _refused(self, why: str, module: str = "") -> None:
+        self.reload_error = {"at": time.time(), "error": why[:1000], "module": module[:300]}
+        self.heartbeat.beat()
 
     # -- start and stop ---------------------------------------------------------------
 

@@ -11,8 +11,10 @@ the event loop: the fork server's exit report, or the child's pidfd becoming rea
 
 A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
 crash — or with its result, if it had written one — and a new fork server takes over.
-After a reload that changed `imports`, the old fork server forks no more, lets its
-spare children go at once (`ForkServer.retire`), and stops when its last child ends.
+A reload starts a new fork server, which imports the handler modules afresh; the old
+one forks no more, lets its spare children go at once (`ForkServer.retire`), and stops
+when its last child ends: running jobs finish in the code they started with. If the
+new one cannot start, the old one goes on serving (`configure`).
 """
 
 from __future__ import annotations
@@ -61,15 +63,20 @@ class Spawner:
         # (every, call): what goes on while a new fork server starts (lease extension)
         self.while_waiting = while_waiting
 
-    def configure(self, enabled: bool, launch: Launch) -> None:
-        """At start and on reload: a change of what it imports, as whom or with which
-        environment needs a new fork server (and a new task table). Raises
-        ForkServerFatal if the new one cannot start for a reason a retry would meet
-        again (a handler module that does not import): then nothing changed."""
-        if enabled == self.enabled and launch == self.launch:
+    def configure(self, enabled: bool, launch: Launch, *, fresh: bool = False) -> None:
+        """At start and on reload. A change of what it imports, as whom or with which
+        environment needs a new fork server (and a new task table); a reload (`fresh`)
+        always starts one, which imports the handler modules afresh from disk. Jobs
+        forked from then on fork from the new one; the old one stays for its running
+        children and stops with the last (`_retire`). Raises ForkServerFatal if the new
+        one cannot start for a reason a retry would meet again (a handler module that
+        does not import), and any ForkServerError while an old one serves: then nothing
+        changed, and the old one goes on serving."""
+        if not fresh and enabled == self.enabled and launch == self.launch:
             self.start()
             return
-        new = self._new_server(launch)  # ForkServerFatal escapes: nothing changed yet
+        # ForkServerFatal escapes: nothing changed yet
+        new = self._new_server(launch, keep_old=self.server is not None)
         self.enabled, self.launch = enabled, launch
         if self.server is not None:
             self._retire()
@@ -81,15 +88,31 @@ class Spawner:
         else:  # asked for the task table only: each child is exec'd alone
             new.close()
 
-    def _new_server(self, launch: Launch) -> ForkServer | None:
+    def _new_server(self, launch: Launch, keep_old: bool = False) -> ForkServer | None:
+        """A new fork server, or None: each child is then started alone (`keep_old`: the
+        failure is raised instead, the fork server serving now goes on)."""
         try:
             return ForkServer(launch, while_waiting=self.while_waiting)
         except ForkServerFatal:
             raise
         except ForkServerError as exc:
+            if keep_old:
+                raise
             log.error("fork server did not start (%s); starting each job's child alone "
                       "instead", exc)
             return None
+
+    @property
+    def code(self) -> str:
+        """The handler code the jobs started now run, as job records name it: the fork
+        server's fingerprint with `[supervisor].version` (`fingerprint.code_name`); the
+        version alone without a fork server (a child started alone imports whatever is
+        on disk when it starts)."""
+        return self.server.code if self.server is not None else self.launch.version
+
+    def retiring_codes(self) -> list[tuple[int, str, int]]:
+        """(pid, code, running children) of each old fork server still up."""
+        return [(server.pid, server.code, len(self._of(server))) for server in self.retiring]
 
     def known(self, task: str) -> TaskInfo | None:
         """The task's registration, if the handler modules register it. With no table
@@ -119,7 +142,7 @@ class Spawner:
         self.server = server
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
         self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
-        log.info("fork server started in pid %d", server.pid)
+        log.info("fork server started in pid %d (code %s)", server.pid, server.code)
 
     def _on_output(self, server: ForkServer) -> None:
         if server.output < 0:  # closed earlier in this loop turn (the server was lost)
@@ -215,9 +238,12 @@ class Spawner:
         server, self.server = self.server, None
         if server is None:
             return
-        if self._of(server):
+        running = len(self._of(server))
+        if running:
             server.retire()  # its spares go now, it stays for its running children
             self.retiring.append(server)
+            log.info("old fork server %d (code %s) forks no more; it stops when its %d "
+                     "running job(s) end", server.pid, server.code, running)
         else:
             self._unwatch(server)
             server.close()
