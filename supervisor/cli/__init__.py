@@ -6,7 +6,7 @@
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
 | `jobs` | forq run, enqueue, job, cancel |
 | `batches` | forq batch |
-| `stats` | forq stats, workers, schedules |
+| `stats` | forq stats, supervisors (alias workers), schedules |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
