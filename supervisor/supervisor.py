@@ -187,11 +187,10 @@ class Supervisor:
 
     def reload(self) -> None:
         """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
-        the new config applies, or was refused and the old one stays."""
+        the new config applies (its new fork server started: jobs went on meanwhile),
+        or was refused and the old one stays."""
         self.notifier.reloading()
-        try:
-            self._reload()
-        finally:
+        if not self._reload():
             self.notifier.ready(self.heartbeat.status())
 
     def code(self) -> str:
@@ -199,26 +198,37 @@ class Supervisor:
         fingerprint its fork server reported (`fork/fingerprint.py`)."""
         return self.spawner.code
 
-    def _reload(self) -> None:
+    def _reload(self) -> bool:
+        """Load the config and have a new fork server start: True when it is starting
+        (`_reloaded` follows), False when the reload was refused at once."""
         try:
             config = load_config(self.config.path)
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
             self._refused(str(exc))
-            return
+            return False
         config = keep_redis_url(self.config, config)
         before = self.code()
-        try:  # always a new fork server: the handler modules are imported afresh
-            self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config),
-                                   fresh=True)
-        except ForkServerError as exc:
-            why = " ".join(str(exc).split())  # one line, whatever the module raised
-            module = exc.module if isinstance(exc, ForkServerFatal) else ""
-            log.error("reload refused, keeping the old config and code %s: the new fork "
-                      "server did not start: %s%s", before or "(unknown)", why,
-                      renamed_hint(module))
-            self._refused(why, module)
-            return
+        # always a new fork server: the handler modules are imported afresh from disk
+        self.spawner.replace(config.fork_server, Launcher.fork_server_launch(config),
+                             lambda error: self._reloaded(config, before, error))
+        return True
+
+    def _reloaded(self, config: Config, before: str, error: ForkServerError | None) -> None:
+        try:
+            if error is not None:
+                why = " ".join(str(error).split())  # one line, whatever the module raised
+                module = error.module if isinstance(error, ForkServerFatal) else ""
+                log.error("reload refused, keeping the old config and code %s: the new fork "
+                          "server did not start: %s%s", before or "(unknown)", why,
+                          renamed_hint(module))
+                self._refused(why, module)
+                return
+            self._apply(config, before)
+        finally:
+            self.notifier.ready(self.heartbeat.status())
+
+    def _apply(self, config: Config, before: str) -> None:
         self._apply_config(config)
         try:
             tracing.configure(config.tracing)

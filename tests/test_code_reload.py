@@ -201,6 +201,46 @@ def test_new_code_that_does_not_import_leaves_the_old_code_serving_and_says_so(
 
 
 @pytest.mark.timeout(90)
+def test_jobs_go_on_in_the_old_code_while_the_new_code_imports(tmp_path, redis_url, queue):
+    """The new fork server imports without holding the supervisor up: jobs claimed
+    meanwhile run in the old one. A second SIGHUP while it imports supersedes it."""
+    gate = tmp_path / "gate"
+    write_app(tmp_path / "app", "one")
+    sup = start(tmp_path, redis_url, queue)
+    try:
+        (old,) = wait_for(lambda: fork_servers_of(sup.pid), timeout=10, message="fork server")
+        # the new code imports only once the test opens the gate (a slow import)
+        slow = f"""
+import os as _os, time as _time
+_deadline = _time.monotonic() + 30
+while not _os.path.exists({str(gate)!r}) and _time.monotonic() < _deadline:
+    _time.sleep(0.02)
+"""
+        write_app(tmp_path / "app", "second", extra=slow)
+        sup.signal(signal.SIGHUP)
+        (first,) = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old],
+                            timeout=10, message="the new fork server importing")
+        meanwhile = queue.enqueue("reloadapp.version")
+        done = meanwhile.wait(timeout=10)
+        assert done["version"] == "one" and done["ppid"] == old, done
+        assert record_of(queue, sup)["code"] == queue.get(meanwhile.id).fields["code"]
+        write_app(tmp_path / "app", "third!", extra=slow)
+        sup.signal(signal.SIGHUP)  # supersedes the one importing
+        wait_for(lambda: gone(first), timeout=10, message="the superseded fork server gone")
+        (second,) = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p not in (old, first)],
+                             timeout=10, message="the newest fork server importing")
+        assert "reloaded" not in sup.log()
+        gate.touch()
+        wait_for(lambda: "reloaded" in sup.log(), timeout=30, message="the reload")
+        done = queue.enqueue("reloadapp.version").wait(timeout=10)
+        assert done["version"] == "third!" and done["ppid"] == second, done
+        assert sup.log().count("reloaded") == 1
+    finally:
+        sup.stop()
+    assert not errors_in(sup.log()), sup.log()[-4000:]
+
+
+@pytest.mark.timeout(90)
 def test_a_job_held_ahead_of_a_slot_is_given_back_on_a_code_change_and_runs_the_new_code(
         tmp_path, redis_url, queue):
     """Its record named the code at its claim: it is released (nothing counted) and

@@ -125,6 +125,8 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
         write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
                      imports=("forq.examples", "tests.tasks", "json"))
         sup.signal(signal.SIGHUP)
+        # it serves once it has imported the handler modules: the reload is done then
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
         new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
                        message="a new fork server")[0]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == new
@@ -412,6 +414,8 @@ def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, q
         write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
                      imports=("forq.examples", "tests.tasks", "json"))
         sup.signal(signal.SIGHUP)
+        # it serves once it has imported the handler modules: the reload is done then
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
         new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
                        message="a new fork server")[0]
         # the old one stays for its running job, without spares

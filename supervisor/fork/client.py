@@ -133,10 +133,13 @@ class ForkServer:
     fencing deadline) for the supervisor's loop."""
 
     def __init__(self, launch: Launch, *,
-                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
+                 while_waiting: tuple[float, Callable[[], object]] | None = None,
+                 wait: bool = True) -> None:
         """Start one and wait for its task table. `while_waiting` (every, call): what the
         supervisor must go on doing meanwhile — its handler modules may take seconds to
-        import on a loaded machine, longer than a running job's lease would last."""
+        import on a loaded machine, longer than a running job's lease would last.
+        `wait=False`: return at once; the caller reads the table with `finish_start`
+        when `sock` is readable (a reload: the old fork server serves meanwhile)."""
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
@@ -171,28 +174,39 @@ class ForkServer:
         self.pid = self.proc.pid
         self.pending_exits: list[tuple[int, int, int, bool]] = []
         self.closed = False
-        try:
-            message, fds = self._receive(self._await_ready(while_waiting), READY_MAX)
-            for fd in fds:
-                os.close(fd)
-            if "fatal" in message:
-                raise ForkServerFatal(str(message["fatal"])[:4000],
-                                      str(message.get("module", ""))[:300])
-            if "ready" not in message:
-                raise ForkServerError(f"unexpected first message {str(message)[:200]}")
-            if "namespaces" in message:
-                self.namespaces_problem = str(message["namespaces"])[:500]
+        if wait:
             try:
-                self.tasks = parse_tasks(message.get("tasks"))
-            except BadTaskTable as exc:
-                raise ForkServerError(f"bad task table: {exc}") from None
-            if not is_fingerprint(message.get("code")):
-                raise ForkServerError(f"bad code fingerprint {str(message.get('code'))[:40]!r}")
-            self.fingerprint = message["code"]
-            self.code = code_name(launch.version, self.fingerprint)
-        except ForkServerError:
-            self.close()
-            raise
+                self.finish_start(self._await_ready(while_waiting))
+            except ForkServerError:
+                self.close()
+                raise
+
+    def finish_start(self, timeout: float | None = None) -> bool:
+        """Read its first message, waiting up to `timeout` (None: not at all): True once
+        it serves, False if the message has not come yet. Raises ForkServerFatal or
+        ForkServerError if it did not start (the caller closes it)."""
+        try:
+            message, fds = self._receive(timeout, READY_MAX)
+        except BlockingIOError:
+            return False
+        for fd in fds:
+            os.close(fd)
+        if "fatal" in message:
+            raise ForkServerFatal(str(message["fatal"])[:4000],
+                                  str(message.get("module", ""))[:300])
+        if "ready" not in message:
+            raise ForkServerError(f"unexpected first message {str(message)[:200]}")
+        if "namespaces" in message:
+            self.namespaces_problem = str(message["namespaces"])[:500]
+        try:
+            self.tasks = parse_tasks(message.get("tasks"))
+        except BadTaskTable as exc:
+            raise ForkServerError(f"bad task table: {exc}") from None
+        if not is_fingerprint(message.get("code")):
+            raise ForkServerError(f"bad code fingerprint {str(message.get('code'))[:40]!r}")
+        self.fingerprint = message["code"]
+        self.code = code_name(self.launch.version, self.fingerprint)
+        return True
 
     def fileno(self) -> int:
         return self.sock.fileno()
