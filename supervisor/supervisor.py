@@ -6,7 +6,8 @@ free slots (in the same round trip as the finished children's reports),
 `Children.start` has the `Spawner` fork its child, `LeaseRenewal` keeps its lease (the
 `Fencer` kills the child if the lease is lost), `LimitPolice` enforces its time and
 memory limits, `Children.ended` classifies its end (`outcomes.classify`) and the
-`Reporter` tells Redis. `Drain` is what SIGTERM does; SIGHUP reloads the config.
+`Reporter` tells Redis. `Drain` is what SIGTERM does; `Reload` what SIGHUP does (the
+config and the handler code).
 
 The collaborators, each in its own module: `EventLoop` (one selector, timers, signals),
 `RedisHealth` (backoff after a Redis error), `Wakeups` (when to claim: pub/sub, timers,
@@ -24,7 +25,6 @@ import logging
 import os
 import signal
 import socket
-import time
 
 import redis
 
@@ -35,8 +35,7 @@ from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.children.table import Children
 from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
-from forq.supervisor.config.redis_table import keep_redis_url
-from forq.supervisor.fork.client import ForkServerError, ForkServerFatal
+from forq.supervisor.fork.client import ForkServerFatal
 from forq.supervisor.isolation import cgroups, protections
 from forq.supervisor.leases.fencing import Fencer
 from forq.supervisor.leases.held import HeldLeases
@@ -47,6 +46,7 @@ from forq.supervisor.loop.drain import Drain
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.loop.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
 from forq.supervisor.loop.heartbeat import Heartbeat
+from forq.supervisor.loop.reload import Reload, renamed_hint
 from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
 from forq.supervisor.observe import tracing
@@ -85,11 +85,9 @@ class Supervisor:
             socket_connect_timeout=timeout, health_check_interval=0, retry_on_timeout=False,
             **fail_fast(config.redis_url))
         self.queues: dict[str, Queue] = {}
-        # the last reload refused, for `forq supervisors` (None once one applies)
-        self.reload_error: dict[str, object] | None = None
         self.outbox: list[Pending] = []
         self.want_claim = True
-        self.metrics = Metrics(lambda: status.read_depths(self.redis, self._served()),
+        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served()),
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
         self.heartbeat = Heartbeat(self)
@@ -129,6 +127,7 @@ class Supervisor:
                                                          self.leases.token).answered,
             shards=self.shards if self.sharded else None, held=self.children)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
+        self.reloads = Reload(self)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
@@ -144,7 +143,7 @@ class Supervisor:
             reaper=self.reaper, settings=self.settings, leases=self.leases,
             health=self.health, shards=self.shards, sharded=self.sharded,
             on_answer=self._redis_worked)
-        self._apply_config(config)
+        self.apply_config(config)
 
     # seams: a deliberately broken build (chaos/broken.py) overrides these two
     def make_fencer(self) -> Fencer:
@@ -156,7 +155,7 @@ class Supervisor:
 
     # -- configuration -------------------------------------------------------------
 
-    def _apply_config(self, config: Config) -> None:
+    def apply_config(self, config: Config) -> None:
         self.config = config
         self.launcher.config = config
         for qc in config.queues:
@@ -168,7 +167,7 @@ class Supervisor:
             self.metrics.declare_queue(qc.name, qc.concurrency)
         self.children.configure(config.queues)
 
-    def _served(self) -> list[str]:
+    def served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]
 
     def _queue_for(self, name: str) -> Queue:
@@ -176,7 +175,7 @@ class Supervisor:
             self.queues[name] = Queue(name, redis=self.redis)
         return self.queues[name]
 
-    def _push_limits(self) -> None:
+    def push_limits(self) -> None:
         if self.sharded:
             self.settings.push_each(self.config.queues)
             return
@@ -185,73 +184,10 @@ class Supervisor:
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)
 
-    def reload(self) -> None:
-        """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
-        the new config applies (its new fork server started: jobs went on meanwhile),
-        or was refused and the old one stays."""
-        self.notifier.reloading()
-        if not self._reload():
-            self.notifier.ready(self.heartbeat.status())
-
     def code(self) -> str:
         """The handler code the jobs started now run: `[supervisor].version` and the
         fingerprint its fork server reported (`fork/fingerprint.py`)."""
         return self.spawner.code
-
-    def _reload(self) -> bool:
-        """Load the config and have a new fork server start: True when it is starting
-        (`_reloaded` follows), False when the reload was refused at once."""
-        try:
-            config = load_config(self.config.path)
-        except ConfigError as exc:
-            log.error("reload refused, keeping the old config: %s", exc)
-            self._refused(str(exc))
-            return False
-        config = keep_redis_url(self.config, config)
-        before = self.code()
-        # always a new fork server: the handler modules are imported afresh from disk
-        self.spawner.replace(config.fork_server, Launcher.fork_server_launch(config),
-                             lambda error: self._reloaded(config, before, error))
-        return True
-
-    def _reloaded(self, config: Config, before: str, error: ForkServerError | None) -> None:
-        try:
-            if error is not None:
-                why = " ".join(str(error).split())  # one line, whatever the module raised
-                module = error.module if isinstance(error, ForkServerFatal) else ""
-                log.error("reload refused, keeping the old config and code %s: the new fork "
-                          "server did not start: %s%s", before or "(unknown)", why,
-                          renamed_hint(module))
-                self._refused(why, module)
-                return
-            self._apply(config, before)
-        finally:
-            self.notifier.ready(self.heartbeat.status())
-
-    def _apply(self, config: Config, before: str) -> None:
-        self._apply_config(config)
-        try:
-            tracing.configure(config.tracing)
-        except tracing.TracingUnavailable as exc:
-            log.error("reload: %s; job spans off", exc)
-        self.scheduler.replace(config.schedules)
-        self._push_limits()
-        if not self.drain.active:
-            self.wakeups.subscribe(self._served())
-        self.want_claim = True
-        self.reload_error = None
-        if self.code() != before:
-            # leased ahead of a slot under the old code, never started: back to the queue,
-            # to be claimed again (and recorded) under the new one
-            self.children.release_held(None, "reload: new handler code")
-        log.info("reloaded %s: queues %s; code %s", config.path,
-                 ", ".join(f"{q.name}×{q.concurrency}" for q in config.queues),
-                 self.code() or "(unknown)")
-        self.heartbeat.beat()  # `forq supervisors` shows the new code now
-
-    def _refused(self, why: str, module: str = "") -> None:
-        self.reload_error = {"at": time.time(), "error": why[:1000], "module": module[:300]}
-        self.heartbeat.beat()
 
     # -- start and stop ---------------------------------------------------------------
 
@@ -314,11 +250,11 @@ class Supervisor:
                                            self.config.path, describe(self.config.redis_url)):
             self._shutdown()
             return 2
-        self._push_limits()
-        self.wakeups.subscribe(self._served())
+        self.push_limits()
+        self.wakeups.subscribe(self.served())
         self.loop.timers.every(self.config.lease_ttl / 3, self.renewal.extend)
         self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
-            self.redis, self._served(), self.health, self.relay,
+            self.redis, self.served(), self.health, self.relay,
             self.shards if self.sharded else None))
         self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
         self.loop.timers.every(HEARTBEAT_INTERVAL, self.heartbeat.beat)
@@ -338,7 +274,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
-            self.reload()
+            self.reloads.signal()
             return
         self.drain.signal(signum, self.config.drain_timeout, self.heartbeat.status())
 
@@ -389,16 +325,6 @@ class Supervisor:
         result = self.trip.run(outbox, claiming, self.config)
         self.outbox = result.outbox + self.outbox
         self.want_claim = self.want_claim or result.claim_again
-
-
-def renamed_hint(module: str) -> str:
-    """What an import of one of forq's old top-level names (before 0.2) is called now."""
-    top = module.split(".", 1)[0]
-    if top in ("jobs", "supervisor", "forq_lua"):
-        new = {"jobs": "forq", "supervisor": "forq.supervisor", "forq_lua": "forq.lua"}[top]
-        return (f" (forq installs one package, `forq`, since 0.2: `{top}` is now `{new}`, "
-                f"e.g. jobs.examples is forq.examples; see the README, \"Upgrading\")")
-    return ""
 
 
 def run_supervisor(config_path: str, log_format: str | None = None,

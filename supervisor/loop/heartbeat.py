@@ -67,6 +67,6 @@ def code_record(sup: Supervisor) -> dict[str, Any]:
     record: dict[str, Any] = {"code": sup.code(), "code_retiring": [
         {"code": code, "pid": pid, "jobs": jobs}
         for pid, code, jobs in sup.spawner.retiring_codes()]}
-    if sup.reload_error is not None:
-        record["reload_error"] = sup.reload_error
+    if sup.reloads.error is not None:
+        record["reload_error"] = sup.reloads.error
     return record
