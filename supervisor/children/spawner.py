@@ -117,6 +117,7 @@ class Spawner:
         self.starting = None
         self._unwatch(server)
         self.enabled, self.launch = enabled, server.launch
+        self.given_up, self.losses = False, []  # an operator's reload: a fresh start
         self._retire()
         self._serve(server)
         on_done(None)
