@@ -232,6 +232,11 @@ def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
                  in sup.log(), timeout=10, message="the supervisor to give up")
         assert not [p for p in fork_servers_of(sup.pid) if p not in killed]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        # an operator's reload starts afresh: a fork server serves again
+        sup.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
+        (server,) = fork_servers_of(sup.pid)
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == server
     finally:
         sup.stop()
     assert "Traceback" not in sup.log()
