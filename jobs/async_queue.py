@@ -1,6 +1,6 @@
 """The asyncio producer: `AsyncQueue`, the same calls as `Queue`, awaited.
 
-It runs the same plans (`forq.plans`) and transitions (`forq.transitions`) as the sync
+It runs the same plans (`forq.store.plans`) and transitions (`forq.store.transitions`) as the sync
 client, on ``redis.asyncio``; only sending differs. A FastAPI or aiohttp app holds one
 `AsyncQueue` (or one client shared by several) for its lifetime:
 
@@ -24,19 +24,20 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError
 
-from forq import batches, plans, topology
-from forq import transitions as tr
+from forq import batches
 from forq.batches import AsyncBatch
-from forq.batchspec import build_batch
-from forq.connection import add_password, client_options, redis_url
 from forq.errors import refused
 from forq.job import Job, settled
-from forq.keys import QueueKeys
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.pipelines import alone, queue_commands, regroup
-from forq.plans import Command
-from forq.scripts import noscript_resends, raise_first_error, source
-from forq.transitions import DeadBatchResult
+from forq.store import plans, topology
+from forq.store import transitions as tr
+from forq.store.batchspec import build_batch
+from forq.store.connection import add_password, client_options, redis_url
+from forq.store.keys import QueueKeys
+from forq.store.pipelines import alone, queue_commands, regroup
+from forq.store.plans import Command
+from forq.store.scripts import noscript_resends, raise_first_error, source
+from forq.store.transitions import DeadBatchResult
 
 T = TypeVar("T")
 
@@ -44,7 +45,7 @@ T = TypeVar("T")
 def connect_async(url: str | None = None, *, password: str | None = None,
                   **kwargs: Any) -> aioredis.Redis:
     """A ``redis.asyncio`` client for redis://, rediss://, unix:// or redis+sentinel://
-    URLs, with the same defaults and password rules as `forq.connection.connect`.
+    URLs, with the same defaults and password rules as `forq.store.connection.connect`.
     Its connection pool opens connections on first use, in the running event loop."""
     url = redis_url(url)
     options = client_options(kwargs)
@@ -83,7 +84,7 @@ class AsyncScripts:
             return await client.execute_command(*self.evalsha(call))
 
     async def send(self, client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
-        """One round trip for a batch (see `forq.pipelines`); raises the first error."""
+        """One round trip for a batch (see `forq.store.pipelines`); raises the first error."""
         call = alone(commands)
         if call is not None:
             return [await self.run(client, call)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from forq.keys import SCHEDULE_DEFS, SCHEDULES, SUPERVISORS
+from forq.store.keys import SCHEDULE_DEFS, SCHEDULES, SUPERVISORS
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely

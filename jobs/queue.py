@@ -1,8 +1,8 @@
-"""The queue API: what producers and operators call. The lease transitions the
-supervisor calls are methods of `Queue` too, written in `forq.leasecalls`.
+"""The queue API: what producers and operators call. The lease transitions only a
+supervisor sends (claim, extend, ack, …) are not here: `forq.supervisor.leases.calls`.
 
 Every state change is one Lua script call (see ``lua/``), built and parsed by
-`forq.transitions`; this module sends them, alone or batched into pipelines.
+`forq.store.transitions`; this module sends them, alone or batched into pipelines.
 """
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from typing import Any, Literal, TypeVar
 
 import redis
 
-from forq import batches, dataformat, plans, topology
-from forq import keys as keyspace
-from forq import transitions as tr
+from forq import batches
 from forq.batches import Batch
-from forq.batchspec import build_batch
-from forq.connection import connect
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
-from forq.leasecalls import LeaseTransitions
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.pipelines import run_plan
-from forq.policy import fill
-from forq.scripts import Scripts
-from forq.transitions import (  # re-exported: the supervisor and tests import them from here
+from forq.store import dataformat, plans, topology
+from forq.store import keys as keyspace
+from forq.store import transitions as tr
+from forq.store.batchspec import build_batch
+from forq.store.connection import connect
+from forq.store.pipelines import run_plan
+from forq.store.policy import fill
+from forq.store.scripts import Scripts
+from forq.store.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
     RECLAIM_BATCH,
     ClaimResult,
@@ -43,7 +43,7 @@ T = TypeVar("T")
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
-class Queue(LeaseTransitions):
+class Queue:
     """One named queue on one Redis.
 
     >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
@@ -70,7 +70,6 @@ class Queue(LeaseTransitions):
         # durable enqueues (WAIT): None = the client's setting (topology.set_durability)
         self.min_replicas = min_replicas
         self.wait_timeout = wait_timeout
-        self._claim_policy = ""  # the policy JSON of the last claim, for parse_claim
         self._policies: dict[str, dict[str, str]] = {}  # sha -> stored policy (immutable)
 
     # -- producing ---------------------------------------------------------------
@@ -151,6 +150,15 @@ class Queue(LeaseTransitions):
             self.scripts.run(call, pipe)
             queued += 1
         return queued
+
+    def _stored_policy(self, sha: str) -> dict[str, str]:
+        """The policy a claim stored under `sha` (named by content: cached for good)."""
+        if sha not in self._policies:
+            flat = self.redis.hgetall(self.keys.policy(sha))
+            if not flat:
+                return {}
+            self._policies[sha] = {str(k): str(v) for k, v in flat.items()}
+        return self._policies[sha]
 
     def _run(self, plan: plans.Plan[T]) -> T:
         return run_plan(self.redis, self.scripts, plan)

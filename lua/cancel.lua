@@ -16,7 +16,12 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/counts
+--@include includes/groups
+--@include includes/finish
 
 local pending_key, scheduled_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]

@@ -5,7 +5,7 @@
   KEYS[2]  forq:{q}:scheduled   zset (run-at ms)
   KEYS[3]  forq:{q}:active      zset (lease deadline ms)
   KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, the
-                                group limits (see _groups.lua), and paused (pause.lua:
+                                group limits (see includes/groups), and paused (pause.lua:
                                 lease nothing while it is set)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
@@ -14,7 +14,7 @@
   ARGV[4]  lease ttl (ms)
   ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "": the
            limits for what the producer left unset. Stored once as the hash
-           forq:{q}:policy:<sha1 of ARGV[5]> (see policy_key in _lib); a job's first
+           forq:{q}:policy:<sha1 of ARGV[5]> (see includes/policy); a job's first
            claim names it in the job's `policy` field and copies just `result_ttl_ms`,
            which every ack needs, into the job; fail and reclaim read the rest from it
   ARGV[6]  (optional) the handler code the jobs will run ("VERSION+FINGERPRINT", see
@@ -29,7 +29,7 @@
     now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
     (the policy's limits are not in it: the caller has the policy)
-  Grouped jobs (see _groups.lua) are taken from the ready groups, in score order with
+  Grouped jobs (see includes/groups) are taken from the ready groups, in score order with
   the head of `pending`: a group at its limit is not in the ready set, so it never
   holds back another group or an ungrouped job.
   A paused queue answers {-1, 0, pending, 0, now_ms} and changes nothing (no promotion
@@ -48,7 +48,14 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/policy
+--@include includes/groups
+--@include includes/pending
+--@include includes/succeed
+--@include includes/expire_unstarted
 
 local pending_key, scheduled_key, active_key, limits_key, bucket_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

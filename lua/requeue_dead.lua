@@ -9,7 +9,12 @@
   Returns {requeued_count, missing_id1, ...}: ids given that were not dead are listed.
   Transitions: dead -> pending
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/wake
+--@include includes/dead_letter
+--@include includes/pending
 
 local dead_key, pending_key = KEYS[1], KEYS[2]
 local prefix, mode = ARGV[1], ARGV[2]

@@ -29,8 +29,9 @@ import socket
 import redis
 
 from forq import Queue
-from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
+from forq.store.connection import connect, describe
+from forq.store.topology import fail_fast, is_cluster
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.children.table import Children
@@ -65,7 +66,6 @@ from forq.supervisor.redis_io.roundtrip import RoundTrip
 from forq.supervisor.redis_io.scheduler import Scheduler
 from forq.supervisor.redis_io.shard_health import ShardHealth
 from forq.supervisor.redis_io.shards import ping_home
-from forq.topology import fail_fast, is_cluster
 
 log = logging.getLogger("forq.supervisor")
 

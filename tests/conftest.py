@@ -10,7 +10,7 @@ import pytest
 import redis as redis_lib
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import delete_queue
 
 pytest_plugins = ["forq.testing.pytest_plugin"]

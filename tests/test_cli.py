@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.keys import SCHEDULES as SCHEDULES_KEY
+from forq.store.keys import SCHEDULES as SCHEDULES_KEY
 from forq.supervisor.cli.stats import CLEAR
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster
 from tests.redis_server import free_port
 
@@ -97,8 +98,8 @@ def closed_port_url() -> str:
 
 def make_dead(queue: Queue, n: int, message: str = "boom") -> list[str]:
     ids = [queue.enqueue("tests.fails", i).id for i in range(n)]
-    for lease in queue.claim(OWNER, n, LONG).leases:
-        outcome = queue.fail(lease.id, lease.token, {"type": "ValueError", "message": message,
+    for lease in leasing(queue).claim(OWNER, n, LONG).leases:
+        outcome = leasing(queue).fail(lease.id, lease.token, {"type": "ValueError", "message": message,
                                                      "traceback": "Traceback...\nValueError"},
                              mode="fatal")
         assert outcome.outcome == "dead"
@@ -195,8 +196,8 @@ def test_stats_table_and_json(forq, queue):
     make_dead(queue, 1)
     queue.enqueue("examples.add")
     queue.enqueue("examples.add", delay="1h")
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, "3")
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, "3")
     queue.enqueue("examples.add")
 
     every, only, text = forq.many(["stats", "--json"], ["stats", "--json", "-q", queue.name],
@@ -269,8 +270,8 @@ def test_stats_watch_bad_interval(forq):
 
 def test_job_json_shape_and_history(forq, queue):
     job_id = queue.enqueue("examples.add", 1, 2).id
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, json.dumps(3))
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, json.dumps(3))
     as_json, as_text = forq.many(["job", job_id, "--json"], ["job", job_id])
     data = ok_json(as_json)
     for key in ("id", "queue", "task", "state", "attempts", "crashes", "history", "result",
@@ -355,9 +356,9 @@ def test_dead_requeue_and_purge_all(forq, queue):
     assert "requeued 3" in ok(forq("dead", "requeue", "-q", queue.name, "--all"))
     assert queue.stats()["pending"] == 3 and queue.stats()["dead"] == 0
 
-    leases = queue.claim(OWNER, 3, LONG).leases
+    leases = leasing(queue).claim(OWNER, 3, LONG).leases
     for lease in leases:
-        queue.fail(lease.id, lease.token, {"message": "x"}, mode="fatal")
+        leasing(queue).fail(lease.id, lease.token, {"message": "x"}, mode="fatal")
     ids = [lease.id for lease in leases]
     data = ok_json(forq("dead", "purge", "-q", queue.name, "--all", "--json"))
     assert data == {"queue": queue.name, "purged": 3, "not_dead": []}
@@ -505,7 +506,7 @@ def test_cancel_pending_active_and_finished(forq, queue):
     assert queue.get(pending).state == "cancelled"
 
     active = queue.enqueue("examples.add").id
-    assert queue.claim(OWNER, 1, LONG).leases[0].id == active
+    assert leasing(queue).claim(OWNER, 1, LONG).leases[0].id == active
     data = ok_json(forq("cancel", active, "--json"))
     assert data == {"id": active, "queue": queue.name, "outcome": "cancelling", "state": "active"}
     assert "cancel_requested" in queue.get(active).fields
@@ -514,8 +515,8 @@ def test_cancel_pending_active_and_finished(forq, queue):
     again = ok_json(forq("cancel", pending, "--json"))
     assert again["outcome"] == "cancelled"
     done = queue.enqueue("examples.add").id
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, "1")
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, "1")
     assert "already succeeded" in ok(forq("cancel", done))
 
 

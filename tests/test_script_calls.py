@@ -1,4 +1,4 @@
-"""The sans-IO layer (`forq.transitions`) against the scripts' own headers, in-process.
+"""The sans-IO layer (`forq.store.transitions`) against the scripts' own headers, in-process.
 
 Each call builder must send as many KEYS as its script's header names, and at least
 the fixed ARGV it names (the variadic tail, ``ARGV[n..]``, may be empty). The parsers
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from forq import transitions as tr
-from forq.keys import QueueKeys
-from forq.scripts import source
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
+from forq.store.scripts import source
 
 KEYS = QueueKeys("calls")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 
 IN_VM = os.environ.get("FORQ_IN_SYSTEMD_VM") == "1"

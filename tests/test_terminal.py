@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +70,8 @@ def _visible(text: str) -> str:
 
 def _dead(queue, n: int) -> None:
     queue.enqueue_many([{"task": "tests.fails", "args": [i]} for i in range(n)])
-    for lease in queue.claim(OWNER, n, 60_000).leases:
-        queue.fail(lease.id, lease.token, {"message": "boom"}, mode="fatal")
+    for lease in leasing(queue).claim(OWNER, n, 60_000).leases:
+        leasing(queue).fail(lease.id, lease.token, {"message": "boom"}, mode="fatal")
 
 
 def test_tables_are_drawn_on_a_terminal(redis_url, queue):

@@ -20,7 +20,8 @@ import pytest
 
 from forq import Queue
 from forq.fleet import CHILD_FIELDS, live_supervisors
-from forq.keys import SCHEDULE_DEFS
+from forq.store.keys import SCHEDULE_DEFS
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster
 from forq.web import data
 from tests.helpers import wait_for, wait_job
@@ -72,9 +73,9 @@ def _dead_job(queue: Queue, task: str = "tests.fatal", job_id: str | None = None
     """A job made dead through the real transitions (claim, then a fatal fail)."""
     options = {"job_id": job_id} if job_id else {}
     job = queue.enqueue(task, priority=1000, **options)  # claimed before anything pending
-    lease = queue.claim("web-test:1", 1, 60_000).leases[0]
+    lease = leasing(queue).claim("web-test:1", 1, 60_000).leases[0]
     assert lease.id == job.id
-    assert queue.fail(job.id, lease.token, {"reason": f"{task} refused"}, mode="fatal").outcome == "dead"
+    assert leasing(queue).fail(job.id, lease.token, {"reason": f"{task} refused"}, mode="fatal").outcome == "dead"
     return job.id
 
 
@@ -135,7 +136,7 @@ def test_overview_shows_the_code_each_supervisor_serves_and_the_job_page_the_cod
                                   "error": "cannot import handler module app.tasks: "
                                            "SyntaxError: <script>x</script>"}})
     job = queue.enqueue("tests.echo")
-    queue.claim("web-test:1", 1, 60_000, code="v7+0123456789ab")
+    leasing(queue).claim("web-test:1", 1, 60_000, code="v7+0123456789ab")
     try:
         client = Browserless(web.url)
         # the live part of the page is rendered at most every refresh/2 for every viewer
@@ -400,10 +401,10 @@ def test_hostile_job_content_is_escaped(web, queue):
 def test_job_page_and_running_view_show_progress_and_steps(web, queue):
     """Recorded through the real scripts, as a supervisor records them for a handler."""
     job = queue.enqueue("tests.echo", job_id="with-steps")
-    lease = queue.claim("web-test:1", 1, 60_000).leases[0]
-    assert queue.record_step(job.id, lease.token, "charge-card", '{"charge":"ch_<1>"}') == "ok"
-    assert queue.record_step(job.id, lease.token, "ship", '"sent"') == "ok"
-    assert queue.record_progress([(job.id, lease.token, 0.42, "packed <42>")]) == ["ok"]
+    lease = leasing(queue).claim("web-test:1", 1, 60_000).leases[0]
+    assert leasing(queue).record_step(job.id, lease.token, "charge-card", '{"charge":"ch_<1>"}') == "ok"
+    assert leasing(queue).record_step(job.id, lease.token, "ship", '"sent"') == "ok"
+    assert leasing(queue).record_progress([(job.id, lease.token, 0.42, "packed <42>")]) == ["ok"]
     running = next(j for j in data.running(queue.redis)["jobs"] if j["id"] == job.id)
     assert (running["progress"], running["progress_message"]) == (0.42, "packed <42>")
     _, html, _ = Browserless(web.url).get(f"/jobs/{queue.name}/{job.id}")
@@ -446,7 +447,7 @@ def test_running_now_takes_only_job_ids_from_a_heartbeats_held_list(queue, junk)
     """A heartbeat record is read by every dashboard: a malformed `held` list (an older
     or broken writer) marks nothing held and breaks nothing."""
     job = queue.enqueue("tests.echo", job_id="job-1")
-    queue.claim("junk-writer:1", 1, 60_000)
+    leasing(queue).claim("junk-writer:1", 1, 60_000)
     roster = Roster(queue.redis, "junk-writer:1")
     roster.beat({"name": "junk-writer", "children": [], "held": junk})
     try:

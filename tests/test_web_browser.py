@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from forq import Queue
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config
 from tests.web_server import CHROMIUM, WebProcess, launch_chromium
@@ -90,8 +91,8 @@ def test_requeue_from_the_dead_letter_page(served, page, queue):
     """A queue no supervisor serves: the requeued job stays in pending for the check."""
     _, web = served
     job = queue.enqueue("tests.fatal", priority=9)
-    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
-    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    lease = leasing(queue).claim("browser-test:1", 1, 60_000).leases[0]
+    leasing(queue).fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
     page.goto(f"{web.url}/queues/{queue.name}/dead")
     page.locator(f'input[name="id"][value="{job.id}"]').check()
     page.get_by_role("button", name="requeue selected").click()
@@ -143,8 +144,8 @@ def test_pause_from_the_page_stops_claiming(served, page, r):
 
 def test_read_only_dashboard_has_no_action_buttons(redis_url, page, queue):
     job = queue.enqueue("tests.fatal", priority=9)
-    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
-    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    lease = leasing(queue).claim("browser-test:1", 1, 60_000).leases[0]
+    leasing(queue).fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
     pending = queue.enqueue("tests.echo")
     with WebProcess(redis_url, "--read-only") as web:
         for path in (f"/queues/{queue.name}/dead", f"/jobs/{queue.name}/{job.id}",

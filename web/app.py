@@ -27,7 +27,8 @@ from starlette.staticfiles import StaticFiles
 
 from forq import Queue, units
 from forq.errors import JobNotFound
-from forq.keys import QueueKeys
+from forq.fleet import code_status
+from forq.store.keys import QueueKeys
 from forq.units import UnitError, parse_rate
 from forq.web import data
 from forq.web.security import (
@@ -66,6 +67,7 @@ def _environment() -> jinja2.Environment:
     env.filters["when_ms"] = units.when_ms
     env.filters["bytes"] = _bytes
     env.filters["rate"] = units.rate
+    env.filters["code_status"] = code_status  # a heartbeat's handler code, checked
     env.globals["LISTS"] = data.LISTS
     return env
 

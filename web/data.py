@@ -16,9 +16,9 @@ from urllib.parse import quote
 import redis
 
 from forq import Queue, known_queues
-from forq.fleet import CHILD_FIELDS, code_status, live_supervisors, schedule_rows
+from forq.fleet import CHILD_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 PAGE_SIZE = 50
 CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
@@ -122,10 +122,7 @@ def overview(client: redis.Redis) -> dict[str, Any]:
             if enqueued:
                 since = max(_int(enqueued), _int(run_at))
                 queues[index]["oldest_pending_age"] = max(0.0, (now_ms - since) / 1000)
-    supervisors = live_supervisors(client)
-    for sup in supervisors:  # the handler code each serves, checked (`code_status`)
-        sup["code_status"] = code_status(sup)
-    return {"now_ms": now_ms, "queues": queues, "supervisors": supervisors}
+    return {"now_ms": now_ms, "queues": queues, "supervisors": live_supervisors(client)}
 
 
 # -- running now ------------------------------------------------------------------------

@@ -4,8 +4,8 @@ Starts a private Redis, two supervisors (three queues, a cron schedule), a produ
 mixed example jobs (quick, slow, CPU-heavy, memory-hungry, flaky, a few that crash or
 die) and `forq web`, prints the dashboard's URL and runs until Ctrl-C (or
 ``--duration``). ``--screenshots DIR`` lets the traffic build up, then saves the
-overview and "running now" pages as PNGs from headless Chromium (the README's
-pictures come from here) and stops.
+overview and "running now" pages as PNGs from headless Chromium (the pictures in
+docs/images come from here) and stops.
 
     python -m forq.web.demo [--port 8080] [--duration 10m] [--screenshots DIR]
 """
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import RedisServer
 from forq.testing.supervisor import SupervisorProcess, write_config
 from forq.units import parse_duration

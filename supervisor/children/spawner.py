@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 from forq.queue import Lease
 from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.fork.alone import spawn
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import (
     READY_TIMEOUT,
@@ -35,7 +36,6 @@ from forq.supervisor.fork.client import (
     ForkServerError,
     ForkServerFatal,
     Launch,
-    spawn,
 )
 from forq.supervisor.fork.tasks import TaskInfo
 from forq.supervisor.loop.eventloop import EventLoop

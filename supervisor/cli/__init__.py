@@ -9,6 +9,7 @@
 | `stats` | forq stats, supervisors (alias workers), schedules |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
+| `replay` | forq replay: a finished job run again here, nothing recorded |
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
 | `terminal` | where human output goes: rich on a terminal, plain text elsewhere |
 | `demo` | `make demo` |
@@ -21,4 +22,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "batches", "stats", "dead", "operate", "replay")

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import redis
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 
 DEFAULT_CONFIG = "/etc/forq/forq.toml"
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
 from forq.job import TERMINAL
+from forq.store.connection import connect
 from forq.supervisor.cli import render
 from forq.testing.redis import RedisServer, free_port, reachable
 

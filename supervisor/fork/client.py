@@ -1,7 +1,6 @@
-"""Forking job children: through the fork server (`ForkServer`, the supervisor's end of
-`python -m forq.supervisor.fork.server`), or from the supervisor itself (`spawn`) when
-there is none (a fresh interpreter per job). Either way the supervisor gets a
-`RunningChild` back at once."""
+"""Forking job children through the fork server: `ForkServer`, the supervisor's end of
+`python -m forq.supervisor.fork.server` (without one, `alone.spawn` starts a fresh
+interpreter per job). Either way the supervisor gets a `RunningChild` back at once."""
 
 from __future__ import annotations
 
@@ -52,43 +51,6 @@ class Launch:
                                                          self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
                            "run_as": self.run_as, "probe": probe, "spares": self.spares})
-
-
-def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
-          launch: Launch) -> RunningChild:
-    """Start one child for `lease` without a fork server: a fresh interpreter, exec'd
-    (never a fork of the supervisor, whose memory holds the Redis password and
-    connection), that imports the handler modules itself after its sandbox is set up.
-    The parent returns at once with its handles."""
-    spec = dataclasses.replace(spec, imports=list(launch.imports))
-    read_fd, write_fd = channel()  # the child's fd 3
-    out_r, out_w = os.pipe()
-    memfd = os.memfd_create("forq-spec", 0)
-    try:
-        data = memoryview(json.dumps({"spec": vars(spec), "title": title,
-                                      "parent": os.getpid()}).encode())
-        while data:
-            data = data[os.write(memfd, data):]
-        os.lseek(memfd, 0, os.SEEK_SET)
-        env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
-        pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "forq.supervisor.fork.oneshot"], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                          (os.POSIX_SPAWN_DUP2, out_w, 2), (os.POSIX_SPAWN_DUP2, write_fd, 3)])
-    except BaseException:
-        os.close(read_fd)
-        os.close(out_r)
-        raise
-    finally:
-        os.close(write_fd)
-        os.close(out_w)
-        os.close(memfd)
-    for fd in (read_fd, out_r):
-        os.set_blocking(fd, False)
-        os.set_inheritable(fd, False)
-    pidfd = os.pidfd_open(pid)
-    now = time.monotonic()
-    return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout, output=out_r)
 
 
 def pid_of(pidfd: int) -> int:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from forq.fleet import redis_now
-from forq.keys import SUPERVISORS
+from forq.store.keys import SUPERVISORS
 
 if TYPE_CHECKING:
     from forq.supervisor.children.running import RunningChild

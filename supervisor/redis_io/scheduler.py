@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from forq import Queue
-from forq.keys import SCHEDULE_DEFS, SCHEDULES
+from forq.store.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config.load import ScheduleConfig
 from forq.supervisor.loop.timers import Timers
 from forq.supervisor.redis_io.health import RedisHealth
