@@ -4,7 +4,8 @@
 | --- | --- |
 | `main` | `main()`: the parser, logging, and the dispatch to a command |
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
-| `jobs` | forq run, enqueue, job, cancel |
+| `jobs` | forq run, job, cancel |
+| `enqueue` | forq enqueue (registered by `jobs`, after run): one job with any option, many from a file, or a batch |
 | `batches` | forq batch |
 | `stats` | forq stats, supervisors (alias workers), schedules |
 | `dead` | forq dead list, show, requeue, purge |
