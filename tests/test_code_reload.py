@@ -344,3 +344,14 @@ def test_forq_and_the_installed_libraries_are_not_the_application(tmp_path):
     assert is_fingerprint(first) and first == fingerprint_in(tmp_path), out
     assert [line.split()[0] for line in files] == [APP, f"{APP}.tasks"], out
     assert files[1].split()[1] == str(tmp_path / APP / "tasks.py"), out
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_the_handler_package_does_not_hang_the_fingerprint(tmp_path):
+    """What a handler package holds is the handler's: a FIFO named like a module would
+    block a plain open() for ever, and the fork server's start with it."""
+    write_app(tmp_path, "one")
+    base = fingerprint_in(tmp_path)
+    os.mkfifo(tmp_path / APP / "trap.py")
+    trapped = fingerprint_in(tmp_path)  # within fingerprint_in's timeout
+    assert is_fingerprint(trapped) and trapped != base

@@ -34,12 +34,14 @@ from __future__ import annotations
 import hashlib
 import os
 import site
+import stat
 import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
 
 LENGTH = 12  # hex digits: 48 bits, to tell deploys apart, not a security hash
 MAX_WALKED = 2000  # .py files read from one listed package's directory
+MAX_SCANNED = 50_000  # names (files and directories) looked at in that directory
 MAX_FILE = 32 << 20  # bytes of one file hashed (a larger one counts by its size too)
 FRAMEWORK = "forq"
 
@@ -96,11 +98,15 @@ def code_name(version: str, fingerprint_: str) -> str:
 
 def _walk(top: str, directory: str) -> Iterable[tuple[str, str]]:
     """(module name, path) of the .py files under a package directory, in a fixed
-    order, at most MAX_WALKED; hidden directories and __pycache__ skipped, symbolic
-    links not followed."""
-    found = 0
+    order, at most MAX_WALKED of them among at most MAX_SCANNED names (a package that
+    holds a data tree must not hold the start up); hidden directories and __pycache__
+    skipped, symbolic links to directories not followed."""
+    found = scanned = 0
     for base, dirs, names in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        scanned += len(dirs) + len(names)
+        if scanned > MAX_SCANNED:
+            return
         relative = os.path.relpath(base, directory)
         prefix = top if relative == "." else ".".join([top, *relative.split(os.sep)])
         for file in sorted(names):
@@ -114,15 +120,26 @@ def _walk(top: str, directory: str) -> Iterable[tuple[str, str]]:
 
 
 def _file_digest(path: str) -> bytes:
+    """A file's SHA-256 (hex): its first MAX_FILE bytes, and its size if larger. Opened
+    without blocking and read only if it is a regular file (a FIFO named x.py must not
+    hang the fork server's start)."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            digest.update(f.read(MAX_FILE))
-        if size > MAX_FILE:
-            digest.update(b"size:%d" % size)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return b"unreadable"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return b"not a file"
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            digest.update(f.read(MAX_FILE))
+        if info.st_size > MAX_FILE:
+            digest.update(b"size:%d" % info.st_size)
+    except OSError:
+        return b"unreadable"
+    finally:
+        os.close(fd)
     return digest.hexdigest().encode()
 
 
