@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.common import RedisServer, log, median
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import delete_queue
 from forq.testing.supervisor import SupervisorProcess, write_config
 
