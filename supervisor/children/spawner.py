@@ -14,7 +14,7 @@ crash — or with its result, if it had written one — and a new fork server ta
 A reload starts a new fork server, which imports the handler modules afresh; the old
 one forks no more, lets its spare children go at once (`ForkServer.retire`), and stops
 when its last child ends: running jobs finish in the code they started with. If the
-new one cannot start, the old one goes on serving (`configure`).
+new one cannot start, the old one goes on serving (`replace`).
 """
 
 from __future__ import annotations
