@@ -1,8 +1,9 @@
 """The fleet as any tool sees it: the supervisors alive now and the schedules they run.
 
 Supervisors publish both in Redis (`forq.supervisor.redis_io.roster` and `.scheduler`
-write them); `forq workers`, `forq schedules` and `forq web` read them here, from any
-machine, without a supervisor's config. Liveness is judged by Redis time only.
+write them); `forq supervisors`, `forq schedules` and `forq web` read them here, from
+any machine, without a supervisor's config (`code_status`: the handler code each
+serves). Liveness is judged by Redis time only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from forq.store.keys import SUPERVISORS
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
+CODE_MAX = 200  # characters of a code name read from a heartbeat (a version is <= 64)
 
 
 def redis_now(client: redis.Redis) -> float:
@@ -48,6 +50,37 @@ def live_supervisors(client: redis.Redis) -> list[dict[str, Any]]:
     if forget:
         client.hdel(SUPERVISORS, *forget)
     return sorted(alive, key=lambda r: r.get("name", ""))
+
+
+def code_status(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a supervisor's heartbeat record says of its handler code, checked (any
+    writer of the Redis could have written it): `code` ("VERSION+FINGERPRINT", "" when
+    not known), `retiring` (each old fork server still finishing jobs in older code:
+    pid, jobs, code) and `reload_error` (the last reload refused: at (seconds, or None),
+    error, module; None when the last reload applied)."""
+    code = record.get("code")
+    retiring = []
+    olds = record.get("code_retiring")
+    for old in olds if isinstance(olds, list) else []:
+        if not isinstance(old, Mapping):
+            continue
+        pid, jobs, old_code = old.get("pid"), old.get("jobs"), old.get("code")
+        if type(pid) is int and type(jobs) is int and jobs >= 0:
+            retiring.append({"pid": pid, "jobs": jobs,
+                             "code": old_code[:CODE_MAX] if isinstance(old_code, str) else ""})
+    refused = record.get("reload_error")
+    reload_error = None
+    if isinstance(refused, Mapping):
+        error, module = refused.get("error"), refused.get("module")
+        reload_error = {"at": _number(refused.get("at")),
+                        "error": error[:1000] if isinstance(error, str) else "",
+                        "module": module[:300] if isinstance(module, str) else ""}
+    return {"code": code[:CODE_MAX] if isinstance(code, str) else "", "retiring": retiring,
+            "reload_error": reload_error}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def schedule_rows(client: redis.Redis, now: float | None = None,

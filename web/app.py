@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from forq import Queue, units
 from forq.errors import ForqError, JobNotFound, JobStateError, PayloadError
+from forq.fleet import code_status
 from forq.schedules import ScheduleNotFound
 from forq.web import data, filters
 from forq.web.actions import Actions, HTTPError, queue_name
@@ -66,6 +67,7 @@ def _environment() -> jinja2.Environment:
     env.filters["when_ms"] = units.when_ms
     env.filters["bytes"] = _bytes
     env.filters["rate"] = units.rate
+    env.filters["code_status"] = code_status  # a heartbeat's handler code, checked
     env.globals["LISTS"] = data.LISTS
     return env
 

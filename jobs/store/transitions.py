@@ -205,10 +205,11 @@ def parse_changed(reply: Any) -> bool:
 
 
 def claim_call(keys: QueueKeys, owner: str, count: int, lease_ttl_ms: int,
-               policy: str = "") -> ScriptCall:
+               policy: str = "", code: str | None = None) -> ScriptCall:
+    args: tuple[Any, ...] = (keys.prefix, owner, count, lease_ttl_ms, policy)
     return ScriptCall("claim",
                       (keys.pending, keys.scheduled, keys.active, keys.limits, keys.bucket),
-                      (keys.prefix, owner, count, lease_ttl_ms, policy))
+                      args if code is None else (*args, code))
 
 
 def parse_claim(reply: Sequence[Any], queue: Queue | None = None) -> ClaimResult:

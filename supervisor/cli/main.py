@@ -7,7 +7,7 @@
     forq stats [-q QUEUE] [--json] [--watch [--interval 2s]]
     forq job ID [--json]
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
-    forq workers [--json]
+    forq supervisors [--json]     (alias: forq workers)
     forq schedules [--config PATH] [--json]
     forq schedule add NAME --cron C --queue Q --task T [--overlap skip] | remove|pause|resume|trigger NAME | list
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
