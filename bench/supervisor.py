@@ -224,7 +224,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         helpers_rss = [rss_bytes(pid) or 0 for pid in helpers2]  # the fork server
         jobs = done - first
         seconds = t2 - t1
-        started = re.search(r"fork server started in pid \d+: (.*)", sup.log())
+        started = re.search(r"fork server started in pid \d+ \(code .*?\): (.*)", sup.log())
         # the fork server itself, and the job children it reaped: CPU ms and faults a job
         split: dict[str, float] = {}
         for spid, b in server2.items():

@@ -14,7 +14,7 @@ from tests.helpers import wait_for
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, fork_servers_of, write_config
 
 OFFERED = hugepages.offered()
-STARTED = re.compile(r"fork server started in pid (\d+): (.*)")
+STARTED = re.compile(r"fork server started in pid (\d+) \(code .*?\): (.*)")
 
 
 def _start(tmp_path, redis_url, queue, env=None, **options) -> SupervisorProcess:

@@ -15,8 +15,8 @@ from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
 from forq.queue import Lease
 from forq.supervisor.config.load import Config
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.client import Launch
 from forq.supervisor.fork.environment import fork_server_env
-from forq.supervisor.fork.launchspec import Launch
 from forq.supervisor.isolation.cgroups import JobCgroups
 
 log = logging.getLogger("forq.supervisor")
@@ -64,7 +64,8 @@ class Launcher:
                               [config.redis_password, config.redis_url])
         return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
                       probe=Launcher(config).wants_namespaces(),
-                      spares=Launcher.spares(config), huge_pages=config.huge_pages)
+                      spares=Launcher.spares(config), version=config.version,
+                      huge_pages=config.huge_pages)
 
     @staticmethod
     def spares(config: Config) -> int:

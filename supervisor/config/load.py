@@ -187,6 +187,11 @@ class Config:
         True, read.BOOLEAN,
         "The fork server's memory on transparent huge pages where the kernel offers them.",
         scope=SUPERVISOR)
+    # a deploy's label for the handler code, named with the fingerprint (fork/fingerprint.py)
+    version: str = key(
+        "", read.VERSION,
+        "A label for the handler code (a release), in job records as `VERSION+FINGERPRINT`.",
+        scope=SUPERVISOR, shown="none")
 
     # [redis] (redis_table.resolve then applies FORQ_REDIS_URL, cluster and the password)
     redis_url: str = key(
