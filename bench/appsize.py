@@ -48,11 +48,11 @@ class Sizes:
         self.apps = ("heap:20", "heap:300") if quick else \
             ("heap:20", "heap:100", "heap:300", "real")
         self.rounds = 1
-        self.forq = 400 if quick else 600
+        self.forq = 300 if quick else 600
         # huge pages off at 300 MiB (3-4 times slower): the full run's "before" only
         self.forq_off = 0 if quick else self.forq // 4
-        self.rq = 100 if quick else 150
-        self.dramatiq = 400 if quick else 600
+        self.rq = 60 if quick else 150
+        self.dramatiq = 300 if quick else 600
         # Dramatiq does not fork per job: its rate does not depend on the size, so it
         # runs at the sizes of the targets only
         self.dramatiq_apps = ("heap:20", "heap:300", "real")
