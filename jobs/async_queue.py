@@ -265,6 +265,21 @@ class AsyncQueue:
     async def is_paused(self) -> bool:
         return await self._run(plans.paused(self.keys))
 
+    async def throttle(self, duration: Any, *, group: str | None = None) -> float:
+        """Throttle the queue (or `group`) on every supervisor (see `Queue.throttle`)."""
+        until_ms = await self._run(plans.script(tr.set_throttle_call(
+            self.keys, plans.throttle_ms(duration), group)))
+        return int(until_ms) / 1000
+
+    async def unthrottle(self, *, group: str | None = None) -> bool:
+        """Lift the queue's (or `group`'s) throttle (see `Queue.unthrottle`)."""
+        return tr.parse_changed(await self._run(plans.script(
+            tr.set_throttle_call(self.keys, 0, group))))
+
+    async def throttled(self, *, group: str | None = None) -> float | None:
+        """Seconds until the queue's (or `group`'s) throttle ends, None when none is."""
+        return await self._run(plans.throttled(self.keys, group))
+
     async def requeue_dead(self, ids: Sequence[str] | None = None, *,
                            limit: int = 10000) -> DeadBatchResult:
         """Requeue the given dead jobs (or all, up to `limit`): (count, ids not dead)."""

@@ -34,6 +34,10 @@ MAX_STEP_BYTES = 64 * 1024  # a step's result, as compact JSON
 # all of a job's step results together: they live in its record, and each claim of the
 # job reads them all (a claim takes up to 32 jobs)
 MAX_STEPS_BYTES = 1 << 20
+# a handler's own retry (`Retry`) and its throttle of its queue or group: the delays the
+# channel carries at most (a throttle is further capped by its queue's `max_throttle`)
+MAX_SNOOZE_MS = 30 * 24 * 3600 * 1000
+MAX_THROTTLE_MS = 24 * 3600 * 1000
 
 
 class LeaseLost(BaseException):  # noqa: N818 — not an error of the handler's: a stop

@@ -14,6 +14,8 @@ JOB_POLICY: dict[str, int | float] = {
     "memory_limit": 512 * 1024**2,
     "max_attempts": 5,
     "max_crashes": 3,
+    # a handler's own retries (`raise Retry(...)`) a job may take before it goes to dead
+    "max_snoozes": 100,
     "result_ttl_ms": 24 * 3600 * 1000,
     "idempotency_ttl_ms": 24 * 3600 * 1000,
     "max_result_bytes": 1024**2,

@@ -24,7 +24,7 @@ OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
     "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
-    "depends_on", "allow_failure",
+    "depends_on", "allow_failure", "max_snoozes",
 })
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
 
@@ -186,6 +186,12 @@ def build_spec(
             if not isinstance(value, int) or value < 1:
                 raise PayloadError(f"task {task!r}: {name} must be an integer >= 1, got {value!r}")
             spec[name] = value
+    max_snoozes = options.get("max_snoozes")
+    if max_snoozes is not None:
+        if not isinstance(max_snoozes, int) or isinstance(max_snoozes, bool) or max_snoozes < 0:
+            raise PayloadError(f"task {task!r}: max_snoozes must be an integer >= 0, "
+                               f"got {max_snoozes!r}")
+        spec["max_snoozes"] = max_snoozes
     if options.get("timeout") is not None:
         spec["timeout_ms"] = _ms(options["timeout"], "timeout")
     if options.get("result_ttl") is not None:
@@ -260,7 +266,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
     "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
     "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
-    "expires_in_ms": _INT, "expire_at_ms": _INT,
+    "expires_in_ms": _INT, "expire_at_ms": _INT, "max_snoozes": _INT,
     "batch": (str,), "batch_queue": (str,),
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys

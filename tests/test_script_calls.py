@@ -38,6 +38,8 @@ CALLS = {
     "batch": tr.batch_call(KEYS, "b", {"total": 1, "members": [["calls", "b-1"]]},
                            [{"id": "b-1", "task": "t"}]),
     "batch_relay": tr.batch_relay_call(KEYS, [("b", "b-1", True)]),
+    "throttle": tr.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
+    "set_throttle": tr.set_throttle_call(KEYS, 60_000, "g"),
 }
 
 

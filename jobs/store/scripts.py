@@ -107,6 +107,8 @@ class Scripts:
         self.step: Script = register(source("step"))
         self.batch: Script = register(source("batch"))
         self.batch_relay: Script = register(source("batch_relay"))
+        self.throttle: Script = register(source("throttle"))
+        self.set_throttle: Script = register(source("set_throttle"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

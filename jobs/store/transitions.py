@@ -24,14 +24,14 @@ if TYPE_CHECKING:
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
-                     "progress", "step", "batch", "batch_relay"]
+                     "progress", "step", "batch", "batch_relay", "throttle", "set_throttle"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000
 SWEEP_BATCH = 100  # expired-before-start jobs a reaper pass moves to dead, per queue
 
-FailMode = Literal["retry", "fatal", "cancel"]
+FailMode = Literal["retry", "fatal", "cancel", "snooze"]
 LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output, progress, step
 
 
@@ -71,7 +71,7 @@ class ClaimResult:
 
 @dataclass
 class FailOutcome:
-    outcome: str  # "retry" | "dead" | "cancelled" | "lost"
+    outcome: str  # "retry" | "snoozed" | "dead" | "cancelled" | "lost"
     run_at_ms: int
     attempts: int
 
@@ -156,6 +156,11 @@ def resume_call(keys: QueueKeys) -> ScriptCall:
     return ScriptCall("resume", (keys.limits,), (keys.prefix,))
 
 
+def set_throttle_call(keys: QueueKeys, delay_ms: int, group: str | None = None) -> ScriptCall:
+    """Throttle the queue (or `group`) for `delay_ms` from Redis's now; 0 lifts it."""
+    return ScriptCall("set_throttle", (keys.limits,), (keys.prefix, int(delay_ms), group or ""))
+
+
 def parse_changed(reply: Any) -> bool:
     """pause and resume: True when the call changed the queue, False when it already
     was paused (pause) or was not paused (resume)."""
@@ -224,12 +229,15 @@ def parse_lease_reply(reply: Any) -> LeaseReply:
 
 
 def fail_call(keys: QueueKeys, job_id: str, token: str, error: Mapping[str, Any],
-              mode: FailMode | str = "retry", jitter: float | None = None) -> ScriptCall:
+              mode: FailMode | str = "retry", jitter: float | None = None,
+              delay_ms: int = 0, counted: bool = False) -> ScriptCall:
     """`jitter`, a uniform draw from [0, 1), is passed in so the script stays
-    deterministic (Redis replicates scripts by effect, but tests like a fixed draw)."""
+    deterministic (Redis replicates scripts by effect, but tests like a fixed draw).
+    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`)."""
     draw = random.random() if jitter is None else jitter
     return ScriptCall("fail", (keys.active, keys.scheduled, keys.dead),
-                      (keys.prefix, job_id, token, json.dumps(error), mode, draw))
+                      (keys.prefix, job_id, token, json.dumps(error), mode, draw,
+                       int(delay_ms), "1" if counted else "0"))
 
 
 def parse_fail(reply: Sequence[Any]) -> FailOutcome:
@@ -242,6 +250,24 @@ def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str) -> Script
 
 def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain") -> ScriptCall:
     return ScriptCall("release", (keys.active, keys.pending), (keys.prefix, job_id, token, reason))
+
+
+class Throttled(NamedTuple):
+    outcome: str  # "throttled" | "cancelled" (its cancel had been asked) | "lost"
+    until_ms: int  # the end of the throttle in force (Redis ms), 0 when none was set
+
+
+def throttle_call(keys: QueueKeys, job_id: str, token: str, delay_ms: int, group: bool,
+                  reason: str) -> ScriptCall:
+    """The handler of the job under `token` throttled its queue (`group`: its group) for
+    `delay_ms` (capped by the supervisor); the job goes back to pending."""
+    return ScriptCall("throttle", (keys.active, keys.limits),
+                      (keys.prefix, job_id, token, int(delay_ms),
+                       "group" if group else "queue", reason))
+
+
+def parse_throttle(reply: Sequence[Any]) -> Throttled:
+    return Throttled(str(reply[0]), int(reply[1]))
 
 
 def output_call(keys: QueueKeys, job_id: str, token: str, output: str) -> ScriptCall:

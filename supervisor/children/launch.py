@@ -13,7 +13,7 @@ import os
 
 from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
 from forq.queue import Lease
-from forq.supervisor.config.load import Config
+from forq.supervisor.config.load import DEFAULT_MAX_THROTTLE, Config
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import Launch
 from forq.supervisor.fork.environment import fork_server_env
@@ -54,6 +54,8 @@ class Launcher:
             tmp_bytes=sandbox.tmp_size,
             max_processes=sandbox.max_processes,
             steps=job.recorded_steps(),  # a re-run returns these without running them
+            group=f.get("group") or None,
+            max_throttle_ms=int((qc.max_throttle if qc else DEFAULT_MAX_THROTTLE) * 1000),
         )
 
     @staticmethod

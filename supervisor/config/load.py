@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forq.channel import MAX_THROTTLE_MS
 from forq.defaults import JOB_POLICY
 from forq.supervisor.config import fields as read
 from forq.supervisor.config import redis_table as config_redis
@@ -67,6 +68,10 @@ __all__ = [
 
 DEFAULT_REDIS_URL = config_redis.DEFAULT_REDIS_URL
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+# [[queue]].max_throttle: the longest a handler's `current().throttle(...)` pauses its
+# queue or group (a longer request is cut to this); 0 lets no handler pause anything
+DEFAULT_MAX_THROTTLE = 600.0
+MAX_THROTTLE = MAX_THROTTLE_MS / 1000  # what the channel carries at most (24 h)
 
 # Built-in per-job policy, in the units the rest of forq stores (ms, bytes).
 BUILTIN_POLICY = JOB_POLICY  # forq.defaults: the one source of every job default
@@ -90,6 +95,7 @@ _POLICY_KEYS = (
     "memory_limit",
     "max_attempts",
     "max_crashes",
+    "max_snoozes",
     "result_ttl",
     "idempotency_ttl",
     "max_result_bytes",
@@ -98,7 +104,8 @@ _POLICY_KEYS = (
 _BACKOFF_KEYS = ("base", "factor", "max", "jitter")
 MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
 _QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
-               "network", "paused", "group_concurrency", "group_rate_limit", "prefetch")
+               "network", "paused", "group_concurrency", "group_rate_limit", "prefetch",
+               "max_throttle")
 _METRICS_KEYS = ("listen",)
 _TRACING_KEYS = ("enabled", "setup")
 _SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
@@ -139,6 +146,9 @@ class QueueConfig:
     # jobs leased ahead of a free slot (see `supervisor/leases/held.py`): a slot starts its next
     # job the moment its child ends, without waiting for a claim's round trip
     prefetch: int = 0
+    # the longest pause a handler's `current().throttle` may put on this queue or one of
+    # its groups, in seconds (a longer request is cut to this; 0: throttles pause nothing)
+    max_throttle: float = DEFAULT_MAX_THROTTLE
 
 
 @dataclass(frozen=True)
@@ -241,6 +251,8 @@ def _policy_overrides(table: Mapping[str, Any], prefix: str) -> dict[str, int | 
         out["max_attempts"] = read.integer(table["max_attempts"], f"{prefix}.max_attempts", 1)
     if "max_crashes" in table:
         out["max_crashes"] = read.integer(table["max_crashes"], f"{prefix}.max_crashes", 0)
+    if "max_snoozes" in table:
+        out["max_snoozes"] = read.integer(table["max_snoozes"], f"{prefix}.max_snoozes", 0)
     if "result_ttl" in table:
         out["result_ttl_ms"] = read.ms(table["result_ttl"], f"{prefix}.result_ttl")
     if "idempotency_ttl" in table:
@@ -277,6 +289,13 @@ def _check_policy(policy: Mapping[str, int | float], where: str) -> None:
             f"{where}: backoff.max ({policy['backoff_max_ms']}ms) is less than "
             f"backoff.base ({policy['backoff_base_ms']}ms)"
         )
+
+
+def _max_throttle(value: object, where: str) -> float:
+    seconds = read.duration(value, where)
+    if seconds > MAX_THROTTLE:
+        raise read.expected(where, 'a duration up to "24h" (0: throttles pause nothing)', value)
+    return seconds
 
 
 def _listen(value: object, where: str) -> tuple[str, int] | None:
@@ -346,6 +365,8 @@ def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[s
                 paused=_paused(table.get("paused", False), f"{prefix}.paused"),
                 prefetch=read.integer(table.get("prefetch", 0), f"{prefix}.prefetch", 0,
                                       MAX_PREFETCH),
+                max_throttle=_max_throttle(table.get("max_throttle", DEFAULT_MAX_THROTTLE),
+                                           f"{prefix}.max_throttle"),
             )
         )
         overrides[name] = _policy_overrides(table, prefix)

@@ -66,6 +66,9 @@ class ChildSpec:
     max_processes: int = 0  # RLIMIT_NPROC in its own user namespace (0: not set)
     # the job's durable steps recorded by earlier runs: name -> result JSON (`forq.channel`)
     steps: dict[str, str] = field(default_factory=dict)
+    group: str | None = None  # the job's group (`current().throttle(group=True)`)
+    # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
+    max_throttle_ms: int = 0
 
 
 def _find_prctl() -> Any:
@@ -228,6 +231,16 @@ def _error(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _plain_error(exc: BaseException, kind: str) -> dict[str, Any]:
+    """The error part of a handler's own retry or throttle: what it said, no traceback
+    (it is not a failure)."""
+    try:
+        message = str(exc)[:ERROR_CAPS["reason"]]
+    except Exception:  # noqa: BLE001 — a hostile __str__ must not lose the report
+        message = kind
+    return {"type": kind, "message": message, "traceback": "", "reason": message}
+
+
 def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     """Run the handler and encode the one result message the parent reads
     (`forq.supervisor.fork.messages` is the schema); `fd` is the channel the handler's
@@ -235,7 +248,7 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     must say nothing more (the parent drops it)."""
     channel = Channel(fd, spec.steps)
     ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes,
-                              traceparent=spec.traceparent, channel=channel)
+                              group=spec.group, traceparent=spec.traceparent, channel=channel)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
     try:
@@ -244,6 +257,14 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
         result = run(task, spec.args, spec.kwargs)
     except LeaseLost:
         return b""
+    except registry.Retry as exc:
+        channel.flush()
+        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Retry"),
+                       "retry": {"delay_ms": exc.delay_ms, "counted": exc.counted}})
+    except registry.Throttled as exc:
+        channel.flush()
+        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Throttled"),
+                       "throttle": {"delay_ms": exc.delay_ms, "group": exc.group}})
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
         channel.flush()
         fatal = task is None or isinstance(exc, (registry.NonRetryable, StepError))

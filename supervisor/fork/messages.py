@@ -17,6 +17,15 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
 "fatal": bool}``
     the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
     no retry.
+``{"t": "result", "ok": false, "error": {...}, "retry": {"delay_ms": int, "counted": bool}}``
+    the handler raised `Retry` (a snooze): again after ``delay_ms`` (0 to
+    `MAX_SNOOZE_MS`), an attempt only if ``counted``.
+``{"t": "result", "ok": false, "error": {...}, "throttle": {"delay_ms": int, "group": bool}}``
+    the handler called ``current().throttle``: its own queue (or, with ``group``, its
+    own job's group: the message names neither, so a child cannot pause another) is
+    not claimed from for ``delay_ms`` (0 to `MAX_THROTTLE_MS`, then cut to the queue's
+    ``max_throttle`` by the parent), and the job goes back to wait. ``group`` for a
+    job without a group is a violation.
 
 ``{"t": "progress", "progress": 0.42, "message": "resized 42 of 100"}``
     ``current().progress``: a number in 0..1 and a short message (throttled by the
@@ -44,10 +53,12 @@ from typing import Any
 
 from forq.channel import (
     MAX_PROGRESS_MESSAGE,
+    MAX_SNOOZE_MS,
     MAX_STEP_BYTES,
     MAX_STEP_NAME,
     MAX_STEPS,
     MAX_STEPS_BYTES,
+    MAX_THROTTLE_MS,
 )
 from forq.payload import check_callback, check_followup
 
@@ -85,6 +96,11 @@ class Report:
     # the batch the handler opened (`current().batch`), checked: id, members (specs with
     # their queue), on_success / on_complete (specs); None when it opened none
     batch: dict[str, Any] | None = None
+    # the handler's own retry (`Retry`): (delay ms, counted as an attempt), else None
+    snooze: tuple[int, bool] | None = None
+    # its throttle (`current().throttle`): (delay ms, of its group rather than its
+    # queue), else None
+    throttle: tuple[int, bool] | None = None
 
 
 @dataclass
@@ -158,8 +174,9 @@ def _check_error(error: Any) -> dict[str, str]:
     return checked
 
 
-def parse_result(message: dict[str, Any], job_id: str, queue: str = "") -> Report:
-    """Check a ``"t": "result"`` message of job `job_id` (of `queue`)."""
+def parse_result(message: dict[str, Any], job_id: str, queue: str = "",
+                 group: str | None = None) -> Report:
+    """Check a ``"t": "result"`` message of job `job_id` (of `queue`, in `group`)."""
     ok = message.get("ok")
     if not isinstance(ok, bool):
         raise Violation(f"result.ok must be true or false, got {ok!r}"[:200])
@@ -183,13 +200,38 @@ def parse_result(message: dict[str, Any], job_id: str, queue: str = "") -> Repor
                 raise Violation(f"batch: {problem}")
         result = json.dumps(message.get("result"), separators=(",", ":"), allow_nan=False)
         return Report(True, result_json=result, followups=followups, batch=opened)
-    unknown = set(message) - {"t", "ok", "error", "fatal"}
+    unknown = set(message) - {"t", "ok", "error", "fatal", "retry", "throttle"}
     if unknown:
         raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
     fatal = message.get("fatal", False)
     if not isinstance(fatal, bool):
         raise Violation(f"result.fatal must be true or false, got {fatal!r}"[:200])
-    return Report(False, error=_check_error(message.get("error")), fatal=fatal)
+    report = Report(False, error=_check_error(message.get("error")), fatal=fatal)
+    if sum(1 for name in ("retry", "throttle") if name in message) + fatal > 1:
+        raise Violation("a result is at most one of fatal, retry and throttle")
+    if "retry" in message:
+        report.snooze = _check_delay(message["retry"], "retry", "counted", MAX_SNOOZE_MS)
+    if "throttle" in message:
+        report.throttle = _check_delay(message["throttle"], "throttle", "group", MAX_THROTTLE_MS)
+        if report.throttle[1] and not group:
+            raise Violation("throttle.group for a job that has no group")
+    return report
+
+
+def _check_delay(value: Any, name: str, flag: str, cap_ms: int) -> tuple[int, bool]:
+    """A retry's or a throttle's {"delay_ms", flag} as (delay ms, flag)."""
+    if not isinstance(value, dict):
+        raise Violation(f"{name} must be an object, got {type(value).__name__}")
+    unknown = set(value) - {"delay_ms", flag}
+    if unknown:
+        raise Violation(f"{name} has unknown field(s) {', '.join(sorted(map(str, unknown)))}"[:200])
+    delay = value.get("delay_ms")
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= cap_ms:
+        raise Violation(f"{name}.delay_ms must be an integer from 0 to {cap_ms}, got {delay!r}"[:200])
+    on = value.get(flag, False)
+    if not isinstance(on, bool):
+        raise Violation(f"{name}.{flag} must be true or false, got {on!r}"[:200])
+    return delay, on
 
 
 def check_opened_batch(opened: Any, job_id: str, queue: str) -> str:
@@ -229,10 +271,11 @@ class MessageReader:
     violation sets `violation` and stops reading; the parent then kills the child."""
 
     def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0,
-                 queue: str = "", recorded_bytes: int = 0) -> None:
+                 queue: str = "", recorded_bytes: int = 0, group: str | None = None) -> None:
         self.job_id = job_id
         self.line_cap = line_cap
         self.queue = queue
+        self.group = group
         self.buf = bytearray()
         self.report: Report | None = None
         self.violation: str = ""
@@ -323,7 +366,7 @@ class MessageReader:
         kind = message.get("t")
         try:
             if kind == "result":
-                self.report = parse_result(message, self.job_id, self.queue)
+                self.report = parse_result(message, self.job_id, self.queue, self.group)
             elif kind == "progress":
                 self._check_rate()
                 self.progress = check_progress(message)

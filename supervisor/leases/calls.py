@@ -101,12 +101,24 @@ class LeaseCalls:
         return client if client is not None else tr.parse_batch(reply)
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
-             client: Any = None) -> Any:
-        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua)."""
-        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode), client)
+             client: Any = None, delay_ms: int = 0, counted: bool = False) -> Any:
+        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua); mode
+        "snooze": the handler's own retry after `delay_ms`, an attempt if `counted`."""
+        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode,
+                                              delay_ms=delay_ms, counted=counted), client)
         return client if client is not None else tr.parse_fail(reply)
 
     parse_fail = staticmethod(tr.parse_fail)
+
+    def throttle(self, job_id: str, token: str, delay_ms: int, group: bool, reason: str,
+                 client: Any = None) -> Any:
+        """The job's handler throttled its queue (its group): see lua/throttle.lua.
+        Returns a `Throttled`; with a pipeline, queues the call (`parse_throttle`)."""
+        reply = self.scripts.run(tr.throttle_call(self.keys, job_id, token, delay_ms, group,
+                                                  reason), client)
+        return client if client is not None else tr.parse_throttle(reply)
+
+    parse_throttle = staticmethod(tr.parse_throttle)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
         """Report a crashed child: the lease expires now ("ok"), or "lost"."""
