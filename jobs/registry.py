@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from forq.channel import MAX_SNOOZE_MS, MAX_THROTTLE_MS, Channel
+from forq.channel import MAX_SNOOZE_MS, MAX_THROTTLE_MS, Channel, ParentResult
 from forq.errors import PayloadError
 from forq.payload import build_spec
 from forq.store.batchspec import build_batch
@@ -183,6 +183,27 @@ class JobContext:
     async def astep(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`step` for an async handler: `fn` may be a coroutine function."""
         return await self.channel.astep(name, fn, *args, **kwargs)
+
+    def parents(self) -> list[ParentResult]:
+        """This job's parents — the jobs of its `depends_on`, or, for a batch's callback,
+        the batch's members — each with its state and result (`ParentResult`; state
+        "expired" when its record is gone, its result_ttl passed). Read through the
+        supervisor (fenced by this run's lease) once per run, page by page."""
+        return self.channel.parents(self.id)
+
+    def parent_results(self) -> dict[str, Any]:
+        """The results of this job's parents that succeeded, by job id, in order: what
+        a dependent or a batch's callback most often wants (`parents` has the rest)."""
+        return {p.id: p.result for p in self.parents() if p.state == "succeeded"}
+
+    async def aparents(self) -> list[ParentResult]:
+        """`parents` for an async handler (the first call waits for one round trip of
+        the supervisor, blocking the loop that long)."""
+        return self.parents()
+
+    async def aparent_results(self) -> dict[str, Any]:
+        """`parent_results` for an async handler (as `aparents`)."""
+        return self.parent_results()
 
     def throttle(self, duration: Any, *, group: bool = False, reason: str = "") -> None:
         """Pause this job's queue (``group=True``: only this job's group) on every

@@ -75,3 +75,47 @@ def mark(runs: str, value: object = None):
     """Mark its start time; return `value`."""
     _mark(runs, f"{time.time():.3f}")
     return value
+
+
+@task("control.parents")
+def parents(batch_id: str = ""):
+    """What a dependent or a batch callback reads of its parents (twice: the second
+    read is the run's copy, no new request)."""
+    first = current().parents()
+    assert current().parents() == first
+    return {"results": current().parent_results(),
+            "parents": [[p.id, p.queue, p.state, p.result, p.reason] for p in first]}
+
+
+@task("control.async_parents")
+async def async_parents(batch_id: str = ""):
+    return {"results": await current().aparent_results(),
+            "states": [p.state for p in await current().aparents()]}
+
+
+@task("control.parent_sizes")
+def parent_sizes(batch_id: str = ""):
+    """Only the sizes of what it read (the results themselves may be megabytes)."""
+    return {p.id: len(json_text(p.result)) for p in current().parents()}
+
+
+def json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+@task("control.blob")
+def blob(size: int, tag: str = ""):
+    """A result of about `size` bytes."""
+    return tag + "x" * size
+
+
+@task("control.ask_and_sleep")
+def ask_and_sleep(seconds: float):
+    """Ask for its parents on the raw channel, then never read the answer."""
+    import os
+
+    os.write(3, b'{"t": "parents"}\n')
+    time.sleep(seconds)
+    return "woke"

@@ -40,6 +40,7 @@ CALLS = {
     "batch_relay": tr.batch_relay_call(KEYS, [("b", "b-1", True)]),
     "throttle": tr.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
     "set_throttle": tr.set_throttle_call(KEYS, 60_000, "g"),
+    "parents": tr.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
 }
 
 

@@ -109,6 +109,7 @@ class Scripts:
         self.batch_relay: Script = register(source("batch_relay"))
         self.throttle: Script = register(source("throttle"))
         self.set_throttle: Script = register(source("set_throttle"))
+        self.parents: Script = register(source("parents"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
-                     "progress", "step", "batch", "batch_relay", "throttle", "set_throttle"]
+                     "progress", "step", "batch", "batch_relay", "throttle", "set_throttle",
+                     "parents"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -297,6 +298,32 @@ def step_call(keys: QueueKeys, job_id: str, token: str, name: str,
     """Not a state change: a durable step's result (checked, compact JSON) kept in the
     job's record under the lease; answered with `parse_lease_reply`."""
     return ScriptCall("step", (keys.active,), (keys.prefix, job_id, token, name, result_json))
+
+
+class ParentsPage(NamedTuple):
+    """A page of a running job's parents (lua/parents.lua)."""
+
+    status: str  # "ok", "lost" (stale token) or "expired" (a callback's batch is gone)
+    total: int
+    next: int  # the index of the next page's first parent, -1 after the last page
+    # per parent [queue, id, state, result JSON, reason]; [queue, id] alone for one on
+    # another queue (read apart); state "" when its record is gone
+    entries: list[list[str]]
+
+
+def parents_call(keys: QueueKeys, job_id: str, token: str, first: int, most: int,
+                 budget: int) -> ScriptCall:
+    """A page of the parents of the job under `token`: from parent `first`, at most
+    `most` of them and `budget` bytes of results and reasons (at least one parent)."""
+    return ScriptCall("parents", (keys.active,), (keys.prefix, job_id, token, first, most,
+                                                  budget))
+
+
+def parse_parents(reply: Sequence[Any]) -> ParentsPage:
+    if reply and reply[0] in ("lost", "expired"):
+        return ParentsPage(str(reply[0]), 0, -1, [])
+    return ParentsPage("ok", int(reply[0]), int(reply[1]),
+                       [[str(part) for part in entry] for entry in reply[2:]])
 
 
 def reclaim_call(keys: QueueKeys, reclaimer: str, default_max_crashes: int = 3,

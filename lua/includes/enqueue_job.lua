@@ -18,7 +18,7 @@ local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashe
 
 -- A spec's links (batch membership, dependencies) as fields of its new job record.
 local function add_link_fields(spec, fields)
-  for _, f in ipairs({'batch', 'batch_queue', 'allow_failure'}) do
+  for _, f in ipairs({'batch', 'batch_queue', 'allow_failure', 'callback_of'}) do
     if spec[f] ~= nil then
       table.insert(fields, f)
       table.insert(fields, tostring(spec[f]))

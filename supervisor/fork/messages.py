@@ -40,6 +40,14 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     `MAX_STEPS` per job, a name over `MAX_STEP_NAME` bytes, a result over
     `MAX_STEP_BYTES` or results over `MAX_STEPS_BYTES` in all is a violation.
 
+``{"t": "parents"}``
+    ``current().parents()``: the next page of the job's parents and their results. The
+    parent answers on the same socket, one line ``{"parents": [[queue, id, state,
+    result JSON text, reason], ...], "more": bool}``, or ``{"parents": null,
+    "answer": "lost" | "expired"}``; it reads which parents from Redis, never from the
+    child. A request before the previous answer was written whole (or while a step
+    waits), or after the last page, is a violation: each parent is read once per run.
+
 The result is the child's last message: anything after it is a violation.
 """
 
@@ -284,6 +292,10 @@ class MessageReader:
         self.progress: Progress | None = None  # the latest, not yet taken
         self.steps: list[Step] = []  # sent, not yet taken
         self.step_open = False  # a step awaits the parent's answer (`answered`)
+        # a request for the next page of its parents awaits its answer, and where the
+        # next page starts (-1: the last was answered; `parents_answered`)
+        self.parents_open = False
+        self.parents_next = 0
         self.step_count = recorded_steps  # this job's steps, recorded and sent
         self.step_bytes = recorded_bytes  # and their results' bytes
         self._allowance = float(PROGRESS_BURST)
@@ -320,6 +332,22 @@ class MessageReader:
         """The parent answered the open step: the child may send the next one."""
         self.step_open = False
 
+    def parents_answered(self, next_page: int) -> None:
+        """The parent wrote its answer to the open request for parents whole; the next
+        page starts at parent `next_page` (-1: no more)."""
+        self.parents_open = False
+        self.parents_next = next_page
+
+    def _parents(self, message: dict[str, Any]) -> None:
+        unknown = set(message) - {"t"}
+        if unknown:
+            raise Violation(f"parents has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+        if self.step_open or self.parents_open:
+            raise Violation("asked for its parents before its previous request was answered")
+        if self.parents_next < 0:
+            raise Violation("asked for its parents again after the last page")
+        self.parents_open = True
+
     def _check_rate(self) -> None:
         now = time.monotonic()
         self._allowance = min(float(PROGRESS_BURST),
@@ -332,6 +360,8 @@ class MessageReader:
     def _step(self, message: dict[str, Any]) -> None:
         if self.step_open:
             raise Violation("sent a step before its previous step was answered")
+        if self.parents_open:
+            raise Violation("sent a step before its request for parents was answered")
         step = check_step(message)
         if self.step_count >= MAX_STEPS:
             raise Violation(f"more than {MAX_STEPS} steps")
@@ -372,6 +402,8 @@ class MessageReader:
                 self.progress = check_progress(message)
             elif kind == "step":
                 self._step(message)
+            elif kind == "parents":
+                self._parents(message)
             else:
                 raise Violation(f"unknown message kind {kind!r}"[:200])
         except Violation as exc:

@@ -146,6 +146,17 @@ class LeaseCalls:
                                  client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
+    def read_parents(self, job_id: str, token: str, first: int, most: int, budget: int,
+                     client: Any = None) -> Any:
+        """A page of the parents of the job under `token` and their results (see
+        lua/parents.lua): a `ParentsPage`; with a pipeline, queues the call
+        (`parse_parents`). The supervisor's, for a handler's `current().parents()`."""
+        reply = self.scripts.run(tr.parents_call(self.keys, job_id, token, first, most, budget),
+                                 client)
+        return client if client is not None else tr.parse_parents(reply)
+
+    parse_parents = staticmethod(tr.parse_parents)
+
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""
         reply = self.scripts.run(tr.release_call(self.keys, job_id, token, reason), client)
