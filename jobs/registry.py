@@ -157,6 +157,8 @@ class JobContext:
     attempts: int = 0
     crashes: int = 0
     group: str | None = None  # the job's group (enqueued with `group=`), None for none
+    # how often its handler put it off so far (`Retry`, `throttle`): at most max_snoozes
+    snoozes: int = 0
     followups: list[dict[str, Any]] = field(default_factory=list)
     # W3C traceparent of the handler's span when the supervisor traces ([tracing]):
     # follow-ups carry it, and handler code may parent its own spans to it
@@ -211,7 +213,7 @@ class JobContext:
         and end this run: the job goes back to wait, not counted as an attempt, and runs
         once the pause is over. Never returns (raises `Throttled`). The supervisor caps
         the pause at its queue's ``max_throttle``; a longer pause already in place
-        stays."""
+        stays. Like a `Retry`, it counts as one of the job's ``max_snoozes``."""
         if group and not self.group:
             raise ValueError(f"job {self.id} has no group: throttle(group=True) needs a job "
                              "enqueued with group=")

@@ -132,8 +132,9 @@ def test_a_throttle_pauses_its_queue_on_every_supervisor_and_the_job_waits(
                  message="the throttle reported")
         left = queue.throttled()
         assert left is not None and 0.3 < left <= 0.8, left
-        assert queue.get(job.id).state == "pending" and queue.get(job.id).attempts == 0
-        throttled = queue.get(job.id).history[-1]
+        back = queue.get(job.id)
+        assert back.state == "pending" and back.attempts == 0 and back.snoozes == 1
+        throttled = back.history[-1]
         assert throttled["reason"] == "429 from upstream" and throttled["scope"] == "queue"
         other = queue.enqueue("control.mark", str(others))
         assert job.wait(timeout=20) == 2 and other.wait(timeout=20) is None
@@ -172,6 +173,16 @@ def test_a_group_throttle_holds_that_group_only(sup, queue, tmp_path):
         starts(runs), starts(same), starts(other))
     entry = next(e for e in queue.get(job.id).history if e["event"] == "throttled")
     assert entry["scope"] == "group" and entry["group"] == "g1"
+
+
+def test_a_job_cannot_throttle_forever_past_max_snoozes_it_is_dead(sup, queue, tmp_path):
+    job = queue.enqueue("control.throttle", str(tmp_path / "runs"), "10ms", False, 1000,
+                        max_snoozes=2)
+    done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+    assert done.state == "dead" and done.snoozes == 3, done.history
+    assert done.reason == ("429 from upstream (throttled; snoozed 3 times, over "
+                           "max_snoozes 2)")
+    assert [e["event"] for e in done.history].count("throttled") == 2
 
 
 def test_except_exception_does_not_swallow_a_throttle(sup, queue, tmp_path):

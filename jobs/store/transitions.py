@@ -254,7 +254,9 @@ def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain"
 
 
 class Throttled(NamedTuple):
-    outcome: str  # "throttled" | "cancelled" (its cancel had been asked) | "lost"
+    # "throttled" | "dead" (past max_snoozes) | "cancelled" (its cancel had been asked) |
+    # "lost"
+    outcome: str
     until_ms: int  # the end of the throttle in force (Redis ms), 0 when none was set
 
 
@@ -262,7 +264,7 @@ def throttle_call(keys: QueueKeys, job_id: str, token: str, delay_ms: int, group
                   reason: str) -> ScriptCall:
     """The handler of the job under `token` throttled its queue (`group`: its group) for
     `delay_ms` (capped by the supervisor); the job goes back to pending."""
-    return ScriptCall("throttle", (keys.active, keys.limits),
+    return ScriptCall("throttle", (keys.active, keys.limits, keys.dead),
                       (keys.prefix, job_id, token, int(delay_ms),
                        "group" if group else "queue", reason))
 

@@ -55,6 +55,7 @@ class Launcher:
             max_processes=sandbox.max_processes,
             steps=job.recorded_steps(),  # a re-run returns these without running them
             group=f.get("group") or None,
+            snoozes=job.snoozes,
             max_throttle_ms=int((qc.max_throttle if qc else DEFAULT_MAX_THROTTLE) * 1000),
         )
 

@@ -67,6 +67,7 @@ class ChildSpec:
     # the job's durable steps recorded by earlier runs: name -> result JSON (`forq.channel`)
     steps: dict[str, str] = field(default_factory=dict)
     group: str | None = None  # the job's group (`current().throttle(group=True)`)
+    snoozes: int = 0  # how often its handler put it off (`Retry`, `throttle`)
     # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
     max_throttle_ms: int = 0
 
@@ -248,7 +249,8 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     must say nothing more (the parent drops it)."""
     channel = Channel(fd, spec.steps)
     ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes,
-                              group=spec.group, traceparent=spec.traceparent, channel=channel)
+                              group=spec.group, snoozes=spec.snoozes,
+                              traceparent=spec.traceparent, channel=channel)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
     try:

@@ -270,7 +270,8 @@ class Reporter:
         elif outcome.kind is Kind.THROTTLE:
             throttled = LeaseCalls.parse_throttle(last)
             metric = ("lease_lost" if throttled.outcome == "lost" else
-                      "cancelled" if throttled.outcome == "cancelled" else "throttled")
+                      "cancelled" if throttled.outcome == "cancelled" else
+                      "dead" if throttled.outcome == "dead" else "throttled")
             scope = "its group" if outcome.group else "its queue"
             log.info("job %s %s throttled %s for %.3fs (%s): %s", child.job_id, child.task,
                      scope, outcome.delay_ms / 1000, outcome.reason, throttled.outcome,
