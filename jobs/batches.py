@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from forq.errors import JobNotFound
-from forq.job import _loads
+from forq.job import loads_field
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import BatchSpec
@@ -101,10 +101,10 @@ def read_batch(keys: QueueKeys, batch_id: str, members: bool = True) -> Plan[Bat
     for (q, member_id), (state, result, dead_reason, error) in zip(pairs, replies, strict=True):
         reason = dead_reason
         if reason is None and error:
-            err = _loads(error)
+            err = loads_field(error)
             reason = err.get("reason") if isinstance(err, dict) else None
         status.members.append(BatchMember(member_id, q, state or "",
-                                          _loads(result) if result else None, reason))
+                                          loads_field(result) if result else None, reason))
     return status
 
 

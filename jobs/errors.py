@@ -77,8 +77,12 @@ class IncompatibleFormat(ForqError):
 
 def refused(exc: Exception) -> Exception:
     """A script's refusal of bad input (an error reply starting "forq: ", such as a
-    dependency on an unknown job) as a `PayloadError`; any other error unchanged."""
+    dependency on an unknown job) as a `PayloadError`; any other error unchanged. In a
+    pipeline (a Queue's first enqueue registers the queue in the same round trip)
+    redis-py prefixes the reply with "Command # N (...) of pipeline caused error: "."""
     text = str(exc)
+    if text.startswith("Command # ") and " of pipeline caused error: " in text:
+        text = text.split(" of pipeline caused error: ", 1)[1]
     if text.startswith("forq: "):
         return PayloadError(text[len("forq: "):])
     return exc

@@ -48,7 +48,8 @@ _INT_FIELDS = (
 STEP_PREFIX = "step:"  # a durable step's field in the job hash (lua/step.lua)
 
 
-def _loads(text: str | None) -> Any:
+def loads_field(text: str | None) -> Any:
+    """A JSON field of a job record as Python; the raw text if it is not JSON."""
     if text is None or text == "":
         return None
     try:
@@ -84,7 +85,7 @@ class Job:
                     pass
         entries = []
         for raw in history:
-            entry = _loads(raw)
+            entry = loads_field(raw)
             if isinstance(entry, dict) and "at" in entry:
                 entry["at"] = entry["at"] / 1000.0
             entries.append(entry)
@@ -107,11 +108,11 @@ class Job:
 
     @property
     def args(self) -> list[Any]:
-        return _loads(self.fields.get("args")) or []
+        return loads_field(self.fields.get("args")) or []
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return _loads(self.fields.get("kwargs")) or {}
+        return loads_field(self.fields.get("kwargs")) or {}
 
     @property
     def attempts(self) -> int:
@@ -128,11 +129,11 @@ class Job:
 
     @property
     def result(self) -> Any:
-        return _loads(self.fields.get("result"))
+        return loads_field(self.fields.get("result"))
 
     @property
     def error(self) -> Any:
-        return _loads(self.fields.get("error"))
+        return loads_field(self.fields.get("error"))
 
     @property
     def output(self) -> str:
@@ -165,7 +166,7 @@ class Job:
         found = []
         for name, raw in self.fields.items():
             if isinstance(name, str) and name.startswith(STEP_PREFIX):
-                entry = _loads(raw)
+                entry = loads_field(raw)
                 if not isinstance(entry, dict):
                     entry = {"result": entry}
                 found.append((name[len(STEP_PREFIX):], entry))
@@ -195,7 +196,7 @@ class Job:
     @property
     def depends_on(self) -> list[str]:
         """The jobs it waits on or waited on (``depends_on``), [] for none."""
-        return _loads(self.fields.get("depends_on")) or []
+        return loads_field(self.fields.get("depends_on")) or []
 
     @property
     def waiting_on(self) -> int:

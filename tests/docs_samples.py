@@ -94,11 +94,8 @@ class Page:
 
 
 def pages() -> list[Page]:
-    """The README, every page of docs/, and the generated configuration page."""
-    from docs.gen_config import PAGE, render
-
+    """The README and every page of docs/ (configuration.md, generated, included)."""
     found = [Page("README.md", (REPO / "README.md").read_text())]
     for path in sorted(DOCS.rglob("*.md")):
         found.append(Page(str(path.relative_to(REPO)), path.read_text()))
-    found.append(Page(f"docs/{PAGE} (generated)", render()))
     return found

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tests import vm
@@ -121,8 +122,9 @@ def _venv_from(tree: Path) -> Path:
     if (venv / "ready").exists():
         return venv
     vm.CACHE.mkdir(exist_ok=True)
-    for old in vm.CACHE.glob("venv-*"):
-        shutil.rmtree(old, ignore_errors=True)
+    for old in vm.CACHE.glob("venv-*"):  # another checkout's run may still use a recent one
+        if time.time() - old.stat().st_mtime > 6 * 3600:
+            shutil.rmtree(old, ignore_errors=True)
     build = Path(f"{venv}.partial")
     shutil.rmtree(build, ignore_errors=True)
     try:

@@ -247,6 +247,10 @@ def test_bad_dependencies_are_refused_and_nothing_is_written(queue, other):
     elsewhere = other.enqueue("t")
     with pytest.raises(PayloadError, match=f"no job {elsewhere.id} in queue {queue.name}"):
         queue.enqueue("t", depends_on=[elsewhere])
+    # a new client's first enqueue registers the queue in the same pipeline
+    fresh = Queue(queue.name, redis=queue.redis)
+    with pytest.raises(PayloadError, match=r"^depends_on of job .*: no job nope in queue"):
+        fresh.enqueue("t", depends_on=["nope"])
     with pytest.raises(PayloadError, match="depends_on must be a list of job ids"):
         queue.enqueue("t", depends_on=known.id)
     with pytest.raises(PayloadError, match="depends_on is empty"):

@@ -2,9 +2,9 @@
 flowing both ways, each version running its own scripts (EVALSHA of its own text).
 
 "The previous version" is the commit before the one that added forq.dataformat (now
-forq.store.dataformat), taken
-from git (`git archive`) and staged in forq's installed layout (tests/typecheck.py's
-mapping): what a machine not yet upgraded runs.
+forq.store.dataformat), taken from git (`git archive`) and staged in forq's installed
+layout (pyproject.toml's package-dir, tests/layout.py): what a machine not yet upgraded
+runs.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pytest
 from forq import Queue
 from forq.store.connection import connect
 from forq.store.scripts import expand, source
+from tests.layout import folders
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, write_config
-from tests.typecheck import LAYOUT
 
 PROBE = """
 import json, sys
@@ -52,7 +52,7 @@ def previous_version(dest: Path) -> str:
     tree = dest / "tree"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(tree, filter="data")
-    for target, folder in LAYOUT.items():
+    for target, folder in folders().items():
         if (tree / folder).is_dir():
             shutil.copytree(tree / folder, dest / "site" / target, dirs_exist_ok=True)
     return f"{commits[-1]}^"

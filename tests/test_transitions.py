@@ -987,6 +987,28 @@ def test_refuses_an_unknown_option(queue):
     assert queue.redis.zcard(queue.keys.pending) == 0
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"backoff": {"bas": "1s"}}, "backoff has unknown key(s) bas"),
+    ({"backoff": {"factor": "x"}}, "backoff.factor must be a number"),
+    ({"backoff": {"factor": 0.5}}, "backoff.factor must be at least 1"),
+    ({"backoff": {"jitter": 5}}, "backoff.jitter must be from 0 to 1"),
+    ({"backoff": ["1s"]}, "backoff must be a mapping"),
+    ({"timeout": 0}, "timeout must be more than 0"),
+    ({"timeout": "5x"}, "timeout: expected a duration"),
+    ({"max_attempts": True}, "max_attempts must be an integer"),
+    ({"max_crashes": -1}, "max_crashes must be at least 0"),
+    ({"max_result_bytes": 0}, "max_result_bytes must be at least 1"),
+    ({"memory_limit": "lots"}, "memory_limit"),
+])
+def test_refuses_a_policy_option_outside_what_a_config_allows(queue, options, named):
+    """Per-job options are the config's policy rows (forq.defaults): the same bounds, a
+    PayloadError naming the option, nothing enqueued."""
+    with pytest.raises(PayloadError) as info:
+        queue.enqueue("t.x", **options)
+    assert named in str(info.value) and "'t.x'" in str(info.value)
+    assert queue.redis.zcard(queue.keys.pending) == 0
+
+
 def test_enqueue_many_refuses_the_whole_batch(queue, r):
     jobs = [{"task": "t.x", "args": [i]} for i in range(10)]
     jobs[6]["args"] = [{1}]

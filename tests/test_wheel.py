@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from forq.store.scripts import TRANSITIONS
+from tests.layout import folders, installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -123,12 +124,12 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
     for script in (*TRANSITIONS, *includes):
         assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
     # every module of every folder that installs (pyproject.toml's package-dir) is in it
-    for package, folder in {"forq": "jobs", "forq/supervisor": "supervisor",
-                            "forq/testing": "testing", "forq/lua": "lua",
-                            "forq/web": "web"}.items():
+    for package, folder in folders().items():
         for path in (REPO / folder).rglob("*.py"):
             inside = f"{package}/{path.relative_to(REPO / folder)}"
             assert inside in names, f"{inside} is missing from the wheel"
+    # and nothing else: exactly what the editable install links (tests/layout.py)
+    assert {n for n in names if ".dist-info/" not in n} == set(installed_files())
     assert "forq/py.typed" in names, "PEP 561: type checkers read forq's annotations"
     # the dashboard's templates and static files are package data
     for folder in ("templates", "static"):

@@ -13,7 +13,8 @@ import os
 
 from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
 from forq.queue import Lease
-from forq.supervisor.config.load import DEFAULT_MAX_THROTTLE, Config
+from forq.supervisor.config.load import Config
+from forq.supervisor.config.queues import DEFAULT_MAX_THROTTLE
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import Launch
 from forq.supervisor.fork.environment import fork_server_env

@@ -4,11 +4,13 @@
 | --- | --- |
 | `main` | `main()`: the parser, logging, and the dispatch to a command |
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
-| `jobs` | forq run, enqueue, job, cancel |
+| `jobs` | forq run, job, cancel |
+| `enqueue` | forq enqueue (registered by `jobs`, after run): one job with any option, many from a file, or a batch |
 | `batches` | forq batch |
 | `stats` | forq stats, workers, schedules |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
+| `replay` | forq replay: a finished job run again here, nothing recorded |
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
 | `terminal` | where human output goes: rich on a terminal, plain text elsewhere |
 | `demo` | `make demo` |
@@ -21,4 +23,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "batches", "stats", "dead", "operate", "replay")

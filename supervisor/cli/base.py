@@ -105,6 +105,17 @@ def duration_arg(text: str, option: str, *, positive: bool = False) -> float:
         raise UsageError(str(exc)) from None
 
 
+def size_arg(text: str, option: str) -> int:
+    """A size option ("512MiB") in bytes, read as the config reads one; a bad one is a
+    usage error."""
+    from forq.supervisor.config import fields as config_fields
+
+    try:
+        return config_fields.size(text, option)
+    except config_fields.Invalid as exc:
+        raise UsageError(str(exc)) from None
+
+
 def emit(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str, ensure_ascii=False))
 

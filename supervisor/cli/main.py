@@ -2,6 +2,8 @@
 
     forq run [--config PATH]
     forq enqueue TASK [--args JSON] [--kwargs JSON] [-q QUEUE] [--priority N] [--delay 30s] [--key KEY]
+        [--max-attempts N] [--timeout 30s] [--depends-on ID] [...every option of Queue.enqueue] [--json]
+    forq enqueue --jobs FILE|- [-q QUEUE] [--batch [--on-success TASK] [--on-complete TASK]] [--json]
     forq stats [-q QUEUE] [--json] [--watch [--interval 2s]]
     forq job ID [--json]
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]

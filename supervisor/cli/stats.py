@@ -23,8 +23,6 @@ from forq.supervisor.cli.base import (
     redis_now,
 )
 
-CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: `stats --watch` redraws in place
-
 
 def _stats(client: redis.Redis, only: str | None) -> dict[str, dict[str, Any]]:
     names = [only] if only else known_queues(client)
@@ -72,8 +70,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 elif live is not None:
                     live.update(render.stats_grid(stats) if stats else None,
                                 render.stats_table(stats), head)
-                else:  # not a terminal: plain frames, each after a clear-screen code
-                    sys.stdout.write(f"{CLEAR}{head}\n\n{render.stats_table(stats)}\n")
+                else:  # not a terminal: plain frames one after another, no escape codes
+                    sys.stdout.write(f"{head}\n\n{render.stats_table(stats)}\n\n")
                     sys.stdout.flush()
                 time.sleep(interval)
                 try:  # keep watching through a Redis outage

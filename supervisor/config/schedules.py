@@ -1,31 +1,25 @@
 """`[[schedule]]` entries: cron expressions (by cronsim), `@every <duration>`, time zones
-and catch-up, checked when the config loads so a bad expression is one clear line."""
+and catch-up, checked when the config loads so a bad expression is one clear line.
+Each field of `ScheduleConfig` but `every` is the row of its key (`schema.key`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cronsim
 
 from forq.supervisor.config import fields as read
+from forq.supervisor.config import schema
+from forq.supervisor.config.schema import REQUIRED, key
 from forq.units import describe_value
 
-_SCHEDULE_KEYS = (
-    "name",
-    "cron",
-    "timezone",
-    "queue",
-    "task",
-    "args",
-    "kwargs",
-    "catch_up",
-    "max_catch_up",
-)
+SCOPE = "[[schedule]]"
 _CATCH_UP = ("none", "latest", "all")
 
 # cronsim only takes field expressions; these are the usual cron macros.
@@ -42,6 +36,39 @@ _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _MICROSECOND = _dt.timedelta(microseconds=1)
 
 
+def _timezone(value: object, where: str) -> str:
+    timezone = read.string(value, where, 'an IANA time zone such as "UTC"')
+    try:
+        ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise read.expected(
+            where, 'an IANA time zone such as "UTC" or "Europe/Paris"', timezone
+        ) from None
+    return timezone
+
+
+def _json(value: object, where: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise read.Invalid(
+            f"{where}: must be JSON values (TOML dates, times, inf and nan are not)"
+        ) from None
+
+
+def _args(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise read.expected(where, "a list", value)
+    _json(value, where)
+    return value
+
+
+def _kwargs(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise read.expected(where, "a table", value)
+    _json(value, where)
+    return value
+
 
 @dataclass(frozen=True)
 class ScheduleConfig:
@@ -51,16 +78,22 @@ class ScheduleConfig:
     for ``@every <duration>``.  ``args``/``kwargs`` are JSON-compatible.
     """
 
-    name: str
-    cron: str
-    queue: str
-    task: str
-    timezone: str = "UTC"
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    catch_up: str = "latest"
-    max_catch_up: int = 100
-    every: float | None = None
+    name: str = key(REQUIRED, read.names(), "The schedule's name, unique in this file.")
+    cron: str = key(REQUIRED, read.strings('a cron expression such as "0 3 * * *"'),
+                    '5-field cron (`"0 3 * * *"`), a macro (`@daily`, …) or `"@every 30s"`.')
+    queue: str = key(REQUIRED, read.names(read.QUEUE_NAME_RE),
+                     "The queue each tick's job goes to (served here or not).")
+    task: str = key(REQUIRED, read.strings("a task name"), "The task each tick's job runs.")
+    timezone: str = key("UTC", read.Reader("an IANA time zone", _timezone),
+                        "The time zone the cron fields are read in.")
+    args: list[Any] = key([], read.Reader("a list of JSON values", _args),
+                          "The job's positional arguments.")
+    kwargs: dict[str, Any] = key({}, read.Reader("a table of JSON values", _kwargs),
+                                 "The job's keyword arguments.")
+    catch_up: str = key("latest", read.choices(*_CATCH_UP),
+                        "After downtime: skip missed ticks, run the latest, or run each.")
+    max_catch_up: int = key(100, read.integers(1), 'At most this many missed ticks, for `"all"`.')
+    every: float | None = None  # from cron: the interval of "@every <duration>"
 
     @property
     def tzinfo(self) -> ZoneInfo:
@@ -89,6 +122,9 @@ class ScheduleConfig:
 
 
 
+ROWS = schema.rows(ScheduleConfig, SCOPE)
+
+
 def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
     raw = doc.get("schedule", [])
     if not isinstance(raw, list):
@@ -100,52 +136,13 @@ def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
         table = read.table(item, prefix)
         if isinstance(table.get("name"), str) and table["name"]:
             prefix = f"[schedule {json.dumps(table['name'], ensure_ascii=False)}]"
-        read.check_keys(table, _SCHEDULE_KEYS, prefix)
-        for required in ("name", "cron", "queue", "task"):
-            if required not in table:
-                raise read.Invalid(f"{prefix}: missing required key {required}")
-        name = read.simple_name(table["name"], f"{prefix}.name")
-        if name in seen:
-            raise read.Invalid(f'{prefix}.name: duplicate schedule "{name}"')
-        seen.add(name)
-        timezone = read.string(
-            table.get("timezone", "UTC"), f"{prefix}.timezone", 'an IANA time zone such as "UTC"'
-        )
-        try:
-            ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise read.expected(
-                f"{prefix}.timezone", 'an IANA time zone such as "UTC" or "Europe/Paris"', timezone
-            ) from None
-        cron = read.string(table["cron"], f"{prefix}.cron", 'a cron expression such as "0 3 * * *"')
-        every = _cron(cron, timezone, f"{prefix}.cron")
-        args = table.get("args", [])
-        if not isinstance(args, list):
-            raise read.expected(f"{prefix}.args", "a list", args)
-        kwargs = table.get("kwargs", {})
-        if not isinstance(kwargs, dict):
-            raise read.expected(f"{prefix}.kwargs", "a table", kwargs)
-        for key, value in (("args", args), ("kwargs", kwargs)):
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError):
-                raise read.Invalid(
-                    f"{prefix}.{key}: must be JSON values (TOML dates, times, inf and nan are not)"
-                ) from None
-        schedules.append(
-            ScheduleConfig(
-                name=name,
-                cron=cron,
-                queue=read.simple_name(table["queue"], f"{prefix}.queue", read.QUEUE_NAME_RE),
-                task=read.string(table["task"], f"{prefix}.task", "a task name"),
-                timezone=timezone,
-                args=args,
-                kwargs=kwargs,
-                catch_up=read.choice(table.get("catch_up", "latest"), f"{prefix}.catch_up", _CATCH_UP),
-                max_catch_up=read.integer(table.get("max_catch_up", 100), f"{prefix}.max_catch_up", 1),
-                every=every,
-            )
-        )
+        found = schema.read_rows(table, ROWS, prefix)
+        if found["name"] in seen:
+            raise read.Invalid(f'{prefix}.name: duplicate schedule "{found["name"]}"')
+        seen.add(found["name"])
+        schedule = ScheduleConfig(**found)
+        every = _cron(schedule.cron, schedule.timezone, f"{prefix}.cron")
+        schedules.append(dataclasses.replace(schedule, every=every))
     return schedules
 
 

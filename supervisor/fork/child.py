@@ -66,6 +66,8 @@ class ChildSpec:
     max_processes: int = 0  # RLIMIT_NPROC in its own user namespace (0: not set)
     # the job's durable steps recorded by earlier runs: name -> result JSON (`forq.channel`)
     steps: dict[str, str] = field(default_factory=dict)
+    # `forq replay --pdb`: stdin kept (the terminal), the debugger at the handler's exception
+    post_mortem: bool = False
     group: str | None = None  # the job's group (`current().throttle(group=True)`)
     snoozes: int = 0  # how often its handler put it off (`Retry`, `throttle`)
     # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
@@ -117,7 +119,7 @@ def scrub_service_vars() -> None:
         os.environ.pop(name, None)
 
 
-def detach() -> None:
+def detach(keep_stdin: bool = False) -> None:
     """The part of `_isolate` that needs no job: a session of its own, default signals,
     stdin from /dev/null. A spare does it while it waits (`server._wait_for_job`), so
     that these calls, and the copy-on-write faults of their first touches, are off a
@@ -129,6 +131,8 @@ def detach() -> None:
         # have set a handler in the fork server without it knowing
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if keep_stdin:
+        return
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -140,7 +144,7 @@ def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1,
     stdout and stderr become `output_fd` (a pipe the supervisor reads), never the
     supervisor's own log."""
     if not detached:
-        detach()
+        detach(keep_stdin=spec.post_mortem)
     # keep only stdio and the result pipe (moved to fd 3): a handler never holds the
     # supervisor's Redis connection, metrics socket or another child's pipe
     if output_fd >= 0:
@@ -268,6 +272,10 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
         return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Throttled"),
                        "throttle": {"delay_ms": exc.delay_ms, "group": exc.group}})
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
+        if spec.post_mortem:
+            import pdb
+
+            pdb.post_mortem(exc.__traceback__)
         channel.flush()
         fatal = task is None or isinstance(exc, (registry.NonRetryable, StepError))
         return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})

@@ -1,1 +1,0 @@
-"""The documentation site's build-time code (the pages are the Markdown files here)."""
