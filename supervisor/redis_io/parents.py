@@ -174,6 +174,27 @@ class ParentReads:
         ask.child.reader.parents_answered(ask.next)
 
 
+def read_unfenced(client: Any, job: Any) -> list[Entry]:
+    """`forq replay`'s answer: every parent of `job` (a `forq.Job`) and its result, as a
+    child's answer holds them, read at once and without a lease (a replay holds none,
+    and writes nothing)."""
+    if job.fields.get("depends_on"):
+        refs = [[job.queue, parent] for parent in json.loads(job.fields["depends_on"])]
+    elif job.fields.get("callback_of"):
+        members = client.lrange(QueueKeys(job.queue).batch(job.fields["callback_of"])
+                                + ":members", 0, -1)
+        refs = [json.loads(member) for member in members]
+    else:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for queue, parent in refs:
+        pipe.hmget(QueueKeys(queue).job(parent), "state", "result", "dead_reason", "error")
+    return [[queue, parent, state or "", (result or "null") if state == "succeeded" else "",
+             _reason(dead_reason, error)]
+            for (queue, parent), (state, result, dead_reason, error)
+            in zip(refs, pipe.execute(), strict=True)]
+
+
 def _reason(dead_reason: str | None, error: str | None) -> str:
     """Why a parent did not succeed: its dead reason, else its last error's reason."""
     if dead_reason:
