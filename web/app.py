@@ -104,6 +104,7 @@ class Dashboard:
             Route("/queues/{queue}/limits", self.action(self.set_limits), methods=["POST"]),
             Route("/queues/{queue}/pause", self.action(self.pause), methods=["POST"]),
             Route("/queues/{queue}/resume", self.action(self.resume), methods=["POST"]),
+            Route("/queues/{queue}/unthrottle", self.action(self.unthrottle), methods=["POST"]),
             Route("/queues/{queue}/dead/{verb}", self.action(self.dead_action),
                   methods=["POST"]),
             # a job id is the producer's choice and may hold a "/": the rest of the path
@@ -241,13 +242,16 @@ class Dashboard:
             raise HTTPError(404, f"no list {state!r}: one of {', '.join(data.LISTS)}")
         offset = _int_param(request, "offset", 0)
         page = data.job_page(self.client, name, state, offset)
-        limits = Queue(name, redis=self.client).limits()
+        queue = Queue(name, redis=self.client)
+        limits = queue.limits()
         per_ms = limits.get("rate")
+        throttled = queue.throttled()  # a handler's current().throttle, or forq throttle
         return self.render(request, "jobs.html", page=page, queue=name,
                            rate=units.rate(per_ms * 1000) if per_ms else "",
                            max_in_flight=int(limits["max_in_flight"])
                            if limits.get("max_in_flight") else "",
                            paused="paused" in limits,
+                           throttled=units.age(throttled) if throttled else "",
                            title=f"{name}: {state}")
 
     def batch(self, request: Request) -> Response:
@@ -307,6 +311,12 @@ class Dashboard:
         if not queue.resume():
             return f"{queue.name} was not paused"
         return f"resumed {queue.name}: supervisors claim from it again"
+
+    def unthrottle(self, request: Request, form: dict[str, list[str]]) -> str:
+        queue = Queue(_queue_name(request), redis=self.client)
+        if not queue.unthrottle():
+            return f"{queue.name} was not throttled"
+        return f"lifted the throttle of {queue.name}: supervisors claim from it again"
 
     def dead_action(self, request: Request, form: dict[str, list[str]]) -> str:
         queue = Queue(_queue_name(request), redis=self.client)
