@@ -17,16 +17,11 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
 "fatal": bool}``
     the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
     no retry.
-``{"t": "result", "ok": false, "error": {...}, "retry": {"delay_ms": int, "counted": bool}}``
-    the handler raised `Retry` (a snooze): again after ``delay_ms`` (0 to
-    `MAX_SNOOZE_MS`), an attempt only if ``counted``.
-``{"t": "result", "ok": false, "error": {...}, "throttle": {"delay_ms": int, "group": bool}}``
-    the handler called ``current().throttle``: its own queue (or, with ``group``, its
-    own job's group: the message names neither, so a child cannot pause another) is
-    not claimed from for ``delay_ms`` (0 to `MAX_THROTTLE_MS`, then cut to the queue's
-    ``max_throttle`` by the parent), and the job goes back to wait. ``group`` for a
-    job without a group is a violation.
-
+``"retry": {"delay_ms", "counted"}`` or ``"throttle": {"delay_ms", "group"}`` (ok false)
+    the handler raised `Retry` (again after ``delay_ms``, up to `MAX_SNOOZE_MS`; an
+    attempt if ``counted``) or called ``current().throttle`` (its own queue, or its own
+    group: the message names neither, so no child pauses another; up to
+    `MAX_THROTTLE_MS`, cut to the queue's ``max_throttle`` by the parent).
 ``{"t": "progress", "progress": 0.42, "message": "resized 42 of 100"}``
     ``current().progress``: a number in 0..1 and a short message (throttled by the
     child, `forq.channel`); the parent keeps the latest and records it with its next
@@ -41,12 +36,10 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     `MAX_STEP_BYTES` or results over `MAX_STEPS_BYTES` in all is a violation.
 
 ``{"t": "parents"}``
-    ``current().parents()``: the next page of the job's parents and their results. The
-    parent answers on the same socket, one line ``{"parents": [[queue, id, state,
-    result JSON text, reason], ...], "more": bool}``, or ``{"parents": null,
-    "answer": "lost" | "expired"}``; it reads which parents from Redis, never from the
-    child. A request before the previous answer was written whole (or while a step
-    waits), or after the last page, is a violation: each parent is read once per run.
+    ``current().parents()``: the next page of the job's parents (read from Redis, never
+    named by the child), answered ``{"parents": [[queue, id, state, result, reason],
+    ...], "more": bool}`` or ``{"parents": null, "answer": "lost" | "expired"}``; asking
+    before the whole answer was written, or after the last page, is a violation.
 
 The result is the child's last message: anything after it is a violation.
 """
@@ -104,11 +97,8 @@ class Report:
     # the batch the handler opened (`current().batch`), checked: id, members (specs with
     # their queue), on_success / on_complete (specs); None when it opened none
     batch: dict[str, Any] | None = None
-    # the handler's own retry (`Retry`): (delay ms, counted as an attempt), else None
-    snooze: tuple[int, bool] | None = None
-    # its throttle (`current().throttle`): (delay ms, of its group rather than its
-    # queue), else None
-    throttle: tuple[int, bool] | None = None
+    snooze: tuple[int, bool] | None = None  # `Retry`: (delay ms, counted as an attempt)
+    throttle: tuple[int, bool] | None = None  # `throttle`: (delay ms, of its group)
 
 
 @dataclass
@@ -215,7 +205,7 @@ def parse_result(message: dict[str, Any], job_id: str, queue: str = "",
     if not isinstance(fatal, bool):
         raise Violation(f"result.fatal must be true or false, got {fatal!r}"[:200])
     report = Report(False, error=_check_error(message.get("error")), fatal=fatal)
-    if sum(1 for name in ("retry", "throttle") if name in message) + fatal > 1:
+    if ("retry" in message) + ("throttle" in message) + fatal > 1:
         raise Violation("a result is at most one of fatal, retry and throttle")
     if "retry" in message:
         report.snooze = _check_delay(message["retry"], "retry", "counted", MAX_SNOOZE_MS)
@@ -236,8 +226,7 @@ def _check_delay(value: Any, name: str, flag: str, cap_ms: int) -> tuple[int, bo
     delay = value.get("delay_ms")
     if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= cap_ms:
         raise Violation(f"{name}.delay_ms must be an integer from 0 to {cap_ms}, got {delay!r}"[:200])
-    on = value.get(flag, False)
-    if not isinstance(on, bool):
+    if not isinstance(on := value.get(flag, False), bool):
         raise Violation(f"{name}.{flag} must be true or false, got {on!r}"[:200])
     return delay, on
 
@@ -292,10 +281,8 @@ class MessageReader:
         self.progress: Progress | None = None  # the latest, not yet taken
         self.steps: list[Step] = []  # sent, not yet taken
         self.step_open = False  # a step awaits the parent's answer (`answered`)
-        # a request for the next page of its parents awaits its answer, and where the
-        # next page starts (-1: the last was answered; `parents_answered`)
-        self.parents_open = False
-        self.parents_next = 0
+        self.parents_open = False  # a request for parents awaits its answer
+        self.parents_next = 0  # where its next page starts (-1: after the last one)
         self.step_count = recorded_steps  # this job's steps, recorded and sent
         self.step_bytes = recorded_bytes  # and their results' bytes
         self._allowance = float(PROGRESS_BURST)
@@ -333,8 +320,8 @@ class MessageReader:
         self.step_open = False
 
     def parents_answered(self, next_page: int) -> None:
-        """The parent wrote its answer to the open request for parents whole; the next
-        page starts at parent `next_page` (-1: no more)."""
+        """The answer to the request for parents is written whole; the next page starts
+        at parent `next_page` (-1: no more)."""
         self.parents_open = False
         self.parents_next = next_page
 
