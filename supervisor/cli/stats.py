@@ -1,4 +1,5 @@
-"""forq stats, workers, schedules: what the cluster is doing, once or live."""
+"""forq stats, supervisors (alias workers), schedules: what the cluster is doing, once
+or live."""
 
 from __future__ import annotations
 
@@ -90,9 +91,13 @@ def cmd_workers(args: argparse.Namespace) -> int:
     records = live_supervisors(redis_for(args))
     if args.json:
         emit(records)
-    else:
-        terminal.show(render.workers_grid(records) if records else None,
-                      render.workers_table(records))
+        return 0
+    if not records or not terminal.interactive():
+        print(render.workers_table(records))
+        return 0
+    terminal.show(render.workers_grid(records), "")
+    for line in render.supervisor_notes(records):
+        print(line)
     return 0
 
 
@@ -120,7 +125,8 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--interval", "-n", default="2s", help="refresh period for --watch (2s)")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("workers", help="live supervisors",
+    p = sub.add_parser("supervisors", aliases=["workers"],
+                       help="live supervisors and the handler code each serves",
                        parents=[parents.inspect, parents.with_config])
     p.set_defaults(func=cmd_workers)
 
