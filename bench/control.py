@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import REPO, RedisServer, log, median  # noqa: E402
 from bench.luaprologue import Call, reader_at, timed  # noqa: E402
 from forq import Queue  # noqa: E402
+from forq.store import control
 from forq.store import transitions as tr  # noqa: E402
 from forq.store.connection import connect  # noqa: E402
 from forq.store.scripts import expand, source  # noqa: E402
@@ -90,10 +91,10 @@ def one_round(client: Any, old: dict[str, str], n: int, flip: bool) -> dict[str,
     figure("release", source("release"), lambda i: _call(tr.release_call(q.keys, *pairs[i])))
     q, pairs = leased(client, n)
     figure("throttle (queue)", source("throttle"), lambda i: _call(
-        tr.throttle_call(q.keys, *pairs[i], 1000, False, "429")))
+        control.throttle_call(q.keys, *pairs[i], 1000, False, "429")))
     q, pairs = leased(client, n, grouped=True)
     figure("throttle (group)", source("throttle"), lambda i: _call(
-        tr.throttle_call(q.keys, *pairs[i], 1000, True, "429")))
+        control.throttle_call(q.keys, *pairs[i], 1000, True, "429")))
     q, pairs = leased(client, 1)
     figure("step", source("step"), lambda i: _call(
         tr.step_call(q.keys, *pairs[0], f"s{i}", '{"id":7}')))
@@ -108,7 +109,7 @@ def one_round(client: Any, old: dict[str, str], n: int, flip: bool) -> dict[str,
         q.enqueue("bench.noop", depends_on=[p.id for p in parents])
         _, (child,) = leased_in(q, 1)
         figure(f"parents: a page of {count}", source("parents"), lambda i, q=q, child=child:
-               _call(tr.parents_call(q.keys, *child, 0, 500, 1 << 20)))
+               _call(control.parents_call(q.keys, *child, 0, 500, 1 << 20)))
     client.flushdb()
     return out
 

@@ -22,7 +22,7 @@ from forq.payload import (
     call_spec,
     checked_priority,
 )
-from forq.store import dataformat, finder, plans, topology
+from forq.store import control, dataformat, finder, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
@@ -289,13 +289,13 @@ class Queue:
         throttle in force that ends later stays. Returns its end (Unix seconds, by
         Redis's clock). `unthrottle` lifts it."""
         delay_ms = plans.throttle_ms(duration)
-        until_ms = self.scripts.run(tr.set_throttle_call(self.keys, delay_ms, group))
+        until_ms = self.scripts.run(control.set_throttle_call(self.keys, delay_ms, group))
         return int(until_ms) / 1000
 
     def unthrottle(self, *, group: str | None = None) -> bool:
         """Lift the queue's (or `group`'s) throttle, supervisors woken at once. False
         when none was in force."""
-        return tr.parse_changed(self.scripts.run(tr.set_throttle_call(self.keys, 0, group)))
+        return tr.parse_changed(self.scripts.run(control.set_throttle_call(self.keys, 0, group)))
 
     def throttled(self, *, group: str | None = None) -> float | None:
         """Seconds until the queue's (or `group`'s) throttle ends, None when none is."""

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from forq.store import finder
+from forq.store import control, finder
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.scripts import source
@@ -45,9 +45,9 @@ CALLS = {
     "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
     "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
     "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
-    "throttle": tr.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
-    "set_throttle": tr.set_throttle_call(KEYS, 60_000, "g"),
-    "parents": tr.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
+    "throttle": control.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
+    "set_throttle": control.set_throttle_call(KEYS, 60_000, "g"),
+    "parents": control.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
 }
 GLOBAL = {"schedule_define", "schedule_fired"}  # one global key each, not a queue's
 

@@ -195,11 +195,6 @@ def resume_call(keys: QueueKeys) -> ScriptCall:
     return ScriptCall("resume", (keys.limits,), (keys.prefix,))
 
 
-def set_throttle_call(keys: QueueKeys, delay_ms: int, group: str | None = None) -> ScriptCall:
-    """Throttle the queue (or `group`) for `delay_ms` from Redis's now; 0 lifts it."""
-    return ScriptCall("set_throttle", (keys.limits,), (keys.prefix, int(delay_ms), group or ""))
-
-
 def parse_changed(reply: Any) -> bool:
     """pause and resume: True when the call changed the queue, False when it already
     was paused (pause) or was not paused (resume)."""
@@ -292,26 +287,6 @@ def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain"
     return ScriptCall("release", (keys.active, keys.pending), (keys.prefix, job_id, token, reason))
 
 
-class Throttled(NamedTuple):
-    # "throttled" | "dead" (past max_snoozes) | "cancelled" (its cancel had been asked) |
-    # "lost"
-    outcome: str
-    until_ms: int  # the end of the throttle in force (Redis ms), 0 when none was set
-
-
-def throttle_call(keys: QueueKeys, job_id: str, token: str, delay_ms: int, group: bool,
-                  reason: str) -> ScriptCall:
-    """The handler of the job under `token` throttled its queue (`group`: its group) for
-    `delay_ms` (capped by the supervisor); the job goes back to pending."""
-    return ScriptCall("throttle", (keys.active, keys.limits, keys.dead),
-                      (keys.prefix, job_id, token, int(delay_ms),
-                       "group" if group else "queue", reason))
-
-
-def parse_throttle(reply: Sequence[Any]) -> Throttled:
-    return Throttled(str(reply[0]), int(reply[1]))
-
-
 def output_call(keys: QueueKeys, job_id: str, token: str, output: str) -> ScriptCall:
     """Not a state change: the tail of a finished child's output, kept in its record
     while the lease is held (sent just before the transition that reports its end)."""
@@ -339,32 +314,6 @@ def step_call(keys: QueueKeys, job_id: str, token: str, name: str,
     """Not a state change: a durable step's result (checked, compact JSON) kept in the
     job's record under the lease; answered with `parse_lease_reply`."""
     return ScriptCall("step", (keys.active,), (keys.prefix, job_id, token, name, result_json))
-
-
-class ParentsPage(NamedTuple):
-    """A page of a running job's parents (lua/parents.lua)."""
-
-    status: str  # "ok", "lost" (stale token) or "expired" (a callback's batch is gone)
-    total: int
-    next: int  # the index of the next page's first parent, -1 after the last page
-    # per parent [queue, id, state, result JSON, reason]; [queue, id] alone for one on
-    # another queue (read apart); state "" when its record is gone
-    entries: list[list[str]]
-
-
-def parents_call(keys: QueueKeys, job_id: str, token: str, first: int, most: int,
-                 budget: int) -> ScriptCall:
-    """A page of the parents of the job under `token`: from parent `first`, at most
-    `most` of them and `budget` bytes of results and reasons (at least one parent)."""
-    return ScriptCall("parents", (keys.active,), (keys.prefix, job_id, token, first, most,
-                                                  budget))
-
-
-def parse_parents(reply: Sequence[Any]) -> ParentsPage:
-    if reply and reply[0] in ("lost", "expired"):
-        return ParentsPage(str(reply[0]), 0, -1, [])
-    return ParentsPage("ok", int(reply[0]), int(reply[1]),
-                       [[str(part) for part in entry] for entry in reply[2:]])
 
 
 def reclaim_call(keys: QueueKeys, reclaimer: str, default_max_crashes: int = 3,

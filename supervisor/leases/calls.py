@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from forq.queue import Queue
+from forq.store import control
 from forq.store import transitions as tr
 from forq.store.policy import fill, flatten, policy_sha
 from forq.store.transitions import RECLAIM_BATCH, ClaimResult
@@ -115,11 +116,11 @@ class LeaseCalls:
                  client: Any = None) -> Any:
         """The job's handler throttled its queue (its group): see lua/throttle.lua.
         Returns a `Throttled`; with a pipeline, queues the call (`parse_throttle`)."""
-        reply = self.scripts.run(tr.throttle_call(self.keys, job_id, token, delay_ms, group,
+        reply = self.scripts.run(control.throttle_call(self.keys, job_id, token, delay_ms, group,
                                                   reason), client)
-        return client if client is not None else tr.parse_throttle(reply)
+        return client if client is not None else control.parse_throttle(reply)
 
-    parse_throttle = staticmethod(tr.parse_throttle)
+    parse_throttle = staticmethod(control.parse_throttle)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
         """Report a crashed child: the lease expires now ("ok"), or "lost"."""
@@ -152,11 +153,11 @@ class LeaseCalls:
         """A page of the parents of the job under `token` and their results (see
         lua/parents.lua): a `ParentsPage`; with a pipeline, queues the call
         (`parse_parents`). The supervisor's, for a handler's `current().parents()`."""
-        reply = self.scripts.run(tr.parents_call(self.keys, job_id, token, first, most, budget),
+        reply = self.scripts.run(control.parents_call(self.keys, job_id, token, first, most, budget),
                                  client)
-        return client if client is not None else tr.parse_parents(reply)
+        return client if client is not None else control.parse_parents(reply)
 
-    parse_parents = staticmethod(tr.parse_parents)
+    parse_parents = staticmethod(control.parse_parents)
 
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""

@@ -26,8 +26,8 @@ from typing import Any
 
 from forq import Queue
 from forq.channel import PARENTS_PAGE, PARENTS_PAGE_BYTES, parents_answer
+from forq.store.control import parse_parents
 from forq.store.keys import QueueKeys
-from forq.store.transitions import parse_parents
 from forq.supervisor.children.answers import Answers
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.leases.calls import leasing
