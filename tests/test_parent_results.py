@@ -229,3 +229,52 @@ def test_pages_are_cut_at_their_caps_and_written_as_the_child_reads(queue, other
     assert [[e[1] for e in page] for page in pages] == [[here[0]], [far[0]], [far[1]]]
     assert pages[1][0] == [other.name, far[0], "succeeded", json.dumps("y" * big), ""]
     loop.close()
+
+
+def test_a_rerun_asks_while_an_earlier_runs_answer_is_still_unwritten(queue):
+    """The first run's child ended before reading its page (its answer still waiting to
+    be written); the job's next run on the same supervisor is answered all the same."""
+    [parent] = succeed_here(queue, ["p" * (PARENTS_PAGE_BYTES // 2)])
+    job = queue.enqueue("x.z", depends_on=[parent])
+    (lease,) = leasing(queue).claim("me", 1, 60_000).leases
+    loop = EventLoop()
+    reads = ParentReads(lambda name: queue, Answers(loop))
+
+    def child(pipe: int) -> SimpleNamespace:
+        reader = MessageReader(job.id, 1 << 20)
+        reader.feed(b'{"t": "parents"}\n')
+        return SimpleNamespace(job_id=job.id, queue=queue.name, task="x.z", pipe=pipe,
+                               lease=lease, reader=reader, stop=lambda *a, **k: None)
+
+    def serve(runs: int = 3) -> None:
+        for _ in range(runs):
+            pipe = queue.redis.pipeline(transaction=False)
+            sent = reads.send(pipe, lambda _id: lease.token)
+            reads.answered(sent, pipe.execute())
+
+    first_ours, first_theirs = socket.socketpair()
+    first_ours.setblocking(False)
+    first = child(first_ours.fileno())
+    reads.heard(first)
+    serve(1)  # the page does not fit its socket: part of it waits to be written
+    assert reads.answers.unsent and first.reader.parents_open
+    first.pipe = -1  # it ended (Children.ended closes its channel)
+    loop.remove_reader(first_ours)
+    first_ours.close()
+    first_theirs.close()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    lines: list[bytes] = []
+    listener = threading.Thread(target=lambda: lines.extend(theirs.makefile("rb")))
+    listener.start()
+    second = child(ours.fileno())
+    reads.heard(second)
+    serve(1)
+    while second.reader.parents_open:
+        loop.run_once(cap=0.01)
+    loop.remove_reader(ours)
+    ours.close()
+    listener.join(timeout=10)
+    theirs.close()
+    loop.close()
+    assert [e[1] for e in json.loads(lines[0])["parents"]] == [parent]

@@ -64,8 +64,10 @@ class ParentReads:
         self.asks: dict[str, Ask] = {}  # job id -> its open request
 
     def heard(self, child: RunningChild) -> None:
-        """The child's pipe was read: note a request for parents that waits for Redis."""
-        if child.reader.parents_open and child.job_id not in self.asks:
+        """The child's pipe was read: note a request for parents that waits for Redis
+        (an earlier run's request of the same job, its child gone, gives way)."""
+        ask = self.asks.get(child.job_id)
+        if child.reader.parents_open and (ask is None or ask.child is not child):
             self.asks[child.job_id] = Ask(child, child.reader.parents_next)
 
     @property
