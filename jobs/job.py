@@ -28,6 +28,8 @@ _INT_FIELDS = (
     "crashes",
     "max_attempts",
     "max_crashes",
+    "snoozes",
+    "max_snoozes",
     "timeout_ms",
     "memory_limit",
     "result_ttl_ms",
@@ -121,6 +123,11 @@ class Job:
         return int(self.fields.get("crashes", 0))
 
     @property
+    def snoozes(self) -> int:
+        """How often its handler put it off (`raise Retry(...)`), over all its runs."""
+        return int(self.fields.get("snoozes", 0))
+
+    @property
     def result(self) -> Any:
         return loads_field(self.fields.get("result"))
 
@@ -210,6 +217,7 @@ class Job:
             "state": self.state,
             "attempts": self.attempts,
             "crashes": self.crashes,
+            "snoozes": self.snoozes,
             "args": self.args,
             "kwargs": self.kwargs,
             "result": self.result,

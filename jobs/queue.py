@@ -22,7 +22,7 @@ from forq.payload import (
     call_spec,
     checked_priority,
 )
-from forq.store import dataformat, finder, plans, topology
+from forq.store import control, dataformat, finder, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
@@ -87,7 +87,8 @@ class Queue:
         Options: args=, kwargs= (handler arguments, instead of positional args),
         priority (higher first), delay ("30s") or run_at (datetime / Unix seconds),
         key (idempotency key) and unique_for (keep the key after the job finishes),
-        job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
+        job_id, max_attempts, max_crashes, max_snoozes (a handler's own `Retry`s before
+        dead, 100 unless set), timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
         group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
@@ -281,6 +282,24 @@ class Queue:
 
     def is_paused(self) -> bool:
         return self._run(plans.paused(self.keys))
+
+    def throttle(self, duration: Any, *, group: str | None = None) -> float:
+        """Claim nothing from this queue (or start no job of `group`) on any supervisor
+        for `duration` ("60s", seconds), as a handler's `current().throttle` does; a
+        throttle in force that ends later stays. Returns its end (Unix seconds, by
+        Redis's clock). `unthrottle` lifts it."""
+        delay_ms = plans.throttle_ms(duration)
+        until_ms = self.scripts.run(control.set_throttle_call(self.keys, delay_ms, group))
+        return int(until_ms) / 1000
+
+    def unthrottle(self, *, group: str | None = None) -> bool:
+        """Lift the queue's (or `group`'s) throttle, supervisors woken at once. False
+        when none was in force."""
+        return tr.parse_changed(self.scripts.run(control.set_throttle_call(self.keys, 0, group)))
+
+    def throttled(self, *, group: str | None = None) -> float | None:
+        """Seconds until the queue's (or `group`'s) throttle ends, None when none is."""
+        return self._run(plans.throttled(self.keys, group))
 
     def set_limits(
         self,

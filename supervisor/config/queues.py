@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from forq.channel import MAX_THROTTLE_MS
 from forq.defaults import QUEUE
 from forq.supervisor.config import fields as read
 from forq.supervisor.config import schema
@@ -18,6 +19,15 @@ from forq.supervisor.config.sandbox import NETWORKS
 from forq.supervisor.config.schema import REQUIRED, key
 
 MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
+DEFAULT_MAX_THROTTLE = 600.0  # s: a handler pauses its queue (or group) 10 minutes at most
+MAX_THROTTLE = MAX_THROTTLE_MS / 1000  # what the channel carries at most (24 h)
+
+
+def _max_throttle(value: object, where: str) -> float:
+    seconds = read.duration(value, where)
+    if seconds > MAX_THROTTLE:
+        raise read.expected(where, 'a duration up to "24h" (0: throttles pause nothing)', value)
+    return seconds
 
 
 def _prefetch(value: object, where: str) -> int | str:
@@ -72,6 +82,12 @@ class QueueConfig:
     prefetch: int | str = key(
         "auto", read.Reader(f'"auto" or an integer from 0 to {MAX_PREFETCH}', _prefetch),
         'Jobs leased ahead of a free slot; `"auto"`: 4 while the queue\'s jobs run <= 10 ms.')
+    # a handler's `current().throttle(...)`, cut to this: however it is written, a
+    # handler cannot hold its queue (or a group of it) for longer at once
+    max_throttle: float = key(
+        "10m", read.Reader('a duration up to "24h"', _max_throttle),
+        "The longest a handler's `current().throttle(...)` pauses this queue (or one of its "
+        "groups) on every supervisor; a longer request is cut to this (0: none).")
 
 ROWS = schema.rows(QueueConfig, QUEUE)
 POLICY_ROWS = schema.policy_rows(QUEUE)
