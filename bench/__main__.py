@@ -1,8 +1,9 @@
 """`python -m bench`: forq beside RQ, Celery, Dramatiq and BullMQ and beside the machine's
 limits, in one run on one private Redis; writes bench/RESULTS.md and bench/results.json.
 
-    .venv/bin/python -m bench                 # full run (under 10 minutes on 2 cores)
+    .venv/bin/python -m bench                 # full run (about 10 minutes on 2 cores)
     .venv/bin/python -m bench --quick         # smaller N, fewer repetitions (about 4 minutes)
+    # both longer when other work loads the machine: 13 and 7 minutes at load 8-32
     .venv/bin/python -m bench --skip-1m       # full run without the 1,000,000-job backlog
     .venv/bin/python -m bench --only e2e,latency
 
