@@ -64,8 +64,7 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("max_crashes", "max_crashes", "integer", 3,
               "Crashes (segfault, OOM kill, lost lease) tolerated before the job is dead."),
     PolicyKey("max_snoozes", "max_snoozes", "integer", 100,
-              "Times a handler may put its job off (`raise Retry(...)`, "
-              "`current().throttle(...)`) before the job is dead."),
+              "Times a handler may put its job off (`Retry`, `throttle`) before it is dead."),
     PolicyKey("result_ttl", "result_ttl_ms", "duration", "1d",
               "How long a result is kept (0 keeps none)."),
     PolicyKey("idempotency_ttl", "idempotency_ttl_ms", "duration", "1d",
