@@ -86,8 +86,7 @@ class QueueConfig:
     # handler cannot hold its queue (or a group of it) for longer at once
     max_throttle: float = key(
         "10m", read.Reader('a duration up to "24h"', _max_throttle),
-        "The longest a handler's `current().throttle(...)` pauses this queue (or one of its "
-        "groups) on every supervisor; a longer request is cut to this (0: none).")
+        "The longest a handler's `throttle` pauses this queue or a group (0: throttles do nothing).")
 
 ROWS = schema.rows(QueueConfig, QUEUE)
 POLICY_ROWS = schema.policy_rows(QUEUE)
