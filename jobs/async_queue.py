@@ -12,10 +12,9 @@ client, on ``redis.asyncio``; only sending differs. A FastAPI or aiohttp app hol
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -29,10 +28,12 @@ from forq.batches import AsyncBatch
 from forq.errors import refused
 from forq.job import Job, settled
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.store import events as queue_events
 from forq.store import plans, topology
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import add_password, client_options, redis_url
+from forq.store.events import EventReader, QueueEvent
 from forq.store.keys import QueueKeys
 from forq.store.pipelines import alone, queue_commands, regroup
 from forq.store.plans import Command
@@ -115,16 +116,15 @@ class AsyncJob(Job):
 
     async def wait(self, timeout: float = 30.0, poll: float = 0.05) -> Any:
         """Wait (without blocking the loop) until the job finishes; its result, or
-        `JobFailed` with the dead or cancel reason, or `JobTimeout`."""
-        deadline = time.monotonic() + timeout
-        interval = min(poll, 0.01)
-        while True:
-            job = await self.refresh()
-            done, result = settled(job, timeout, deadline)
-            if done:
-                return result
-            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            interval = min(interval * 2, 0.5)
+        `JobFailed` with the dead or cancel reason, or `JobTimeout`. Blocks on the
+        queue's event stream as `Job.wait` does (one connection of the pool, for as
+        long as it waits)."""
+        queue = self._async_queue
+        if queue is None:
+            raise TypeError(f"job {self.id} has no queue to read from")
+        record, history = await queue._run(queue_events.wait(
+            queue.keys, self.id, timeout, poll, queue_events.socket_timeout(queue.redis)))
+        return settled(queue._job(record, history), timeout, time.monotonic())[1]
 
     async def refresh(self) -> AsyncJob:  # type: ignore[override]
         """Re-read the record; returns the fresh snapshot."""
@@ -264,6 +264,30 @@ class AsyncQueue:
 
     async def is_paused(self) -> bool:
         return await self._run(plans.paused(self.keys))
+
+    # -- events (see `Queue.events`) ---------------------------------------------------------
+
+    async def events(self, *, since: str = "0", last: int | None = None,
+                     follow: bool = False, timeout: float | None = None,
+                     block: float = 1.0) -> AsyncIterator[QueueEvent]:
+        """The queue's events, as `Queue.events`: ``async for event in queue.events()``."""
+        reader = EventReader(self.keys, since=since, last=last, follow=follow,
+                             timeout=timeout, block=queue_events.reader_block(self.redis, block))
+        while (command := reader.command()) is not None:
+            for event in reader.feed(await self.redis.execute_command(*command)):
+                yield event
+
+    async def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
+        """The queue's events on (about `keep` entries kept) or off (`Queue.set_events`)."""
+        await self._run(queue_events.set_events(self.keys, on, keep))
+
+    async def set_on_dead(self, task: str | None) -> None:
+        """The task enqueued when one of the queue's jobs dies (`Queue.set_on_dead`)."""
+        await self._run(queue_events.set_on_dead(self.keys, task))
+
+    async def event_settings(self) -> dict[str, Any]:
+        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
+        return await self._run(queue_events.settings(self.keys))
 
     async def requeue_dead(self, ids: Sequence[str] | None = None, *,
                            limit: int = 10000) -> DeadBatchResult:

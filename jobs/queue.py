@@ -7,7 +7,7 @@ Every state change is one Lua script call (see ``lua/``), built and parsed by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -18,10 +18,12 @@ from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
 from forq.store import dataformat, plans, topology
+from forq.store import events as queue_events
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import connect
+from forq.store.events import EventReader, QueueEvent
 from forq.store.pipelines import run_plan
 from forq.store.policy import fill
 from forq.store.scripts import Scripts
@@ -85,6 +87,12 @@ class Queue:
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
         group run at once, 1 unless set, see `set_limits`; other groups keep flowing).
+        With a key held by a job that has not started: replace=True gives that job
+        this call's arguments (and delay / run_at, if given) and returns it (its
+        ``enqueue_status`` "replaced"); debounce="5s" runs the job once, 5 s after the
+        last call with the key, with the last call's arguments; key_scope="queued"
+        lets one job of the key run while one more waits (the default, "live": one
+        job of the key, until it ends).
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -208,6 +216,35 @@ class Queue:
 
     def is_paused(self) -> bool:
         return self._run(plans.paused(self.keys))
+
+    # -- events ---------------------------------------------------------------------------
+
+    def events(self, *, since: str = "0", last: int | None = None, follow: bool = False,
+               timeout: float | None = None, block: float = 1.0) -> Iterator[QueueEvent]:
+        """The queue's events, oldest first: every one kept (since="0"), those after a
+        stream id (an event's `stream_id`), or the newest `last`; with follow=True, then
+        each new one as it comes (XREAD BLOCK, at most `block` s a call), until
+        `timeout` s passed (None: until you stop iterating). See docs/guide/events.md."""
+        reader = EventReader(self.keys, since=since, last=last, follow=follow,
+                             timeout=timeout, block=queue_events.reader_block(self.redis, block))
+        while (command := reader.command()) is not None:
+            yield from reader.feed(self.redis.execute_command(*command))
+
+    def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
+        """Write the queue's events (about `keep` entries kept, 10,000 unless given), or
+        stop (on=False: nothing more is written and the stream is deleted). Every
+        supervisor and producer follows at its next call; `[[queue]] events` sets it."""
+        self._run(queue_events.set_events(self.keys, on, keep))
+
+    def set_on_dead(self, task: str | None) -> None:
+        """Enqueue `task` on this queue, with kwargs {job_id, task, reason}, whenever one
+        of its jobs dies (in the same script as the death), or None for nothing.
+        `[[queue]] on_dead` sets it."""
+        self._run(queue_events.set_on_dead(self.keys, task))
+
+    def event_settings(self) -> dict[str, Any]:
+        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
+        return self._run(queue_events.settings(self.keys))
 
     def set_limits(
         self,

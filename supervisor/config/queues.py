@@ -12,12 +12,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from forq.defaults import QUEUE
+from forq.payload import MAX_NAME
+from forq.store.events import MAX_KEEP
 from forq.supervisor.config import fields as read
 from forq.supervisor.config import schema
 from forq.supervisor.config.sandbox import NETWORKS
 from forq.supervisor.config.schema import REQUIRED, key
 
 MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
+TASK_NAME = f"a task name of 1 to {MAX_NAME} characters"
+
+
+def _task_name(value: object, where: str) -> str:
+    name = read.string(value, where, TASK_NAME)
+    if len(name) > MAX_NAME:
+        raise read.expected(where, TASK_NAME, value)
+    return name
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,19 @@ class QueueConfig:
     prefetch: int = key(
         0, read.integers(0, MAX_PREFETCH),
         "Jobs leased ahead of a free slot, started without a claim's round trip.")
+    # kept in Redis like the limits above, and written only when set: `forq events
+    # --enable/--disable` at run time stays until a config sets it
+    events: bool | None = key(
+        None, read.BOOLEAN,
+        "`false`: write no events for the queue (unset: as set at run time, on by default).",
+        shown="on")
+    events_keep: int | None = key(
+        None, read.integers(1, MAX_KEEP),
+        "Events kept in the queue's stream, about (~80 bytes each: 10000 ~ 0.8 MB).",
+        shown="10000")
+    on_dead: str | None = key(
+        None, read.Reader(TASK_NAME, lambda value, where: _task_name(value, where)),
+        "Task enqueued on this queue, with kwargs {job_id, task, reason}, when a job dies.")
 
 ROWS = schema.rows(QueueConfig, QUEUE)
 POLICY_ROWS = schema.policy_rows(QUEUE)
