@@ -158,7 +158,7 @@ def wait(keys: QueueKeys, job_id: str, timeout: float, poll: float = 0.05,
     off) is read again after a block that grows from `poll` to 0.5 s, as polling did.
     `max_block`: the client's socket timeout, which a block must stay under."""
     deadline = time.monotonic() + timeout
-    limit = RECHECK_S if max_block is None else max(0.001, min(RECHECK_S, max_block * 0.8))
+    limit = RECHECK_S if max_block is None else under_timeout(RECHECK_S, max_block)
     newest, switch, record, history = yield [
         ("XREVRANGE", keys.events, "+", "-", "COUNT", 1), ("HGET", keys.limits, "events"),
         ("HGETALL", keys.job(job_id)), ("LRANGE", keys.history(job_id), 0, -1)]
@@ -237,7 +237,14 @@ def socket_timeout(client: Any) -> float | None:
     return float(value) if value else None
 
 
+def under_timeout(block: float, limit: float) -> float:
+    """A block of at most `block` s whose reply comes before a socket timeout of `limit`
+    s: Redis times blocked reads out at its event loop's pace (10 Hz by default), so
+    up to 0.1 s late."""
+    return max(0.001, min(block, max(limit / 2, limit - 0.2)))
+
+
 def reader_block(client: Any, block: float) -> float:
     """`block` s, or less when the client's socket timeout is shorter."""
     limit = socket_timeout(client)
-    return block if limit is None else max(0.001, min(block, limit * 0.8))
+    return block if limit is None else under_timeout(block, limit)

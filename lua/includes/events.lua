@@ -17,6 +17,7 @@
 --@include includes/job
 
 local EVENTS_KEEP = 10000 -- entries kept by default: about 0.8 MB (80 bytes an entry)
+local EVENTS_KEEP_MAX = 1000000 -- a larger (or infinite) value kept is this many
 local REASON_MAX = 200 -- bytes of a reason or a message kept in an entry
 
 local events_keep = nil -- the queue's `events` field, read once per script call
@@ -39,8 +40,9 @@ end
 -- Whether the queue writes events (and how many it keeps), read once per call.
 local function events_on(prefix)
   if events_keep == nil then
-    local v = redis.call('HGET', prefix .. 'limits', 'events')
-    events_keep = math.floor(tonumber(v) or EVENTS_KEEP)
+    local n = tonumber(redis.call('HGET', prefix .. 'limits', 'events')) or EVENTS_KEEP
+    if n ~= n then n = EVENTS_KEEP end -- NaN: whoever wrote it, the default
+    events_keep = math.max(0, math.min(math.floor(n), EVENTS_KEEP_MAX))
   end
   return events_keep > 0
 end
