@@ -8,6 +8,7 @@
 | `enqueue` | forq enqueue (registered by `jobs`, after run): one job with any option, many from a file, or a batch |
 | `batches` | forq batch |
 | `stats` | forq stats, workers, schedules |
+| `events` | forq events: a queue's events (`--follow`), and its events settings |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
 | `replay` | forq replay: a finished job run again here, nothing recorded |
@@ -23,4 +24,4 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "batches", "stats", "dead", "operate", "replay")
+FAMILIES = ("jobs", "batches", "stats", "events", "dead", "operate", "replay")
