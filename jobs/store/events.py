@@ -25,7 +25,7 @@ KINDS = ("enqueued", "replaced", "started", "progress", "failed", "retried", "re
          "succeeded", "dead", "cancelled", "requeued")
 ENDS = TERMINAL  # the kinds that end a job: succeeded, dead, cancelled
 DEFAULT_KEEP = 10000  # entries a queue keeps unless set (the scripts' EVENTS_KEEP)
-MAX_KEEP = 1_000_000  # a cap above this is refused: about 80 MB of stream
+MAX_KEEP = 1_000_000  # a cap above this is refused: about 100 MB of stream
 PAGE = 500  # entries per read
 RECHECK_S = 1.0  # a waiter re-reads its job this often, whatever the stream says
 _OWN = ("event", "id", "task", "supervisor", "reason")

@@ -16,7 +16,7 @@
 ]]
 --@include includes/job
 
-local EVENTS_KEEP = 10000 -- entries kept by default: about 0.8 MB (80 bytes an entry)
+local EVENTS_KEEP = 10000 -- entries kept by default: about 1 MB (~100 bytes an entry)
 local EVENTS_KEEP_MAX = 1000000 -- a larger (or infinite) value kept is this many
 local REASON_MAX = 200 -- bytes of a reason or a message kept in an entry
 

@@ -80,7 +80,7 @@ class QueueConfig:
         shown="on")
     events_keep: int | None = key(
         None, read.integers(1, MAX_KEEP),
-        "Events kept in the queue's stream, about (~80 bytes each: 10000 ~ 0.8 MB).",
+        "Events kept in the queue's stream, about (~100 bytes each: 10000 ~ 1 MB).",
         shown="10000")
     on_dead: str | None = key(
         None, read.Reader(TASK_NAME, lambda value, where: _task_name(value, where)),
