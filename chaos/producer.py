@@ -21,7 +21,7 @@ from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.26,
+    "quick": 0.22,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -33,8 +33,11 @@ MIX = {
     "steps": 0.04,  # three durable steps, some crashing between the second and the third
     "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
     "grouped": 0.05,  # one of GROUPS groups (group_concurrency 1): never two at once
+    "debounced": 0.04,  # key= one of DEBOUNCE_KEYS, debounce=: the last call's arguments run
 }
 GROUPS = 6
+DEBOUNCE_KEYS = 3
+DEBOUNCE = "150ms"
 # what a batch's members do: each with the end its kind expects (some crash, some fail)
 BATCH_MEMBER_KINDS = ("quick", "quick", "slow", "cpu", "flaky", "crashy")
 # what the members of a batch opened by a member's handler do (current().batch)
@@ -92,6 +95,11 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
     elif kind == "grouped":
         task, kwargs["ms"] = "chaos.slow", round(rng.uniform(50, 600))
         options["group"] = f"g{rng.randrange(GROUPS)}"
+    elif kind == "debounced":
+        # a burst of calls with one key: one run (or one more while one runs), the latest
+        # call's v in it; the id returned may be another call's (the job holding the key)
+        task, kwargs["v"] = "chaos.debounced", seq
+        options.update(key=f"deb-{rng.randrange(DEBOUNCE_KEYS)}", debounce=DEBOUNCE)
     elif kind == "steps":
         task = "chaos.steps"
         crash_times = rng.choice([0, 1, 1, 2, max_crashes])
@@ -176,10 +184,17 @@ def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
     s = ctx.settings
     for job, handle in zip(jobs, handles, strict=True):
         jid = job["item"]["job_id"]
-        assert handle.id == jid, (handle.id, jid)
-        ctx.add_told(Told(jid, job["kind"], job["item"]["task"], job["expect"], job["idem"],
-                          job.get("max_attempts", s.max_attempts), s.max_crashes, now,
-                          tries=tries[jid], status=handle.fields.get("enqueue_status", "")))
+        status = handle.fields.get("enqueue_status", "")
+        if job["kind"] == "debounced":  # the job that holds the key may be another's
+            with ctx.lock:
+                ctx.not_told.pop(jid, None)
+                ctx.debounce_calls.append([job["item"]["key"], job["item"]["kwargs"]["v"],
+                                           handle.id, status])
+        else:
+            assert handle.id == jid, (handle.id, jid)
+        ctx.add_told(Told(handle.id, job["kind"], job["item"]["task"], job["expect"],
+                          job["idem"], job.get("max_attempts", s.max_attempts), s.max_crashes,
+                          now, tries=tries[jid], status=status))
     return True
 
 

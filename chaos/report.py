@@ -72,13 +72,13 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"           {b['relayed']} with a member on another queue; relay "
                          f"(last member's end to callback) {_lat(b['relay_delay'])}")
     faults = st["faults"]
+    stalls = st.get("redis_stalls_uninjected")
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")
-                 + f"; redis down {st['redis_outage_s']}s in all")
-    if st.get("redis_stalls_uninjected"):
-        stalls = st["redis_stalls_uninjected"]
-        lines.append(f"           redis stalled on its own {len(stalls)} time(s), longest "
-                     f"{max(d for _, d in stalls):.2f}s (slow disk/host; PING > 250 ms)")
+                 + f"; redis down {st['redis_outage_s']}s in all"
+                 + (f"; stalled on its own {len(stalls)} time(s), longest "
+                    f"{max(d for _, d in stalls):.2f}s (slow disk/host; PING > 250 ms)"
+                    if stalls else ""))
     lat = st["latency"]
     lines.append(f"reclaim    supervisor kill  {_lat(lat['sup_kill'])}")
     lines.append(f"           supervisor stop  {_lat(lat['sup_stop'])}")
