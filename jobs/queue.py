@@ -288,8 +288,16 @@ class Queue:
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
+        """The queue's numeric settings (rate, max_in_flight, group limits, paused,
+        events, …) as numbers; `event_settings` has the on_dead task."""
         limits: dict[str, str] = self.redis.hgetall(self.keys.limits)  # type: ignore[assignment]
-        return {k: float(v) for k, v in limits.items()}
+        out = {}
+        for name, value in limits.items():
+            try:
+                out[name] = float(value)
+            except ValueError:  # a setting that is no number: on_dead, a task name
+                continue
+        return out
 
 
 def _bucket(rate: tuple[float, float]) -> tuple[float, float]:

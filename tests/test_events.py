@@ -445,6 +445,12 @@ def test_set_on_dead_refuses_a_bad_task(queue, task):
         queue.set_on_dead(task)
 
 
+def test_the_queues_numeric_settings_leave_the_on_dead_task_out(queue):
+    queue.set_limits(max_in_flight=3)
+    queue.set_on_dead("alerts.job_died")
+    assert queue.limits() == {"max_in_flight": 3.0}
+
+
 def test_set_on_dead_none_removes_it(queue):
     queue.set_on_dead("a.b")
     queue.set_on_dead(None)
