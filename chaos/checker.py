@@ -972,8 +972,11 @@ class Checker:
         """The events, the on_dead jobs and the debounced calls (chaos/stories.py); the
         on_dead jobs of dead jobs no set or execution brought in are read first."""
         events: dict[str, list[QueueEvent]] = {}
-        for queue in queues.values():
-            events.update(read_events(queue))
+        kept_from: dict[str, float] = {}
+        for name, queue in queues.items():
+            found = read_events(queue)
+            events.update(found)
+            kept_from[name] = min((e[0].at for e in found.values() if e), default=0.0)
         wanted: dict[str, list[str]] = defaultdict(list)
         for jid, job in jobs.items():
             if job is not None and job.state == "dead" and f"{jid}-on-dead-1" not in jobs:
@@ -981,7 +984,7 @@ class Checker:
         for name, ids in wanted.items():
             jobs.update((jid, job) for jid, job in load_jobs(queues[name], ids).items()
                         if job is not None)
-        stories.check(self.inv[12], jobs, events, self.ctx.debounce_calls)
+        stories.check(self.inv[12], jobs, events, self.ctx.debounce_calls, kept_from)
 
     # -- 11 ----------------------------------------------------------------------------------
 

@@ -98,3 +98,22 @@ def test_replay_follows_a_replaced_job_and_names_one_replaced_while_running():
     assert Checker.replay(job("j1", h)) == []
     late = [*h[:4], {"event": "replaced", "at": 1001.5}, h[4]]
     assert Checker.replay(job("j1", late)) == ["replaced while active"]
+
+
+def test_a_job_older_than_the_streams_oldest_event_is_not_checked():
+    class Inv:
+        def __init__(self) -> None:
+            self.failed: list[str] = []
+            self.notes: list[str] = []
+
+        def fail(self, message: str) -> None:
+            self.failed.append(message)
+
+    old = job("j1", HISTORY, attempts="1", enqueued_at="1000")
+    inv = Inv()
+    stories.check(inv, {"j1": old}, {"j1": events("j1", "succeeded")}, [],
+                  {"chaos": 2.0})  # kept from 2 s: j1 was enqueued at 1 s
+    assert inv.failed == [] and "1 jobs enqueued before" in inv.notes[0]
+    inv = Inv()
+    stories.check(inv, {"j1": old}, {"j1": events("j1", "succeeded")}, [], {"chaos": 0.5})
+    assert any("0 'enqueued' events" in f for f in inv.failed)
