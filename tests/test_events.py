@@ -176,13 +176,18 @@ def test_the_stream_is_capped_at_about_keep_entries(queue):
     assert queue.event_settings() == {"events": True, "keep": 200, "on_dead": None}
 
 
-@pytest.mark.parametrize("value", ["garbage", "", "-5", "1e400"])
-def test_a_hostile_switch_value_never_breaks_a_transition(queue, value):
+@pytest.mark.parametrize(("value", "keep"), [("garbage", 10000), ("", 10000), ("-5", 0),
+                                             ("1e400", 1_000_000), ("nan", 10000),
+                                             ("7.9", 7)])
+def test_a_hostile_switch_value_never_breaks_a_transition(queue, value, keep):
+    """The scripts and the clients read a switch someone wrote by hand alike."""
     queue.redis.hset(queue.keys.limits, "events", value)
     job = queue.enqueue("t")
     lease = claim_one(queue)
     assert leasing(queue).ack(job.id, lease.token, "1") == "ok"
     assert queue.get(job.id).state == "succeeded"
+    assert queue.event_settings()["keep"] == keep
+    assert queue.redis.exists(queue.keys.events) == (keep > 0)
 
 
 @pytest.mark.parametrize("keep", [0, -1, 1_000_001, 2.5, True, "10"])

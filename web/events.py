@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from forq import known_queues
-from forq.store.events import KINDS, QueueEvent, parse_entry
+from forq.store.events import KINDS, QueueEvent, entries_kept, parse_entry
 from forq.store.keys import SUPERVISORS, QueueKeys
 
 IDLE_REFRESH = 3.0  # s: a live view nothing happened to is rendered again this often
@@ -40,7 +40,7 @@ def live_marker(client: redis.Redis, view: str) -> tuple[Any, ...] | None:
     marker: list[Any] = [tuple(sorted(replies[-1]))]
     for i, name in enumerate(names):
         limits, newest, active = replies[3 * i:3 * i + 3]
-        if limits.get("events") == "0" or (view == "running" and active):
+        if entries_kept(limits.get("events")) == 0 or (view == "running" and active):
             return None
         marker.append((name, tuple(sorted(limits.items())), newest[0][0] if newest else None))
     return tuple(marker)
@@ -77,5 +77,5 @@ def queue_events(client: redis.Redis, queue: str, *, before: str | None = None,
             break
     settings = client.hmget(keys.limits, "events", "on_dead")
     return {"queue": queue, "events": rows, "older": older, "kind": kind, "job": job,
-            "kinds": KINDS, "on": settings[0] != "0", "on_dead": settings[1],
+            "kinds": KINDS, "on": entries_kept(settings[0]) > 0, "on_dead": settings[1],
             "length": client.xlen(keys.events)}

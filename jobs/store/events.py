@@ -63,6 +63,18 @@ class QueueEvent:
         return out
 
 
+def entries_kept(value: Any) -> int:
+    """The queue's `events` field as the scripts read it: absent or not a number, the
+    default; otherwise its integer part within 0 (off) and MAX_KEEP."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return DEFAULT_KEEP
+    if number != number:  # NaN
+        return DEFAULT_KEEP
+    return int(max(0.0, min(float(MAX_KEEP), number)))
+
+
 def parse_entry(queue: str, entry: Sequence[Any]) -> QueueEvent:
     """A stream entry (id, {field: value}) as an event; fields it lacks are None."""
     stream_id, raw = entry[0], entry[1] or {}
@@ -170,7 +182,7 @@ def wait(keys: QueueKeys, job_id: str, timeout: float, poll: float = 0.05,
         left = deadline - time.monotonic()
         if record.get("state") in TERMINAL or left <= 0:
             return record, history
-        on = switch != "0"
+        on = entries_kept(switch) > 0
         read_at = time.monotonic() + (limit if on else min(interval, limit))
         ended = False
         while not ended and time.monotonic() < min(read_at, deadline):
@@ -193,11 +205,8 @@ def wait(keys: QueueKeys, job_id: str, timeout: float, poll: float = 0.05,
 def settings(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
     ((events, on_dead),) = yield [("HMGET", keys.limits, "events", "on_dead")]
-    try:
-        keep = int(events) if events is not None else DEFAULT_KEEP
-    except ValueError:
-        keep = DEFAULT_KEEP
-    return {"events": keep > 0, "keep": keep if keep > 0 else 0, "on_dead": on_dead}
+    keep = entries_kept(events)
+    return {"events": keep > 0, "keep": keep, "on_dead": on_dead}
 
 
 def set_events(keys: QueueKeys, on: bool, keep: int | None = None) -> Plan[None]:
