@@ -92,7 +92,8 @@ class Job:
     @classmethod
     def handle(cls, queue: Queue, job_id: str, status: str) -> Job:
         """What `enqueue` returns: the id, and how the enqueue went (``enqueue_status``:
-        pending, scheduled, or duplicate — then `id` is the live job holding the key)."""
+        pending, scheduled, waiting; duplicate — then `id` is the live job holding the
+        key; replaced — `id` is the waiting job that took this call's arguments)."""
         return cls(job_id, queue.name, {"id": job_id, "queue": queue.name,
                                         "enqueue_status": status}, [], queue)
 
