@@ -21,7 +21,7 @@ from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.22,
+    "quick": 0.18,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -33,6 +33,7 @@ MIX = {
     "steps": 0.04,  # three durable steps, some crashing between the second and the third
     "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
     "grouped": 0.05,  # one of GROUPS groups (group_concurrency 1): never two at once
+    "moved": 0.04,  # delayed; promoted, rescheduled, reprioritised while it waits (operator)
     "debounced": 0.04,  # key= one of DEBOUNCE_KEYS, debounce=: the last call's arguments run
 }
 GROUPS = 6
@@ -95,6 +96,14 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
     elif kind == "grouped":
         task, kwargs["ms"] = "chaos.slow", round(rng.uniform(50, 600))
         options["group"] = f"g{rng.randrange(GROUPS)}"
+    elif kind == "moved":
+        task, kwargs["ms"] = "chaos.moved", round(rng.uniform(0, 20), 1)
+        options["delay"] = rng.choice(["1s", "3s", "6s", "10s"])
+        options["priority"] = rng.randint(-3, 3)
+        if rng.random() < 0.5:
+            options["lifo"] = True
+        if rng.random() < 0.3:
+            options["group"] = f"g{rng.randrange(GROUPS)}"
     elif kind == "debounced":
         # a burst of calls with one key: one run (or one more while one runs), the latest
         # call's v in it; the id returned may be another call's (the job holding the key)

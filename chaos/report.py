@@ -73,6 +73,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"           {b['relayed']} with a member on another queue; relay "
                          f"(last member's end to callback) {_lat(b['relay_delay'])}")
     faults = st["faults"]
+    if st.get("operator"):
+        lines.append(f"operator   {_counts(st['operator'])} (jobs changed while they waited)")
     stalls = st.get("redis_stalls_uninjected")
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")

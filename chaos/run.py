@@ -21,6 +21,7 @@ from forq.supervisor.cli import terminal
 from forq.units import UnitError, parse_duration
 
 from . import report, soak
+from .changes import Operator
 from .checker import check
 from .context import OTHER_CONCURRENCY, OTHER_QUEUE, QUEUE, Context, Settings, Told
 from .faults import KINDS, Injector
@@ -256,7 +257,8 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         producer = Producer(ctx)
         injector = Injector(ctx)
         probe = Probe(ctx)
-        threads = [monitor, producer, injector, probe]
+        operator = Operator(ctx)
+        threads = [monitor, producer, injector, probe, operator]
         sampler = soak.Sampler(ctx, s.sample_interval) if s.soak else None
         if sampler is not None:
             threads.append(sampler)
@@ -318,7 +320,7 @@ def save_context(ctx: Context, settle_s: float) -> None:
         "monitor_violations": ctx.monitor_violations,
         "unexpected_exits": ctx.unexpected_exits, "samples": ctx.samples[-50:],
         "sched": {str(k): v for k, v in ctx.sched.items()}, "cpu_pressure": ctx.cpu_pressure,
-        "errors": ctx.errors, "debounce_calls": ctx.debounce_calls,
+        "errors": ctx.errors, "operator": ctx.operator, "debounce_calls": ctx.debounce_calls,
         "supervisors": [{"name": sp.name, "config": str(sp.config), "log": str(sp.log_path),
                          "incarnations": [vars(i) for i in sp.incarnations]} for sp in ctx.supervisors],
     }
@@ -345,6 +347,7 @@ def recheck(workdir: Path) -> tuple[int, dict[str, Any]]:
     for name in ("faults", "redis_outages", "redis_slow", "monitor_violations", "unexpected_exits",
                  "samples", "cpu_pressure", "errors", "debounce_calls"):
         setattr(ctx, name, data.get(name, []))
+    ctx.operator = data.get("operator", {})
     ctx.sched = {int(k): v for k, v in data["sched"].items()}
     redis_proc.start()
     try:

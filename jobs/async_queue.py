@@ -27,13 +27,19 @@ from forq import batches
 from forq.batches import AsyncBatch
 from forq.errors import refused
 from forq.job import Job, settled
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+)
 from forq.store import events as queue_events
-from forq.store import plans, topology
+from forq.store import finder, plans, topology
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import add_password, client_options, redis_url
-from forq.store.events import EventReader, QueueEvent
+from forq.store.events import AsyncQueueEvents
+from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.keys import QueueKeys
 from forq.store.pipelines import alone, queue_commands, regroup
 from forq.store.plans import Command
@@ -133,7 +139,7 @@ class AsyncJob(Job):
         return await self._async_queue.get(self.id)
 
 
-class AsyncQueue:
+class AsyncQueue(AsyncQueueEvents):
     """One named queue on one Redis, for asyncio code: `Queue`'s producer calls, awaited.
 
     Pass `redis=` (a ``redis.asyncio.Redis``, e.g. one client for several queues) or
@@ -248,11 +254,76 @@ class AsyncQueue:
         return [self._job(record, history)
                 for record, history in await self._run(plans.dead(self.keys, limit))]
 
+    # -- finding jobs, and acting on all of them (forq.store.finder) ---------------------
+
+    async def find(self, state: str = "pending", *, cursor: str | None = None, count: int = 100,
+             **filters: Any) -> FoundPage:
+        """One page of the jobs in `state` that pass the filters (task=, error= (a regular
+        expression), since=, before=, args_contains=, group=: see `JobFilter`), in the
+        order of the state's set, at most `count` in `page.jobs`. Pass `page.cursor` back
+        for the next page; None means the walk is over. A page is bounded work: it may
+        hold fewer than `count` jobs (even none) and a cursor when matches are sparse."""
+        filt = JobFilter(state, **filters)
+        page = await self._run(finder.find(self.keys, filt, cursor, count))
+        page.jobs = [self._job(record, []) for record in page.records]
+        return page
+
+    async def find_iter(self, state: str = "pending", *, limit: int | None = None,
+                  **filters: Any) -> AsyncIterator[AsyncJob]:
+        """Every job in `state` that passes the filters (as `find`), page by page, up to
+        `limit` jobs."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            page = await self.find(state, cursor=cursor, count=100, **filters)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    async def bulk(self, action: str, state: str, *, limit: int | None = None,
+             **filters: Any) -> BulkResult:
+        """Do `action` to every job in `state` that passes the filters (as `find`), up to
+        `limit`: "requeue" or "purge" (dead jobs), "cancel" (pending, scheduled, waiting
+        or active), "promote" (scheduled). Each job is one atomic call: a match that
+        changed before its turn (another state, its record trimmed) is skipped, counted
+        in `result.skipped`."""
+        return await self._run(finder.act(self.keys, JobFilter(state, **filters), action, limit))
+
     # -- operator actions ----------------------------------------------------------
 
     async def cancel(self, job_id: str) -> str:
         """"cancelled", "cancelling" (active), "missing", or its terminal state."""
         return tr.parse_cancel(await self._run(plans.script(tr.cancel_call(self.keys, job_id))))
+
+    async def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (await self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    async def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = plans.new_run_at(at, delay)
+        return (await self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    async def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (await self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     async def pause(self) -> bool:
         """Stop claiming from this queue on every supervisor (see `Queue.pause`)."""
@@ -265,29 +336,6 @@ class AsyncQueue:
     async def is_paused(self) -> bool:
         return await self._run(plans.paused(self.keys))
 
-    # -- events (see `Queue.events`) ---------------------------------------------------------
-
-    async def events(self, *, since: str = "0", last: int | None = None,
-                     follow: bool = False, timeout: float | None = None,
-                     block: float = 1.0) -> AsyncIterator[QueueEvent]:
-        """The queue's events, as `Queue.events`: ``async for event in queue.events()``."""
-        reader = EventReader(self.keys, since=since, last=last, follow=follow,
-                             timeout=timeout, block=queue_events.reader_block(self.redis, block))
-        while (command := reader.command()) is not None:
-            for event in reader.feed(await self.redis.execute_command(*command)):
-                yield event
-
-    async def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
-        """The queue's events on (about `keep` entries kept) or off (`Queue.set_events`)."""
-        await self._run(queue_events.set_events(self.keys, on, keep))
-
-    async def set_on_dead(self, task: str | None) -> None:
-        """The task enqueued when one of the queue's jobs dies (`Queue.set_on_dead`)."""
-        await self._run(queue_events.set_on_dead(self.keys, task))
-
-    async def event_settings(self) -> dict[str, Any]:
-        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
-        return await self._run(queue_events.settings(self.keys))
 
     async def requeue_dead(self, ids: Sequence[str] | None = None, *,
                            limit: int = 10000) -> DeadBatchResult:

@@ -15,6 +15,18 @@ class JobNotFound(ForqError, LookupError):
     """No job with this id exists (never enqueued, purged, or its record expired)."""
 
 
+class JobStateError(ForqError):
+    """The job is not in a state the action applies to (promote a running job, change
+    the priority of a finished one, …): nothing was changed."""
+
+    def __init__(self, job_id: str, queue: str, state: str, action: str, detail: str) -> None:
+        self.job_id = job_id
+        self.queue = queue
+        self.state = state
+        self.action = action
+        super().__init__(f"job {job_id} in queue {queue} is {state}: {detail}; nothing changed")
+
+
 class JobFailed(ForqError):
     """`Job.wait` found the job dead or cancelled instead of succeeded."""
 

@@ -222,7 +222,7 @@ class Job:
             "history": self.history,
         }
         for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",
-                     "owner", "key", "parent", "batch", "batch_queue", "child_batch"):
+                     "owner", "code", "key", "parent", "batch", "batch_queue", "child_batch"):
             if name in self.fields:
                 out[name] = self.fields[name]
         if "depends_on" in self.fields:

@@ -30,7 +30,7 @@ BACKOFF_PARTS = tuple(key.name.partition(".")[2] for key in PER_JOB_POLICY
                       if key.name.startswith("backoff."))
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
-    "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure",
+    "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure", "lifo",
     "replace", "debounce", "key_scope",
     *(key.name.partition(".")[0] for key in PER_JOB_POLICY),
 })
@@ -91,6 +91,14 @@ def group_problem(group: Any) -> str:
     if size > MAX_GROUP_BYTES:
         return f"is {size} bytes, over the {MAX_GROUP_BYTES}-byte cap"
     return ""
+
+
+def checked_priority(priority: Any, where: str = "") -> int:
+    """A job priority: an integer in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (higher first)."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_LIMIT:
+        raise PayloadError(f"{where}priority must be an integer in [-{PRIORITY_LIMIT}, "
+                           f"{PRIORITY_LIMIT}], got {priority!r}"[:300])
+    return priority
 
 
 def _expiry(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
@@ -208,13 +216,9 @@ def build_spec(
         "args": args_json,
         "kwargs": kwargs_json,
     }
-    priority = options.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_LIMIT:
-        raise PayloadError(
-            f"task {task!r}: priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], "
-            f"got {priority!r}"
-        )
-    spec["priority"] = priority
+    spec["priority"] = checked_priority(options.get("priority", 0), f"task {task!r}: ")
+    if options.get("lifo"):
+        spec["lifo"] = 1  # the head of its priority when it becomes pending, not the tail
     if options.get("delay") is not None:
         spec["delay_ms"] = max(0, _ms(options["delay"], "delay"))
     if options.get("run_at") is not None:
@@ -277,7 +281,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "parent": (str,), "priority": _INT, "delay_ms": _INT, "run_at_ms": _INT, "key": (str,),
     "unique_ms": _INT, "idempotent": _INT, "traceparent": (str,), "group": (str,),
     "expires_in_ms": _INT, "expire_at_ms": _INT,
-    "batch": (str,), "batch_queue": (str,),
+    "batch": (str,), "batch_queue": (str,), "lifo": _INT,
     **{key.field: _NUM if key.kind == "number" else _INT for key in PER_JOB_POLICY},
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
@@ -314,6 +318,8 @@ def _check_shape(spec: Any, required: tuple[str, ...]) -> str:
     for name in ("max_attempts", "max_crashes"):
         if name in spec and spec[name] < 1:
             return f"{name} must be >= 1"
+    if spec.get("lifo", 1) != 1:
+        return "lifo must be 1 when given"
     try:
         args, kwargs = json.loads(spec["args"]), json.loads(spec["kwargs"])
     except (ValueError, RecursionError):

@@ -16,14 +16,19 @@ from forq import batches
 from forq.batches import Batch
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.store import dataformat, plans, topology
-from forq.store import events as queue_events
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+)
+from forq.store import dataformat, finder, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import connect
-from forq.store.events import EventReader, QueueEvent
+from forq.store.events import QueueEvents
+from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.pipelines import run_plan
 from forq.store.policy import fill
 from forq.store.scripts import Scripts
@@ -45,7 +50,7 @@ T = TypeVar("T")
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
-class Queue:
+class Queue(QueueEvents):
     """One named queue on one Redis.
 
     >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
@@ -86,7 +91,9 @@ class Queue:
         job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
-        group run at once, 1 unless set, see `set_limits`; other groups keep flowing).
+        group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
+        lifo=True (when it becomes pending it goes to the head of its priority, newest
+        first, instead of the tail).
         With a key held by a job that has not started: replace=True gives that job
         this call's arguments (and delay / run_at, if given) and returns it (its
         ``enqueue_status`` "replaced"); debounce="5s" runs the job once, 5 s after the
@@ -189,12 +196,77 @@ class Queue:
         return [Job.from_record(self, record, history)
                 for record, history in self._run(plans.dead(self.keys, limit))]
 
+    # -- finding jobs, and acting on all of them (forq.store.finder) ---------------------
+
+    def find(self, state: str = "pending", *, cursor: str | None = None, count: int = 100,
+             **filters: Any) -> FoundPage:
+        """One page of the jobs in `state` that pass the filters (task=, error= (a regular
+        expression), since=, before=, args_contains=, group=: see `JobFilter`), in the
+        order of the state's set, at most `count` in `page.jobs`. Pass `page.cursor` back
+        for the next page; None means the walk is over. A page is bounded work: it may
+        hold fewer than `count` jobs (even none) and a cursor when matches are sparse."""
+        filt = JobFilter(state, **filters)
+        page = self._run(finder.find(self.keys, filt, cursor, count))
+        page.jobs = [Job.from_record(self, record, []) for record in page.records]
+        return page
+
+    def find_iter(self, state: str = "pending", *, limit: int | None = None,
+                  **filters: Any) -> Iterator[Job]:
+        """Every job in `state` that passes the filters (as `find`), page by page, up to
+        `limit` jobs."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            page = self.find(state, cursor=cursor, count=100, **filters)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    def bulk(self, action: str, state: str, *, limit: int | None = None,
+             **filters: Any) -> BulkResult:
+        """Do `action` to every job in `state` that passes the filters (as `find`), up to
+        `limit`: "requeue" or "purge" (dead jobs), "cancel" (pending, scheduled, waiting
+        or active), "promote" (scheduled). Each job is one atomic call: a match that
+        changed before its turn (another state, its record trimmed) is skipped, counted
+        in `result.skipped`."""
+        return self._run(finder.act(self.keys, JobFilter(state, **filters), action, limit))
+
     # -- operator actions ----------------------------------------------------------
 
     def cancel(self, job_id: str) -> str:
         """Cancel a job: "cancelled", "cancelling" (active; its supervisor stops it within
         one lease-extension period), "missing", or the terminal state it already had."""
         return tr.parse_cancel(self.scripts.run(tr.cancel_call(self.keys, job_id)))
+
+    def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = plans.new_run_at(at, delay)
+        return (self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     def requeue_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
         """Requeue the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""
@@ -217,34 +289,6 @@ class Queue:
     def is_paused(self) -> bool:
         return self._run(plans.paused(self.keys))
 
-    # -- events ---------------------------------------------------------------------------
-
-    def events(self, *, since: str = "0", last: int | None = None, follow: bool = False,
-               timeout: float | None = None, block: float = 1.0) -> Iterator[QueueEvent]:
-        """The queue's events, oldest first: every one kept (since="0"), those after a
-        stream id (an event's `stream_id`), or the newest `last`; with follow=True, then
-        each new one as it comes (XREAD BLOCK, at most `block` s a call), until
-        `timeout` s passed (None: until you stop iterating). See docs/guide/events.md."""
-        reader = EventReader(self.keys, since=since, last=last, follow=follow,
-                             timeout=timeout, block=queue_events.reader_block(self.redis, block))
-        while (command := reader.command()) is not None:
-            yield from reader.feed(self.redis.execute_command(*command))
-
-    def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
-        """Write the queue's events (about `keep` entries kept, 10,000 unless given), or
-        stop (on=False: nothing more is written and the stream is deleted). Every
-        supervisor and producer follows at its next call; `[[queue]] events` sets it."""
-        self._run(queue_events.set_events(self.keys, on, keep))
-
-    def set_on_dead(self, task: str | None) -> None:
-        """Enqueue `task` on this queue, with kwargs {job_id, task, reason}, whenever one
-        of its jobs dies (in the same script as the death), or None for nothing.
-        `[[queue]] on_dead` sets it."""
-        self._run(queue_events.set_on_dead(self.keys, task))
-
-    def event_settings(self) -> dict[str, Any]:
-        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
-        return self._run(queue_events.settings(self.keys))
 
     def set_limits(
         self,

@@ -17,6 +17,9 @@
            forq:{q}:policy:<sha1 of ARGV[5]> (see includes/policy); a job's first
            claim names it in the job's `policy` field and copies just `result_ttl_ms`,
            which every ack needs, into the job; fail and reclaim read the rest from it
+  ARGV[6]  (optional) the handler code the jobs will run ("VERSION+FINGERPRINT", see
+           supervisor/fork/fingerprint.py): set as each leased job's `code` field ("" when
+           unknown) and, when not "", named in its `claimed` history entry
 
   Returns {next_due_ms, wait_ms, pending_left, held, now_ms, job1, job2, ...}
     next_due_ms   earliest scheduled run-at or group token (group rate), or -1
@@ -61,6 +64,7 @@ local pending_key, scheduled_key, active_key, limits_key, bucket_key =
 local prefix, owner = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
+local code = ARGV[6]
 local at = now_ms()
 -- the global limits, shared by every supervisor through this hash (used in step 2); a
 -- paused queue leases nothing, known from the same HMGET
@@ -83,9 +87,9 @@ if next_due >= 0 and next_due <= at then
   for _, id in ipairs(due) do
     local jkey = job_key(prefix, id)
     redis.call('ZREM', scheduled_key, id)
-    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group')
+    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group', 'lifo')
     if f[1] then
-      local score = pending_score(prefix, tonumber(f[2]) or 0)
+      local score = pending_score(prefix, tonumber(f[2]) or 0, f[4])
       redis.call('HSET', jkey, 'state', 'pending', 'score', score)
       to_pending(prefix, id, score, f[3], at)
       if f[3] then grouped = true end -- maybe the queue's first: take it in this claim
@@ -225,7 +229,8 @@ if count_popped > 0 then
   end
   -- a history entry without a table to encode: only the owner needs JSON quoting
   local claimed = '{"event":"claimed","at":' .. at_s .. ',"owner":' .. cjson.encode(owner)
-    .. ',"token":'
+  if code and code ~= '' then claimed = claimed .. ',"code":' .. cjson.encode(code) end
+  claimed = claimed .. ',"token":'
   for i = 1, count_popped do
     local id = popped[2 * i - 1]
     local jkey = job_key(prefix, id)
@@ -258,6 +263,10 @@ if count_popped > 0 then
       local token_s = tostring(token)
       local set = {'state', 'active', 'owner', owner, 'token', token_s,
                    'lease_deadline', deadline, 'started_at', at_s}
+      if code then
+        set[#set + 1] = 'code'
+        set[#set + 1] = code
+      end
       if policy and not fields['policy'] then
         set[#set + 1] = 'policy'
         set[#set + 1] = policy_sha

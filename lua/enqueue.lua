@@ -30,7 +30,7 @@
   Publishes on forq:{q}:wake so waiting supervisors claim without polling.
   Transitions: [*] -> pending, [*] -> scheduled, [*] -> waiting
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
-  Transitions: pending -> scheduled, scheduled -> pending
+  Transitions: pending -> scheduled, scheduled -> pending, scheduled -> scheduled
   (a job with depends_on waits, unless its parents ended already: then it is released,
   or dead at once when one failed; a replace moves the job that holds the key when it
   gives a new delay or run_at)

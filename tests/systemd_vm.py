@@ -64,6 +64,9 @@ ln -sf /dev/null $R/etc/tmpfiles.d/tmp.conf
 for unit in {masked}; do ln -sf /dev/null $R/etc/systemd/system/$unit; done
 cp {checkout}/systemd/forq.service {checkout}/systemd/forq@.service $R/etc/systemd/system/
 chroot $R useradd --system --home-dir /var/lib/forq --shell /usr/sbin/nologin forq
+# Redis must be able to write its snapshot (the host's /var/lib/redis may be root's):
+# a failed background save makes it refuse every write (stop-writes-on-bgsave-error)
+chroot $R chown redis:redis /var/lib/redis 2>/dev/null || true
 mkdir -p $R/etc/forq
 cat > $R/etc/systemd/system/forq-vm-test.target <<'EOF'
 [Unit]

@@ -190,6 +190,43 @@ def test_replay_names_a_double_success_and_a_stale_claim() -> None:
     assert any("history ends active, record says succeeded" in p for p in problems), problems
 
 
+def test_replay_follows_the_operator_s_changes() -> None:
+    h = [{"event": "enqueued", "at": 1000, "run_at": 5000},
+         {"event": "priority", "at": 1001, "from": 0, "to": 3},
+         {"event": "rescheduled", "at": 1002, "run_at": 1004, "was_due": 5000},
+         {"event": "claimed", "at": 1004, "owner": "h:1", "token": 5},
+         {"event": "retry", "at": 1005, "run_at": 9000},
+         {"event": "promoted", "at": 1006, "was_due": 9000},
+         {"event": "claimed", "at": 1007, "owner": "h:1", "token": 6},
+         {"event": "dead", "at": 1008, "reason": "x"},
+         {"event": "requeued", "at": 1009},
+         {"event": "rescheduled", "at": 1010, "run_at": 1011},
+         {"event": "rescheduled", "at": 1010, "was_due": 1011},  # to now: pending
+         {"event": "claimed", "at": 1010, "owner": "h:1", "token": 7},
+         {"event": "succeeded", "at": 1011}]
+    assert Checker.replay(job(h)) == []
+
+
+def test_replay_names_a_change_where_it_does_not_apply_and_an_early_claim() -> None:
+    h = [{"event": "enqueued", "at": 1000, "run_at": 1003},
+         {"event": "claimed", "at": 1001, "owner": "h:1", "token": 5},
+         {"event": "promoted", "at": 1002},
+         {"event": "priority", "at": 1002},
+         {"event": "succeeded", "at": 1003},
+         {"event": "rescheduled", "at": 1004, "run_at": 1005}]
+    problems = Checker.replay(job(h))
+    assert any("claimed 2 ms before its run-at" in p for p in problems), problems
+    assert any("promoted while active" in p for p in problems), problems
+    assert any("'rescheduled' after 'succeeded'" in p for p in problems), problems
+    h = [{"event": "enqueued", "at": 1000},
+         {"event": "claimed", "at": 1001, "owner": "h:1", "token": 5},
+         {"event": "priority", "at": 1002},
+         {"event": "requeued", "at": 1003}]
+    problems = Checker.replay(job(h, state="pending"))
+    assert any("priority changed while active" in p for p in problems), problems
+    assert any("requeued while active" in p for p in problems), problems
+
+
 def test_claims_end_at_the_next_lease_ending_event() -> None:
     h = [{"event": "enqueued", "at": 1000},
          {"event": "claimed", "at": 1001, "owner": "h:1", "token": 5},

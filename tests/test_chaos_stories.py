@@ -90,14 +90,17 @@ def test_a_debounced_job_runs_the_last_calls_arguments():
 def test_replay_follows_a_replaced_job_and_names_one_replaced_while_running():
     from chaos.checker import Checker
 
-    h = [{"event": "enqueued", "at": 1000, "run_at": 1_000_500},
-         {"event": "replaced", "at": 1000.2, "run_at": 1_000_700},
-         {"event": "replaced", "at": 1000.3},
-         {"event": "claimed", "at": 1001, "token": 1},
-         {"event": "succeeded", "at": 1002}]
+    # history times are Redis ms, as the scripts write them
+    h = [{"event": "enqueued", "at": 1_000_000, "run_at": 1_000_500},
+         {"event": "replaced", "at": 1_000_200, "run_at": 1_000_700},
+         {"event": "replaced", "at": 1_000_300},
+         {"event": "claimed", "at": 1_001_000, "token": 1},
+         {"event": "succeeded", "at": 1_002_000}]
     assert Checker.replay(job("j1", h)) == []
-    late = [*h[:4], {"event": "replaced", "at": 1001.5}, h[4]]
+    late = [*h[:4], {"event": "replaced", "at": 1_001_500}, h[4]]
     assert Checker.replay(job("j1", late)) == ["replaced while active"]
+    early = [*h[:3], {"event": "claimed", "at": 1_000_600, "token": 1}, h[4]]
+    assert Checker.replay(job("j1", early)) == ["claimed 100 ms before its run-at"]
 
 
 def test_a_job_older_than_the_streams_oldest_event_is_not_checked():

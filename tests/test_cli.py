@@ -516,16 +516,17 @@ def test_dead_requeue_and_purge_refuse_without_ids_or_all(forq, queue):
     assert queue.stats()["dead"] == 1
 
 
-# -- workers --------------------------------------------------------------------------
+# -- supervisors ----------------------------------------------------------------------
 
 
-def test_workers_lists_live_supervisors(forq, r, queue):
+def test_supervisors_lists_live_supervisors(forq, r, queue):
     sid = "cli-test-" + uuid.uuid4().hex[:8]
     registry = Roster(r, sid)
     registry.beat({"name": sid, "host": "box-1", "pid": 4242, "queues": [queue.name],
                    "busy": 2, "slots": 4, "draining": False})
     try:
-        as_json, as_text = forq.many(["workers", "--json"], ["workers"])
+        as_json, as_text, alias = forq.many(["supervisors", "--json"], ["supervisors"],
+                                            ["workers"])
         records = ok_json(as_json)
         mine = next(rec for rec in records if rec.get("id") == sid)
         assert (mine["name"], mine["host"], mine["pid"], mine["busy"], mine["slots"]) == (
@@ -534,10 +535,43 @@ def test_workers_lists_live_supervisors(forq, r, queue):
         text = ok(as_text)
         line = next(row for row in text.splitlines() if row.startswith(sid))
         assert "box-1" in line and "4242" in line and "2/4" in line and queue.name in line
-        assert text.splitlines()[0].split()[:6] == ["name", "host", "pid", "version", "queues",
-                                                    "busy"]
+        assert text.splitlines()[0].split()[:7] == ["name", "host", "pid", "forq", "code",
+                                                    "queues", "busy"]
+        assert "?" in line.split()  # it said nothing of its code: not known
+        # `forq workers`, the older name: the same table (heartbeat ages aside)
+        same = ok(alias).splitlines()
+        assert same[0] == text.splitlines()[0] and any(row.startswith(sid) for row in same)
     finally:
         registry.leave()
+
+
+def test_supervisors_shows_the_code_each_serves_and_survives_garbled_records(forq, r, queue):
+    """The code column and its notes (an old fork server finishing jobs, a refused
+    reload); a record someone else wrote into the roster is shown as far as it reads."""
+    sid, junk = ("cli-code-" + uuid.uuid4().hex[:8] for _ in range(2))
+    good, bad = Roster(r, sid), Roster(r, junk)
+    good.beat({"name": sid, "queues": [queue.name], "code": "v7+0123456789ab",
+               "code_retiring": [{"code": "v6+ba9876543210", "pid": 77, "jobs": 2}],
+               "reload_error": {"at": 1_700_000_000.0, "module": "app.tasks",
+                                "error": "cannot import handler module app.tasks: "
+                                         "SyntaxError: invalid syntax (tasks.py, line 3)"}})
+    bad.beat({"name": junk, "code": {"x": 1}, "code_retiring": ["x", {"pid": "1", "jobs": 1},
+                                                                 {"pid": 1, "jobs": -4}],
+              "reload_error": [1, 2]})
+    try:
+        text = ok(forq("supervisors"))
+        line = next(row for row in text.splitlines() if row.startswith(sid))
+        assert "v7+0123456789ab (+2 on old) (reload refused)" in line, text
+        assert f"{sid}: old fork server 77 finishing 2 job(s) in code v6+ba9876543210" in text
+        refused = next(row for row in text.splitlines() if "reload refused at" in row)
+        assert refused.startswith(f"{sid}: reload refused at ") and "SyntaxError" in refused
+        assert refused.endswith("still serving code v7+0123456789ab"), refused
+        junk_line = next(row for row in text.splitlines() if row.startswith(junk))
+        assert " ? " in junk_line and "old" not in junk_line, junk_line
+        assert not [row for row in text.splitlines() if row.startswith(f"{junk}:")], text
+    finally:
+        good.leave()
+        bad.leave()
 
 
 # -- schedules ------------------------------------------------------------------------

@@ -26,8 +26,7 @@ KNOWN_PRIVATE_IMPORTS = {"supervisor/fork/server.py: from forq.supervisor.fork.c
                          "supervisor/fork/server.py: from forq.supervisor.fork.child import "
                          "_die_with_parent"}
 KNOWN_LONG = {"supervisor/fork/server.py",
-              "supervisor/fork/server.py: Server", "supervisor/observe/metrics.py",
-              "web/app.py"}
+              "supervisor/fork/server.py: Server", "supervisor/observe/metrics.py"}
 
 
 def python_files(*folders: str) -> list[Path]:

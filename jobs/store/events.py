@@ -5,15 +5,19 @@ Sans-IO, like `forq.store.plans`: `EventReader` says which command to send next 
 turns its reply into events, so `Queue.events` and `AsyncQueue.events` drive the same
 reader, each with its own I/O; `wait` is `job.wait`'s plan (it blocks on the stream
 instead of polling the job), and the settings plans read and write the queue's switch,
-cap and on_dead task (fields of its limits hash, read by the scripts).
+cap and on_dead task (fields of its limits hash, read by the scripts). `QueueEvents` and
+`AsyncQueueEvents` are those calls as `Queue` and `AsyncQueue` offer them (mixins).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aioredis
 
 from forq.errors import JobNotFound
 from forq.job import TERMINAL
@@ -29,6 +33,7 @@ MAX_KEEP = 1_000_000  # a cap above this is refused: about 100 MB of stream
 PAGE = 500  # entries per read
 RECHECK_S = 1.0  # a waiter re-reads its job this often, whatever the stream says
 _OWN = ("event", "id", "task", "supervisor", "reason")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -257,3 +262,76 @@ def reader_block(client: Any, block: float) -> float:
     """`block` s, or less when the client's socket timeout is shorter."""
     limit = socket_timeout(client)
     return block if limit is None else under_timeout(block, limit)
+
+
+# -- the queues' events API: mixins of Queue and AsyncQueue, which bring `keys`, `redis`
+# and `_run` (a plan run with their own I/O)
+
+
+class QueueEvents:
+    """`Queue`'s events calls."""
+
+    keys: QueueKeys
+    redis: redis.Redis
+
+    def _run(self, plan: Plan[T]) -> T:
+        raise NotImplementedError
+
+    def events(self, *, since: str = "0", last: int | None = None, follow: bool = False,
+               timeout: float | None = None, block: float = 1.0) -> Iterator[QueueEvent]:
+        """The queue's events, oldest first: every one kept (since="0"), those after a
+        stream id (an event's `stream_id`), or the newest `last`; with follow=True, then
+        each new one as it comes (XREAD BLOCK, at most `block` s a call), until
+        `timeout` s passed (None: until you stop iterating). See docs/guide/events.md."""
+        reader = EventReader(self.keys, since=since, last=last, follow=follow,
+                             timeout=timeout, block=reader_block(self.redis, block))
+        while (command := reader.command()) is not None:
+            yield from reader.feed(self.redis.execute_command(*command))
+
+    def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
+        """Write the queue's events (about `keep` entries kept, 10,000 unless given), or
+        stop (on=False: nothing more is written and the stream is deleted). Every
+        supervisor and producer follows at its next call; `[[queue]] events` sets it."""
+        self._run(set_events(self.keys, on, keep))
+
+    def set_on_dead(self, task: str | None) -> None:
+        """Enqueue `task` on this queue, with kwargs {job_id, task, reason}, whenever one
+        of its jobs dies (in the same script as the death), or None for nothing.
+        `[[queue]] on_dead` sets it."""
+        self._run(set_on_dead(self.keys, task))
+
+    def event_settings(self) -> dict[str, Any]:
+        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
+        return self._run(settings(self.keys))
+
+
+class AsyncQueueEvents:
+    """`AsyncQueue`'s events calls: `Queue`'s, awaited."""
+
+    keys: QueueKeys
+    redis: aioredis.Redis
+
+    async def _run(self, plan: Plan[T]) -> T:
+        raise NotImplementedError
+
+    async def events(self, *, since: str = "0", last: int | None = None,
+                     follow: bool = False, timeout: float | None = None,
+                     block: float = 1.0) -> AsyncIterator[QueueEvent]:
+        """The queue's events, as `Queue.events`: ``async for event in queue.events()``."""
+        reader = EventReader(self.keys, since=since, last=last, follow=follow,
+                             timeout=timeout, block=reader_block(self.redis, block))
+        while (command := reader.command()) is not None:
+            for event in reader.feed(await self.redis.execute_command(*command)):
+                yield event
+
+    async def set_events(self, on: bool = True, *, keep: int | None = None) -> None:
+        """The queue's events on (about `keep` entries kept) or off (`Queue.set_events`)."""
+        await self._run(set_events(self.keys, on, keep))
+
+    async def set_on_dead(self, task: str | None) -> None:
+        """The task enqueued when one of the queue's jobs dies (`Queue.set_on_dead`)."""
+        await self._run(set_on_dead(self.keys, task))
+
+    async def event_settings(self) -> dict[str, Any]:
+        """{"events": on or off, "keep": entries kept, "on_dead": task or None}."""
+        return await self._run(settings(self.keys))

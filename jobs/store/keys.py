@@ -13,6 +13,8 @@ FORMAT = f"{ROOT}:format"  # hash: the data format in Redis (forq.store.dataform
 # hash: schedule name -> JSON definition {cron, timezone, queue, task, next, seen}, written
 # by every supervisor that runs it, so `forq schedules` and `forq web` need no config file
 SCHEDULE_DEFS = f"{ROOT}:schedules:defs"
+# hash: the schedules added at run time (lua/schedule_define.lua says what it holds)
+SCHEDULES_RUNTIME = f"{ROOT}:schedules:runtime"
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from forq.errors import JobNotFound
+from forq.errors import JobNotFound, JobStateError, PayloadError
 from forq.store import keys as keyspace
 from forq.store import topology
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
+from forq.units import UnitError, parse_duration
 
 T = TypeVar("T")
 
@@ -125,3 +126,62 @@ def script(call: tr.ScriptCall) -> Plan[Any]:
     """One transition alone: its raw reply (the caller parses it)."""
     (reply,) = yield [call]
     return reply
+
+
+# -- changing a job that has not run yet (promote, reschedule, set_priority) -------------
+
+
+def new_run_at(at: Any = None, delay: Any = None) -> tuple[int, bool]:
+    """`reschedule`'s time: `at` (a datetime or Unix seconds) as Unix ms, or `delay` (a
+    duration: "30s", seconds) as ms from now by Redis's clock; (ms, relative)."""
+    if (at is None) == (delay is None):
+        raise PayloadError("give the new time as at= (a datetime or Unix seconds) or "
+                           "delay= (a duration such as \"30s\"), one of them")
+    if delay is not None:
+        if isinstance(delay, bool):
+            raise PayloadError(f"delay must be a duration, got {delay!r}")
+        return max(0, _delay_ms(delay)), True
+    when = at.timestamp() if hasattr(at, "timestamp") else at
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not 0 <= when < 2 ** 43 / 1000:
+        raise PayloadError(f"at must be a datetime or Unix seconds, got {at!r}"[:300])
+    return int(when * 1000), False
+
+
+def _delay_ms(delay: Any) -> int:
+    try:
+        return int(round(parse_duration(delay, where="delay") * 1000))
+    except UnitError as exc:
+        raise PayloadError(str(exc)) from None
+
+
+_APPLIES_TO = {
+    "promote": "only a scheduled job can be promoted (run now)",
+    "reschedule": "only a pending or scheduled job can be rescheduled",
+    "set_priority": "only a pending, scheduled or waiting job's priority can change",
+}
+_WHY_NOT = {
+    "pending": "it is pending already: the next free supervisor runs it",
+    "waiting": "it waits on its dependencies (depends_on) and runs once they end",
+    "active": "it is running",
+    "dead": "a dead job is requeued instead (forq dead requeue)",
+}
+
+
+def change(keys: QueueKeys, call: tr.ScriptCall, job_id: str) -> Plan[tr.Changed]:
+    """Send promote, reschedule or set_priority; `JobNotFound` when there is no such job,
+    `JobStateError` (saying why) when its state refused the change."""
+    (reply,) = yield [call]
+    changed = tr.parse_changed_job(reply)
+    if changed.outcome == "missing":
+        raise JobNotFound(f"no job {job_id} in queue {keys.queue}")
+    if changed.outcome == "refused":
+        if changed.why == "expires":
+            detail = ("its expiry before start (expires_in / expire_at) is not after the new "
+                      "run-at: it could never run")
+        else:
+            hint = _WHY_NOT.get(changed.state, "")
+            if changed.state == "pending" and call.script != "promote":
+                hint = ""
+            detail = _APPLIES_TO[call.script] + (f" ({hint})" if hint else "")
+        raise JobStateError(job_id, keys.queue, changed.state, call.script, detail)
+    return changed

@@ -107,6 +107,12 @@ class Scripts:
         self.step: Script = register(source("step"))
         self.batch: Script = register(source("batch"))
         self.batch_relay: Script = register(source("batch_relay"))
+        self.promote: Script = register(source("promote"))
+        self.reschedule: Script = register(source("reschedule"))
+        self.set_priority: Script = register(source("set_priority"))
+        self.find: Script = register(source("find"))
+        self.schedule_define: Script = register(source("schedule_define"))
+        self.schedule_fired: Script = register(source("schedule_fired"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

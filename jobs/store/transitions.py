@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from forq.job import Job
-from forq.store.keys import QueueKeys
+from forq.store.keys import SCHEDULES, SCHEDULES_RUNTIME, QueueKeys
 
 if TYPE_CHECKING:
     from forq.queue import Queue
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "reclaim",
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
-                     "progress", "step", "batch", "batch_relay"]
+                     "progress", "step", "batch", "batch_relay",
+                     "promote", "reschedule", "set_priority", "find",
+                     "schedule_define", "schedule_fired"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -120,12 +122,14 @@ def parse_enqueue(reply: Sequence[Any]) -> list[Enqueued]:
 # -- operator actions ------------------------------------------------------------------
 
 
-def cancel_call(keys: QueueKeys, job_id: str) -> ScriptCall:
-    return ScriptCall("cancel", (keys.pending, keys.scheduled), (keys.prefix, job_id))
+def cancel_call(keys: QueueKeys, job_id: str, only_if: str = "") -> ScriptCall:
+    """Cancel a job; with `only_if` (a state), only when it is in that state."""
+    return ScriptCall("cancel", (keys.pending, keys.scheduled), (keys.prefix, job_id, only_if))
 
 
 def parse_cancel(reply: Any) -> str:
-    """"cancelled", "cancelling", "missing", or the terminal state it already had."""
+    """"cancelled", "cancelling", "missing", or the terminal state it already had (with
+    `only_if`: the state it was in, when another)."""
     return str(reply)
 
 
@@ -144,6 +148,41 @@ def purge_dead_call(keys: QueueKeys, ids: Sequence[str] | None, limit: int) -> S
 
 def parse_dead_batch(reply: Sequence[Any]) -> DeadBatchResult:
     return DeadBatchResult(int(reply[0]), [str(i) for i in reply[1:]])
+
+
+class Changed(NamedTuple):
+    """promote, reschedule and set_priority: what the script answered."""
+
+    outcome: str  # "promoted" | "rescheduled" | "changed" | "refused" | "missing"
+    state: str  # the job's state now ("" when missing); when refused, the state that refused
+    why: str = ""  # reschedule refused: "state" or "expires"
+    run_at_ms: int = 0  # reschedule: the job's run-at now
+
+
+def promote_call(keys: QueueKeys, job_id: str) -> ScriptCall:
+    """Run a scheduled job now (scheduled -> pending)."""
+    return ScriptCall("promote", (keys.scheduled, keys.pending), (keys.prefix, job_id))
+
+
+def reschedule_call(keys: QueueKeys, job_id: str, ms: int, relative: bool = False) -> ScriptCall:
+    """A pending or scheduled job's new run-at: Unix ms, or (`relative`) ms from now by
+    Redis's clock."""
+    return ScriptCall("reschedule", (keys.scheduled, keys.pending),
+                      (keys.prefix, job_id, int(ms), "in" if relative else "at"))
+
+
+def set_priority_call(keys: QueueKeys, job_id: str, priority: int) -> ScriptCall:
+    """A pending, scheduled or waiting job's new priority (a pending one moves at once)."""
+    return ScriptCall("set_priority", (keys.pending,), (keys.prefix, job_id, int(priority)))
+
+
+def parse_changed_job(reply: Sequence[Any]) -> Changed:
+    """{outcome, state[, why | run_at]} from promote, reschedule or set_priority."""
+    outcome, state = str(reply[0]), str(reply[1])
+    if outcome == "refused":
+        return Changed(outcome, state, str(reply[2]) if len(reply) > 2 else "state")
+    run_at = int(reply[2]) if outcome == "rescheduled" and len(reply) > 2 else 0
+    return Changed(outcome, state, "", run_at)
 
 
 def pause_call(keys: QueueKeys) -> ScriptCall:
@@ -166,10 +205,11 @@ def parse_changed(reply: Any) -> bool:
 
 
 def claim_call(keys: QueueKeys, owner: str, count: int, lease_ttl_ms: int,
-               policy: str = "") -> ScriptCall:
+               policy: str = "", code: str | None = None) -> ScriptCall:
+    args: tuple[Any, ...] = (keys.prefix, owner, count, lease_ttl_ms, policy)
     return ScriptCall("claim",
                       (keys.pending, keys.scheduled, keys.active, keys.limits, keys.bucket),
-                      (keys.prefix, owner, count, lease_ttl_ms, policy))
+                      args if code is None else (*args, code))
 
 
 def parse_claim(reply: Sequence[Any], queue: Queue | None = None) -> ClaimResult:
@@ -328,3 +368,26 @@ def batch_relay_call(keys: QueueKeys, ends: Iterable[tuple[str, str, bool]]) -> 
 def parse_batch_relay(reply: Any) -> int:
     """How many ends were counted (the rest had been delivered before)."""
     return int(reply)
+
+
+# -- schedules (not a queue's: the scripts touch one global hash each) --------------------
+
+
+ScheduleOp = Literal["add", "replace", "remove", "pause", "resume"]
+
+
+def schedule_define_call(op: ScheduleOp, name: str, definition: str = "") -> ScriptCall:
+    """Add, replace (definition: JSON), remove, pause or resume a run-time schedule."""
+    return ScriptCall("schedule_define", (SCHEDULES_RUNTIME,), (op, name, definition))
+
+
+def parse_schedule_define(reply: Sequence[Any]) -> tuple[str, int]:
+    """(outcome, version): see lua/schedule_define.lua."""
+    return str(reply[0]), int(reply[1])
+
+
+def schedule_fired_call(name: str, mode: Literal["tick", "skip", "trigger"], tick: float | None,
+                        job_id: str = "") -> ScriptCall:
+    """Record a schedule's tick (fired or skipped) or a manual trigger's job."""
+    return ScriptCall("schedule_fired", (SCHEDULES,),
+                      (name, mode, "" if tick is None else repr(float(tick)), job_id))

@@ -14,7 +14,7 @@
 -- or the same id when a job with this id already exists: follow-ups are idempotent).
 local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
-  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group'}
+  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group', 'lifo'}
 
 -- A spec's links (batch membership, dependencies) as fields of its new job record.
 local function add_link_fields(spec, fields)
@@ -85,7 +85,7 @@ local function enqueue_one(prefix, queue, spec, at, hold)
     redis.call('ZADD', prefix .. 'scheduled', run_at, id)
   else
     status = 'pending'
-    local score = pending_score(prefix, priority)
+    local score = pending_score(prefix, priority, spec['lifo'])
     table.insert(fields, 'state')
     table.insert(fields, 'pending')
     table.insert(fields, 'score')

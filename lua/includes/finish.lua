@@ -62,7 +62,7 @@ end
 -- over yet). Returns the state it is in now.
 local function release_waiting(prefix, id, jkey, at)
   redis.call('ZREM', prefix .. 'waiting', id)
-  local f = redis.call('HMGET', jkey, 'run_at', 'priority', 'group')
+  local f = redis.call('HMGET', jkey, 'run_at', 'priority', 'group', 'lifo')
   local run_at = tonumber(f[1]) or at
   local state = 'pending'
   if run_at > at then
@@ -71,7 +71,7 @@ local function release_waiting(prefix, id, jkey, at)
     redis.call('ZADD', prefix .. 'scheduled', run_at, id)
     wake(prefix, run_at)
   else
-    local score = pending_score(prefix, tonumber(f[2]) or 0)
+    local score = pending_score(prefix, tonumber(f[2]) or 0, f[4])
     redis.call('HSET', jkey, 'state', 'pending', 'score', score)
     to_pending(prefix, id, score, f[3] or nil, at)
     wake(prefix, 0)

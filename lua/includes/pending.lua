@@ -4,10 +4,16 @@
 --@include includes/time
 --@include includes/groups
 
-local PRIORITY_SPAN = 4398046511104 -- 2^42: pending score = -priority * 2^42 + seq
+-- pending score = -priority * 2^42 + seq: by priority, then first in first out. A lifo
+-- job (enqueue's lifo=True, its record's `lifo` field) takes -priority * 2^42 - seq: the
+-- head of its priority, the newest first. While seq < 2^41 (two trillion enqueues to one
+-- queue) the lifo and fifo ranges of two priorities never meet; |priority| <= 1000 keeps
+-- every score exact in a double.
+local PRIORITY_SPAN = 4398046511104 -- 2^42
 
-local function pending_score(prefix, priority)
+local function pending_score(prefix, priority, lifo)
   local seq = redis.call('INCR', prefix .. 'seq')
+  if lifo == 1 or lifo == '1' then return -priority * PRIORITY_SPAN - seq end
   return -priority * PRIORITY_SPAN + seq
 end
 
@@ -23,10 +29,10 @@ end
 -- Move an active job to pending at its original place (crash reclaim or release);
 -- a grouped job back in its group, its slot freed.
 local function back_to_pending(prefix, id, jkey, at)
-  local f = redis.call('HMGET', jkey, 'score', 'priority', 'group')
+  local f = redis.call('HMGET', jkey, 'score', 'priority', 'group', 'lifo')
   local score = tonumber(f[1])
   if not score then
-    score = pending_score(prefix, tonumber(f[2]) or 0)
+    score = pending_score(prefix, tonumber(f[2]) or 0, f[4])
     redis.call('HSET', jkey, 'score', score)
   end
   redis.call('ZREM', prefix .. 'active', id)

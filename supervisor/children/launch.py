@@ -64,7 +64,7 @@ class Launcher:
                               [config.redis_password, config.redis_url])
         return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
                       probe=Launcher(config).wants_namespaces(),
-                      spares=Launcher.spares(config))
+                      spares=Launcher.spares(config), version=config.version)
 
     @staticmethod
     def spares(config: Config) -> int:

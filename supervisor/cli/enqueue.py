@@ -42,7 +42,7 @@ PLAIN = {"key": "--key", "job_id": "--job-id", "group": "--group",
          "key_scope": "--key-scope"}
 FLAGS = {"args": "--args", "kwargs": "--kwargs", "priority": "--priority",
          "expires_in": "--expires-in", "backoff": "--backoff", "idempotent": "--idempotent",
-         "depends_on": "--depends-on", "allow_failure": "--allow-failure",
+         "depends_on": "--depends-on", "allow_failure": "--allow-failure", "lifo": "--lifo",
          "replace": "--replace", **DURATIONS, **SIZES, **TIMES, **PLAIN}
 
 
@@ -109,6 +109,8 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         options["allow_failure"] = True
     if args.replace:
         options["replace"] = True
+    if args.lifo:
+        options["lifo"] = True
     return options
 
 
@@ -282,6 +284,8 @@ def register(sub: Any, parents: Parents) -> None:
                                    "of one group run at once")
     p.add_argument("--depends-on", metavar="ID", action="append",
                    help="run only after this job succeeded (repeat for several)")
+    p.add_argument("--lifo", action="store_true",
+                   help="run before the jobs of its priority already waiting (newest first)")
     p.add_argument("--allow-failure", action="store_true",
                    help="with --depends-on: run once they ended, whether they succeeded or not")
     p.add_argument("--durable", action=argparse.BooleanOptionalAction, default=None,

@@ -240,6 +240,16 @@ def strings(what: str = "a string") -> Reader:
     return Reader(what, lambda value, where: string(value, where, what))
 
 
+def version(value: object, where: str) -> str:
+    """A code version label, or "" for none ([supervisor].version): no '+', which
+    separates it from the fingerprint in job records, nothing to quote."""
+    if value != "" and not (isinstance(value, str) and VERSION_RE.fullmatch(value)):
+        raise expected(where, VERSION.what, value)
+    return str(value)
+
+
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{0,63}")
+VERSION = Reader("up to 64 letters, digits, '.', '_', ':', '~' or '-'", version)
 BOOLEAN = Reader("true or false", boolean)
 RATE = Reader('a rate such as "100/s"', rate)
 LISTEN = Reader('host:port, or "" for off', listen)

@@ -181,6 +181,11 @@ class Config:
         "auto", read.choices("auto", "required", "off"),
         "A cgroup per job, the kernel enforcing `memory_limit`: where possible, required, or never.",
         scope=SUPERVISOR)
+    # a deploy's label for the handler code, named with the fingerprint (fork/fingerprint.py)
+    version: str = key(
+        "", read.VERSION,
+        "A label for the handler code (a release), in job records as `VERSION+FINGERPRINT`.",
+        scope=SUPERVISOR, shown="none")
 
     # [redis] (redis_table.resolve then applies FORQ_REDIS_URL, cluster and the password)
     redis_url: str = key(

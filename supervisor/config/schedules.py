@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import cronsim
-
+from forq.store import cron as cron_lib
 from forq.supervisor.config import fields as read
 from forq.supervisor.config import schema
 from forq.supervisor.config.schema import REQUIRED, key
@@ -21,19 +20,7 @@ from forq.units import describe_value
 
 SCOPE = "[[schedule]]"
 _CATCH_UP = ("none", "latest", "all")
-
-# cronsim only takes field expressions; these are the usual cron macros.
-_CRON_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
-_MICROSECOND = _dt.timedelta(microseconds=1)
+_OVERLAP = ("allow", "skip")
 
 
 def _timezone(value: object, where: str) -> str:
@@ -93,6 +80,9 @@ class ScheduleConfig:
     catch_up: str = key("latest", read.choices(*_CATCH_UP),
                         "After downtime: skip missed ticks, run the latest, or run each.")
     max_catch_up: int = key(100, read.integers(1), 'At most this many missed ticks, for `"all"`.')
+    overlap: str = key("allow", read.choices(*_OVERLAP),
+                       '`"skip"`: no tick while the last tick\'s job is pending, scheduled, '
+                       'waiting or running.')
     every: float | None = None  # from cron: the interval of "@every <duration>"
 
     @property
@@ -101,28 +91,22 @@ class ScheduleConfig:
         return ZoneInfo(self.timezone)
 
     def next_after(self, dt: _dt.datetime) -> _dt.datetime:
-        """Return the first tick strictly after the aware datetime ``dt``.
-
-        ``@every`` ticks are multiples of the interval since the Unix epoch,
-        not "interval after start", so every supervisor computes the same
-        tick times and can agree (via Redis) on who enqueues each one.  Cron
-        ticks are computed by cronsim in the schedule's time zone (with its
-        Debian-cron-like DST handling).  The result is in that time zone.
-        """
-        if dt.tzinfo is None or dt.utcoffset() is None:
-            raise ValueError("next_after needs an aware datetime (with tzinfo)")
-        tz = self.tzinfo
-        if self.every is not None:
-            step = max(1, round(self.every * 1_000_000))
-            since_epoch = (dt - _EPOCH) // _MICROSECOND
-            tick = (since_epoch // step + 1) * step
-            return (_EPOCH + _dt.timedelta(microseconds=tick)).astimezone(tz)
-        expression = _CRON_MACROS.get(self.cron.strip().lower(), self.cron)
-        return next(cronsim.CronSim(expression, dt.astimezone(tz)))
-
+        """Return the first tick strictly after the aware datetime ``dt``, in the
+        schedule's time zone (`forq.store.cron.next_after`: ``@every`` ticks are
+        multiples of the interval since the Unix epoch, so every supervisor computes
+        the same ones; cron ticks by cronsim, with its Debian-cron-like DST handling)."""
+        return cron_lib.next_after(self.cron, self.every, self.timezone, dt)
 
 
 ROWS = schema.rows(ScheduleConfig, SCOPE)
+
+
+def read_schedule(table: Mapping[str, Any], prefix: str) -> ScheduleConfig:
+    """One schedule's table (a `[[schedule]]` entry, or a schedule added at run time and
+    stored in Redis as the same table), checked; errors start with `prefix`."""
+    schedule = ScheduleConfig(**schema.read_rows(table, ROWS, prefix))
+    every = _cron(schedule.cron, schedule.timezone, f"{prefix}.cron")
+    return dataclasses.replace(schedule, every=every)
 
 
 def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
@@ -136,13 +120,11 @@ def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
         table = read.table(item, prefix)
         if isinstance(table.get("name"), str) and table["name"]:
             prefix = f"[schedule {json.dumps(table['name'], ensure_ascii=False)}]"
-        found = schema.read_rows(table, ROWS, prefix)
-        if found["name"] in seen:
-            raise read.Invalid(f'{prefix}.name: duplicate schedule "{found["name"]}"')
-        seen.add(found["name"])
-        schedule = ScheduleConfig(**found)
-        every = _cron(schedule.cron, schedule.timezone, f"{prefix}.cron")
-        schedules.append(dataclasses.replace(schedule, every=every))
+        schedule = read_schedule(table, prefix)
+        if schedule.name in seen:
+            raise read.Invalid(f'{prefix}.name: duplicate schedule "{schedule.name}"')
+        seen.add(schedule.name)
+        schedules.append(schedule)
     return schedules
 
 
@@ -154,18 +136,9 @@ def _cron(cron: str, timezone: str, where: str) -> float | None:
         if not rest:
             raise read.expected(where, '"@every <duration>" such as "@every 30s"', cron)
         return read.duration(rest, where, positive=True)
-    if text.startswith("@"):
-        expression = _CRON_MACROS.get(text.lower())
-        if expression is None:
-            macros = ", ".join(sorted(_CRON_MACROS))
-            raise read.expected(where, f"one of {macros} or @every <duration>", cron)
-        return None
-    if len(text.split()) != 5:
-        raise read.expected(where, 'a 5-field cron expression such as "0 3 * * *"', cron)
     try:
-        next(cronsim.CronSim(text, _dt.datetime.now(ZoneInfo(timezone))))
-    except cronsim.CronSimError as exc:
-        raise read.expected(where, f"a valid cron expression ({exc})", cron) from None
-    except StopIteration:
+        return cron_lib.every_of(cron, timezone)
+    except cron_lib.CronError as exc:
+        if exc.expected:
+            raise read.expected(where, exc.expected, cron) from None
         raise read.Invalid(f"{where}: {describe_value(cron)} never fires") from None
-    return None

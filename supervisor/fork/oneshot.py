@@ -1,4 +1,4 @@
-"""One job's child exec'd alone, without a fork server (`client.spawn`):
+"""One job's child exec'd alone, without a fork server (`alone.spawn`):
 
     python -m forq.supervisor.fork.oneshot     (spec on fd 0, result pipe on fd 3)
 

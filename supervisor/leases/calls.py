@@ -42,12 +42,13 @@ class LeaseCalls:
         self._claim_policy = ""  # the policy JSON of the last claim, for parse_claim
 
     def claim(self, owner: str, count: int, lease_ttl_ms: int, policy: str = "",
-              client: Any = None) -> Any:
-        """Lease up to `count` jobs to `owner` (see lua/claim.lua). With a pipeline as
-        `client`, queues the call (parse the reply with `parse_claim`)."""
+              client: Any = None, code: str | None = None) -> Any:
+        """Lease up to `count` jobs to `owner` (see lua/claim.lua); `code`: the handler
+        code they will run, kept in each job's record ("" unknown, None: not said). With
+        a pipeline as `client`, queues the call (parse the reply with `parse_claim`)."""
         self._claim_policy = policy
-        reply = self.scripts.run(tr.claim_call(self.keys, owner, count, lease_ttl_ms, policy),
-                                 client)
+        reply = self.scripts.run(
+            tr.claim_call(self.keys, owner, count, lease_ttl_ms, policy, code), client)
         return client if client is not None else self.parse_claim(reply)
 
     def parse_claim(self, reply: Sequence[Any]) -> ClaimResult:

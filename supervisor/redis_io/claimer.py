@@ -30,7 +30,8 @@ CLAIM_BATCH = 32
 class Claimer:
     def __init__(self, owner: str, queue_for: Callable[[str], Queue], children: Children,
                  leases: LeaseKeeper, wakeups: Wakeups, health: RedisHealth,
-                 shards: ShardHealth | None = None) -> None:
+                 shards: ShardHealth | None = None,
+                 code: Callable[[], str] = lambda: "") -> None:
         self.owner = owner
         self.queue_for = queue_for
         self.children = children
@@ -40,6 +41,8 @@ class Claimer:
         self.shards = shards  # a queue whose shard is backing off is not asked
         self.policies: dict[str, str] = {}  # each queue's job policy, JSON for the script
         self.unsettled: set[str] = set()  # config settings not yet written: not claimed
+        # the handler code the jobs leased now will run, kept in their records
+        self.code = code
 
     def send(self, pipe: Any, config: Config) -> list[str]:
         """A claim on `pipe` for each served queue with free slots; returns their names."""
@@ -53,7 +56,8 @@ class Claimer:
                 self.wakeups.claim_at(qc.name, self.shards.wait(qc.name))  # once it may be back
             elif free > 0:
                 leasing(self.queue_for(qc.name)).claim(self.owner, free, self.leases.ttl_ms,
-                                              self.policies[qc.name], client=pipe)
+                                                       self.policies[qc.name], client=pipe,
+                                                       code=self.code())
                 asks.append(qc.name)
         return asks
 

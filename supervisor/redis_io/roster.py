@@ -1,5 +1,5 @@
 """The roster of live supervisors: each supervisor's own record, written every heartbeat
-(read by `forq.fleet` for `forq workers`, `forq web` and the "no supervisor" alert).
+(read by `forq.fleet` for `forq supervisors`, `forq web` and the "no supervisor" alert).
 
 A hash field per supervisor holds a JSON record refreshed every heartbeat; readers
 judge liveness by the heartbeat's age in Redis time, so no clock but Redis's matters.
