@@ -176,3 +176,10 @@ def test_batches_and_handlers_cannot_replace(queue, option):
     ctx = JobContext(id="j1", queue=queue.name, task="t")
     with pytest.raises(PayloadError, match="is for producers"):
         ctx.enqueue("t", **option, key="k")
+
+
+def test_a_lifo_holder_due_again_goes_to_the_head_of_its_priority(queue):
+    first = queue.enqueue("t", 1)
+    held = queue.enqueue("t", 2, key="k", lifo=True, delay="1h")
+    queue.enqueue("t", 3, key="k", replace=True, delay=0)  # due now: pending, lifo
+    assert queue.redis.zrange(queue.keys.pending, 0, -1) == [held.id, first.id]

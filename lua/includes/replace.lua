@@ -22,13 +22,13 @@
 local QUEUED = {pending = true, scheduled = true, waiting = true}
 
 -- Move the not yet started job `id` (its record's fields `f`: state, group, priority,
--- run_at) to `run_at`: scheduled if it is in the future, else pending (a waiting job only
+-- run_at, lifo) to `run_at`: scheduled if it is in the future, else pending (a waiting job only
 -- notes it, for when it is released). Returns its state after.
 local function move_to(prefix, id, jkey, f, run_at, at)
   local state, group = f[1], f[2]
   if state == 'scheduled' and run_at <= at then
     redis.call('ZREM', prefix .. 'scheduled', id)
-    local score = pending_score(prefix, tonumber(f[3]) or 0)
+    local score = pending_score(prefix, tonumber(f[3]) or 0, f[5])
     redis.call('HSET', jkey, 'state', 'pending', 'score', score)
     to_pending(prefix, id, score, group, at)
     wake(prefix, 0)
@@ -59,7 +59,7 @@ local function key_held(prefix, spec, at)
   local holder = redis.call('GET', ukey)
   if not holder then return nil end
   local jkey = job_key(prefix, holder)
-  local f = redis.call('HMGET', jkey, 'state', 'group', 'priority', 'run_at')
+  local f = redis.call('HMGET', jkey, 'state', 'group', 'priority', 'run_at', 'lifo')
   if spec['replace'] and QUEUED[f[1]] then
     redis.call('HSET', jkey, 'args', spec['args'] or '[]', 'kwargs', spec['kwargs'] or '{}')
     local run_at = tonumber(f[4]) or at
