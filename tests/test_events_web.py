@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import html as html_lib
 import re
+from collections.abc import Iterator
 
 import pytest
 
 from forq import Queue
+from forq.store.connection import connect
 from forq.supervisor.leases.calls import leasing
+from forq.testing.redis import RedisServer
 from tests.test_web import Browserless
 from tests.web_server import WebProcess
 
@@ -56,12 +59,21 @@ def test_the_events_page_lists_filters_pages_and_escapes(web, queue: Queue):
     assert "events are off for this queue" in off
 
 
-def test_a_live_view_is_not_rendered_again_while_nothing_happens(r, queue: Queue):
+@pytest.fixture
+def alone() -> Iterator[Queue]:
+    """A queue on a Redis of its own: no other test's queue or supervisor moves the
+    markers the live views compare."""
+    with RedisServer() as server:
+        yield Queue("live", redis=connect(server.url))
+
+
+def test_a_live_view_is_not_rendered_again_while_nothing_happens(alone: Queue):
     from forq.web.app import Dashboard
     from forq.web.events import IDLE_REFRESH
 
+    queue = alone
     queue.enqueue("t")
-    board = Dashboard(r, refresh=0.2)
+    board = Dashboard(queue.redis, refresh=0.2)
 
     def aged(view: str, seconds: float) -> None:
         at, html, marker = board._live[view]
