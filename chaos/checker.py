@@ -35,6 +35,10 @@ Invariants (the issue's numbering):
     partitioned supervisor whose child outlived its lease. An execution killed before
     its end recorded nothing, so only overlaps that it proves are counted (the
     executions that ran to their end, which is what a child left running does).
+ 12. a handler's own transitions held: after a snooze the job was not claimed before
+    its run_at, after a throttle no job of its queue (of its group) was claimed before
+    the throttle's end, each counted in the job's snoozes; a dependent and a batch's
+    callback read exactly the results its parents' records hold.
  10. every batch's on_complete was enqueued exactly once, by the transition that ended
     its last member (its ``enqueued_at`` is that member's ``finished_at`` and the
     batch's, no earlier than any member's end, one ``enqueued`` entry in its history,
@@ -42,7 +46,7 @@ Invariants (the issue's numbering):
     the last member ended; on_success the same when every member succeeded, and never
     enqueued or run otherwise. A callback may run more than once (at-least-once: a
     crash, or a lost ack), each extra run with a cause checked by invariant 3.
- 12. the queues' events agree with every job's record and history, each death enqueued
+ 13. the queues' events agree with every job's record and history, each death enqueued
     one on_dead job naming it, and a debounced job ran the last call's arguments
     (chaos/stories.py).
 """
@@ -63,7 +67,8 @@ from forq import Job, Queue, QueueEvent
 from . import stories
 from .context import OTHER_QUEUE, QUEUE, Context
 
-LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled")
+LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled", "snoozed",
+             "throttled")
 TERMINAL = ("succeeded", "dead", "cancelled")
 FAULT_CAUSES = ("supervisor killed", "supervisor stopped", "supervisor drained",
                 "supervisor partitioned",
@@ -72,7 +77,8 @@ FAULT_CAUSES = ("supervisor killed", "supervisor stopped", "supervisor drained",
 STARVED = 0.5  # s of run-queue wait within a lease that can explain losing it
 STARVED_LATE = 0.3  # s of run-queue wait that can explain a late reclaim
 OWN_CAUSES = ("completed", "failed attempt", "fatal error", "handler crash", "child killed",
-              "memory limit", "drained (released)", "completion recorded earlier")
+              "memory limit", "drained (released)", "completion recorded earlier", "snoozed",
+              "throttled")
 MAX_EXAMPLES = 25
 OVERLAP_MARGIN = 0.05  # s: the children's wall clocks are one clock, read a moment apart
 CALLBACKS = ("on_complete", "on_success")
@@ -89,7 +95,7 @@ class Exec:
     kind: str
     n: int
     end: float | None = None
-    outcome: str | None = None  # ok | raise | fatal | crash | None (killed)
+    outcome: str | None = None  # ok | raise | fatal | crash | snooze | throttle | None (killed)
     claim: Claim | None = None
     cause: str = ""
 
@@ -250,7 +256,8 @@ class Checker:
             (9, "durable steps: a success saw the recorded results, never re-ran one"),
             (10, "every batch's callbacks enqueued exactly once, after all its members ended"),
             (11, "no two jobs of a group run at once (group_concurrency 1)"),
-            (12, "events tell each job's story; each death reported; debounce runs the last call"),
+            (12, "handlers' snoozes and throttles held; parents' results read as stored"),
+            (13, "events tell each job's story; each death reported; debounce runs the last call"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -342,6 +349,10 @@ class Checker:
             return "fatal error"
         if e.outcome == "crash":
             return "handler crash"
+        if e.outcome == "snooze":
+            return "snoozed"
+        if e.outcome == "throttle":
+            return "throttled"
         c = e.claim
         if c is None:
             return "VIOLATION: ran without a lease"
@@ -430,6 +441,7 @@ class Checker:
         self.check_steps(jobs, by_job)
         self.check_batches(jobs, by_job)
         self.check_groups(jobs, by_job)
+        self.check_control(jobs)
         self.check_stories(jobs, queues)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
@@ -578,8 +590,11 @@ class Checker:
             if ev == "enqueued":
                 if state is not None:
                     problems.append(f"enqueued again while {state}")
-                state = "scheduled" if h.get("run_at") else "pending"
+                state = ("waiting" if h.get("depends_on") else
+                         "scheduled" if h.get("run_at") else "pending")
                 due = h.get("run_at")
+            elif ev == "released" and state == "waiting":  # its last parent ended
+                state = str(h.get("state") or "pending")
             elif ev == "replaced":  # a debounced or replacing enqueue: its time may move
                 if state not in ("pending", "scheduled", "?"):
                     problems.append(f"replaced while {state}")
@@ -610,11 +625,15 @@ class Checker:
                 if state not in ("active", "?"):
                     problems.append(f"{ev} while {state}")
                 state = "pending"
-            elif ev == "retry":
+            elif ev in ("retry", "snoozed"):
                 if state not in ("active", "?"):
-                    problems.append(f"retry while {state}")
+                    problems.append(f"{ev} while {state}")
                 state = "scheduled"
                 due = h.get("run_at")
+            elif ev == "throttled":
+                if state not in ("active", "?"):
+                    problems.append(f"throttled while {state}")
+                state, due = "pending", None
             elif ev == "promoted":  # an operator ran a scheduled job now
                 if state not in ("scheduled", "?"):
                     problems.append(f"promoted while {state}")
@@ -637,7 +656,8 @@ class Checker:
                     problems.append(f"succeeded while {state}")
                 state = terminal = "succeeded"
             elif ev == "dead":
-                if state not in ("active", "?"):
+                if state not in ("active", "?") and not (
+                        state == "waiting" and str(h.get("reason", "")).startswith("dependency ")):
                     problems.append(f"dead while {state}")
                 state = terminal = "dead"
             elif ev == "cancelled":
@@ -766,7 +786,8 @@ class Checker:
                 what = {"dead:memory": "memory limit not enforced",
                         "dead:attempts": "failed attempts not counted",
                         "dead:crashes": "crashes not counted",
-                        "dead:fatal": "a non-retryable error was retried to success"}[told.expect]
+                        "dead:fatal": "a non-retryable error was retried to success",
+                        "dead:snoozes": "snoozes past max_snoozes not counted"}[told.expect]
                 inv.fail(f"{jid} ({told.kind}): succeeded, expected {told.expect}: {what}")
             if job.state != "dead":
                 continue
@@ -811,6 +832,20 @@ class Checker:
                     else:
                         inv.fail(f"{jid} ({told.kind}): dead by '{reason}' with no fault or "
                                  f"handler crash to explain it")
+            elif "over max_snoozes" in reason:
+                reasons["snoozes exhausted"] += 1
+                snoozes = int(job.fields.get("snoozes") or 0)
+                limit = int(job.fields.get("max_snoozes", 100))
+                if snoozes != limit + 1:
+                    inv.fail(f"{jid}: '{reason}' but snoozes={snoozes}, max_snoozes={limit}")
+                if told.expect != "dead:snoozes":
+                    inv.fail(f"{jid} ({told.kind}): dead by '{reason}', expected {told.expect}")
+            elif reason.startswith("dependency "):
+                reasons["a parent did not succeed"] += 1
+                parent = jobs.get(reason.split()[1])
+                if parent is None or parent.state not in ("dead", "cancelled"):
+                    inv.fail(f"{jid}: '{reason}', but that parent is "
+                             f"{parent.state if parent else 'gone'}")
             elif "NonRetryable" in reason:
                 reasons["non-retryable error"] += 1
                 if told.expect != "dead:fatal":
@@ -1014,7 +1049,83 @@ class Checker:
         for name, ids in wanted.items():
             jobs.update((jid, job) for jid, job in load_jobs(queues[name], ids).items()
                         if job is not None)
-        stories.check(self.inv[12], jobs, events, self.ctx.debounce_calls, kept_from)
+        stories.check(self.inv[13], jobs, events, self.ctx.debounce_calls, kept_from)
+
+    def check_control(self, jobs: dict[str, Job | None]) -> None:
+        inv = self.inv[12]
+        present = {jid: job for jid, job in jobs.items() if job is not None}
+        callbacks = {}
+        for jid, told in self.ctx.told.items():
+            if told.kind == "batch-cb" and present.get(jid) is not None:
+                callbacks[jid] = [m for m, t in self.ctx.told.items()
+                                  if t.batch == told.batch and t.kind != "batch-cb"]
+        for problem in self.control_problems(present, callbacks):
+            inv.fail(problem)
+        counted = Counter(h.get("event") for job in present.values() for h in job.history
+                          if isinstance(h, dict) and h.get("event") in ("snoozed", "throttled"))
+        read = sum(1 for job in present.values() if job.state == "succeeded"
+                   and isinstance(job.result, dict) and "parents" in job.result)
+        inv.notes.append(f"{counted['snoozed']} snoozes, {counted['throttled']} throttles; "
+                         f"{read} dependents and callbacks read their parents' results")
+
+    @staticmethod
+    def control_problems(jobs: dict[str, Job], callbacks: dict[str, list[str]]) -> list[str]:
+        """What broke a handler's own transitions, from the jobs' records and histories:
+        a claim before a snooze's run_at; a claim of a job of a throttled queue (group)
+        before the throttle's end; snoozes not counted; a dependent or a batch's callback
+        (`callbacks`: its batch's members) that read other results than its parents'
+        records hold. Pure: the self-test feeds it histories."""
+        problems = []
+        claims: list[tuple[float, str, str, str]] = []  # (ms, queue, group, job)
+        holds: list[tuple[float, float, str, str, str]] = []  # (from, until, queue, group, by)
+        for jid, job in sorted(jobs.items()):
+            history = [h for h in job.history if isinstance(h, dict)]
+            group = str(job.fields.get("group") or "")
+            due = None  # a snooze's run_at, ms: the next claim comes no earlier
+            for h in history:
+                at = float(h.get("at", 0)) * 1000
+                ev = h.get("event")
+                if ev == "claimed":
+                    claims.append((at, job.queue, group, jid))
+                    if due is not None and at < due - 1:
+                        problems.append(f"{jid}: claimed at {at:.0f}, before its snooze's "
+                                        f"run_at {due:.0f}")
+                    due = None
+                elif ev == "snoozed":
+                    due = float(h.get("run_at") or 0)
+                elif ev == "throttled" and float(h.get("until") or 0) > at:
+                    scope_group = str(h.get("group") or "") if h.get("scope") == "group" else ""
+                    holds.append((at, float(h["until"]), job.queue, scope_group, jid))
+            if history and history[0].get("event") == "enqueued":
+                snoozes = sum(1 for h in history if h.get("event") in ("snoozed", "throttled"))
+                snoozes += sum(1 for h in history if h.get("event") == "dead"
+                               and "over max_snoozes" in str(h.get("reason")))
+                if snoozes != int(job.fields.get("snoozes") or 0):
+                    problems.append(f"{jid}: {snoozes} snoozes and throttles in its history, "
+                                    f"its record counts {job.fields.get('snoozes') or 0}")
+        claims.sort()
+        starts = [c[0] for c in claims]
+        for since, until, queue, group, by in holds:
+            for at, q, g, jid in claims[bisect.bisect_right(starts, since):
+                                        bisect.bisect_left(starts, until - 1)]:
+                if q == queue and (not group or g == group):
+                    scope = f"group {group}" if group else f"queue {queue}"
+                    problems.append(f"{jid}: claimed at {at:.0f}, while {by} had throttled "
+                                    f"its {scope} until {until:.0f}")
+                    break
+        for jid, job in sorted(jobs.items()):
+            result = job.result if isinstance(job.result, dict) else {}
+            if job.state != "succeeded" or "parents" not in result:
+                continue
+            parents = callbacks.get(jid, job.depends_on)
+            stored = {p: jobs[p].result for p in parents
+                      if p in jobs and jobs[p].state == "succeeded"}
+            if result["parents"] != stored:
+                wrong = sorted(set(result["parents"]) ^ set(stored)) or sorted(
+                    p for p in stored if result["parents"].get(p) != stored[p])
+                problems.append(f"{jid}: read its parents' results {wrong[:3]} other than "
+                                "their records hold")
+        return problems
 
     # -- 11 ----------------------------------------------------------------------------------
 

@@ -76,7 +76,9 @@ class Told:
     id: str
     kind: str
     task: str
-    expect: str  # "succeed" | "dead:attempts" | "dead:crashes" | "dead:fatal" | "dead:memory"
+    # "succeed" | "dead:attempts" | "dead:crashes" | "dead:fatal" | "dead:memory" |
+    # "dead:snoozes"
+    expect: str
     idempotent: bool
     max_attempts: int
     max_crashes: int

@@ -7,7 +7,8 @@ written survives any Redis fault and any kill that comes after it):
     {"ev": "start", "job", "x" (execution id), "n" (execution number as the job sees
      it: attempts + crashes + 1), "a", "c", "sup" (supervisor name), "spid" (its pid),
      "pid", "t" (wall clock), "kind"}
-    {"ev": "end", "job", "x", "outcome": "ok" | "raise" | "fatal" | "crash", "t"}
+    {"ev": "end", "job", "x", "outcome": "ok" | "raise" | "fatal" | "crash" | "snooze" |
+     "throttle", "t"}
 
 A successful handler returns ``{"x": <execution id>}``, so the result stored in
 Redis names the one execution whose acknowledgement won.
@@ -26,7 +27,7 @@ import json
 import os
 import time
 
-from forq import NonRetryable, current, task
+from forq import NonRetryable, Retry, current, task
 
 LOG_ENV = "FORQ_CHAOS_EXEC_LOG"
 SUPERVISOR_ENV = "FORQ_CHAOS_SUPERVISOR"
@@ -223,8 +224,48 @@ def on_dead(job_id: str, task: str, reason: str):
 def batch_callback(batch_id: str, role: str = "on_complete", crash_times: int = 0):
     """A batch's on_complete or on_success callback: records its run like every chaos job
     (the checker compares it with the batch's members), crashing `crash_times` times first
-    so that a callback's re-run is exercised too."""
-    return _execute("batch-cb", lambda: time.sleep(0.005), crash_times=crash_times)
+    so that a callback's re-run is exercised too. Its result holds the members' results
+    it read (`current().parent_results()`: members on the other queue too)."""
+    read: dict = {}
+    result = _execute("batch-cb", lambda: read.update(parents=current().parent_results()),
+                      crash_times=crash_times)
+    return {**result, **read}
+
+
+@task("chaos.snoozy")
+def snoozy(snooze_times: int = 1, ms: float = 50):
+    """Puts itself off `snooze_times` times (`raise Retry(in_=ms)`, no attempt counted),
+    then succeeds; past its max_snoozes it is dead instead."""
+    x, ctx = _start("snoozy")
+    if ctx.snoozes < snooze_times:
+        _end(ctx.id, x, "snooze")
+        raise Retry(in_=ms / 1000, reason=f"chaos: snooze {ctx.snoozes + 1}")
+    time.sleep(0.005)
+    _end(ctx.id, x, "ok")
+    return {"x": x}
+
+
+@task("chaos.throttler")
+def throttler(scope: str = "group", ms: float = 100, throttle_times: int = 1):
+    """Throttles its group (or the whole queue) for `ms` on its first `throttle_times`
+    runs (the job goes back to wait), then succeeds."""
+    x, ctx = _start("throttler")
+    if ctx.snoozes < throttle_times:
+        _end(ctx.id, x, "throttle")
+        current().throttle(ms / 1000, group=scope == "group", reason="chaos: 429")
+    time.sleep(0.005)
+    _end(ctx.id, x, "ok")
+    return {"x": x}
+
+
+@task("chaos.dependent")
+def dependent(ms: float = 5):
+    """A job with depends_on: returns the results of its parents it read, for the checker
+    to compare with what Redis holds."""
+    read: dict = {}
+    result = _execute("dependent", lambda: (read.update(parents=current().parent_results()),
+                                            time.sleep(ms / 1000)))
+    return {**result, **read}
 
 
 @task("chaos.batch_opener")

@@ -34,6 +34,9 @@ MIX = {
     "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
     "grouped": 0.05,  # one of GROUPS groups (group_concurrency 1): never two at once
     "moved": 0.04,  # delayed; promoted, rescheduled, reprioritised while it waits (operator)
+    "snoozy": 0.03,  # puts itself off (raise Retry) 1-3 times; past max_snoozes, dead
+    "throttler": 0.02,  # throttles its group (or the queue) once or twice, then succeeds
+    "dependent": 0.03,  # depends_on 1-3 jobs enqueued just before; reads their results
     "debounced": 0.04,  # key= one of DEBOUNCE_KEYS, debounce=: the last call's arguments run
 }
 GROUPS = 6
@@ -104,6 +107,22 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
             options["lifo"] = True
         if rng.random() < 0.3:
             options["group"] = f"g{rng.randrange(GROUPS)}"
+    elif kind == "snoozy":
+        task = "chaos.snoozy"
+        kwargs["snooze_times"] = rng.choice([1, 1, 2, 3])
+        kwargs["ms"] = round(rng.uniform(20, 300))
+        if rng.random() < 0.2:
+            options["max_snoozes"] = kwargs["snooze_times"] - 1
+            expect = "dead:snoozes"
+    elif kind == "throttler":
+        task = "chaos.throttler"
+        kwargs["scope"] = rng.choice(["group", "group", "queue"])
+        kwargs["ms"] = round(rng.uniform(30, 250))
+        kwargs["throttle_times"] = rng.choice([1, 1, 2])
+        if kwargs["scope"] == "group":
+            options["group"] = f"g{rng.randrange(GROUPS)}"
+    elif kind == "dependent":
+        task, kwargs["ms"] = "chaos.dependent", round(rng.uniform(0, 20), 1)
     elif kind == "debounced":
         # a burst of calls with one key: one run (or one more while one runs), the latest
         # call's v in it; the id returned may be another call's (the job holding the key)
@@ -119,6 +138,26 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
         raise ValueError(kind)
     item = {"task": task, "kwargs": kwargs, "job_id": f"j{seq:06d}-{kind}", **options}
     return {"item": item, "kind": kind, "expect": expect, "idem": idem}
+
+
+def build_dependent(rng: random.Random, seq: int, max_attempts: int,
+                    max_crashes: int) -> list[dict[str, Any]]:
+    """A job with depends_on, after its 1-3 parents (quick ones, or ones failing once:
+    they succeed unless a fault kills them past max_crashes), enqueued before it in the
+    same call or an earlier one."""
+    parents = []
+    for k in range(rng.randint(1, 3)):
+        job = build_job(rng, seq, rng.choice(["quick", "quick", "flaky"]), max_attempts,
+                        max_crashes)
+        job["item"]["job_id"] = f"j{seq:06d}-parent{k + 1}"
+        if job["kind"] == "flaky":
+            job["item"]["kwargs"]["fail_times"] = 1
+            job["expect"] = "succeed"
+        job["parent_of"] = f"j{seq:06d}-dependent"
+        parents.append(job)
+    child = build_job(rng, seq, "dependent", max_attempts, max_crashes)
+    child["item"]["depends_on"] = [p["item"]["job_id"] for p in parents]
+    return [*parents, child]
 
 
 def build_batch(rng: random.Random, seq: int, max_attempts: int, max_crashes: int,
@@ -270,18 +309,24 @@ class Producer(threading.Thread):
         self.plan = []
         for i in range(self.total):
             kind = self.rng.choices(kinds, weights)[0]
+            if kind == "dependent":  # its parents first, in the plan's order
+                self.plan.extend(build_dependent(self.rng, i, s.max_attempts, s.max_crashes))
+                continue
             self.plan.append(
                 build_batch(self.rng, i, s.max_attempts, s.max_crashes, s.slow_ms,
                             s.nested_batches)
                 if kind == "batch" else
                 build_job(self.rng, i, kind, s.max_attempts, s.max_crashes, s.slow_ms))
+        self.total = len(self.plan)
         self.drop: set[int] = set()
         if "drop-job" in s.breaks and self.total:
             # the broken producer: says these are enqueued, never sends them (single jobs)
             step = max(1, self.total // 4)
             for k in range(3):
                 i = min(self.total - 1, step * k + step // 2)
-                while i < self.total - 1 and "batch" in self.plan[i]:
+                # never a parent: its dependent's enqueue would be refused
+                while i < self.total - 1 and ("batch" in self.plan[i]
+                                              or "parent_of" in self.plan[i]):
                     i += 1
                 self.drop.add(i)
         self.early_callbacks = 2 if "early-callback" in s.breaks else 0

@@ -1,4 +1,4 @@
-"""Invariant 12: the queues' event streams against the job records, the on_dead jobs
+"""Invariant 13: the queues' event streams against the job records, the on_dead jobs
 against the deaths, and debounced jobs against the calls that made them.
 
 The events are written by the same scripts as the transitions (lua/includes/events.lua),
@@ -38,7 +38,8 @@ def story_problems(job: Job, events: list[QueueEvent]) -> list[str]:
         claims = sum(1 for h in history if h.get("event") == "claimed")
         if kinds.count("started") != claims:
             problems.append(f"{kinds.count('started')} 'started' events, {claims} claims")
-    attempts = sum(1 for e in events if e.kind == "failed" and "attempt" in e.fields)
+    # an attempt counted: a failure's, or a snooze's that counts one (raise Retry(...))
+    attempts = sum(1 for e in events if e.kind in ("failed", "snoozed") and "attempt" in e.fields)
     crashes = sum(1 for e in events if e.kind == "failed" and "crashes" in e.fields)
     succeeded = job.state == "succeeded"
     if attempts != job.attempts - (1 if succeeded else 0):
@@ -104,7 +105,7 @@ def debounce_problems(calls: Iterable[list[Any]], jobs: Mapping[str, Job | None]
 
 def check(inv: Any, jobs: Mapping[str, Job | None], events: Mapping[str, list[QueueEvent]],
           calls: list[list[Any]], kept_from: Mapping[str, float] | None = None) -> None:
-    """Fail invariant `inv` (the checker's 12) for each problem found. `kept_from`: per
+    """Fail invariant `inv` (the checker's 13) for each problem found. `kept_from`: per
     queue, the time (s) of its oldest event kept: a job enqueued before it (a stream
     trimmed at its cap, in a long soak) has lost the start of its story, and is not
     checked."""

@@ -2,7 +2,7 @@
 
     from forq import Queue, task
 
-`task`, `current` and `NonRetryable` come from `forq.registry`, which imports no redis;
+`task`, `current`, `NonRetryable` and `Retry` come from `forq.registry`, which imports no redis;
 everything else is imported on first use (PEP 562), so a handler module's
 `from forq import task` keeps redis out of the fork server and of its job children.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from forq.registry import NonRetryable, current, task
+from forq.registry import NonRetryable, Retry, current, task
 
 if TYPE_CHECKING:
     from forq.async_queue import AsyncJob, AsyncQueue
@@ -45,7 +45,7 @@ __all__ = [
     "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES",
     "SUCCEEDED", "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue",
-    "QueueEvent", "QueueFull", "current", "find_job", "known_queues", "task",
+    "QueueEvent", "QueueFull", "Retry", "current", "find_job", "known_queues", "task",
 ]
 
 

@@ -33,8 +33,8 @@ from forq.payload import (
     call_spec,
     checked_priority,
 )
+from forq.store import control, finder, plans, topology
 from forq.store import events as queue_events
-from forq.store import finder, plans, topology
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import add_password, client_options, redis_url
@@ -336,6 +336,20 @@ class AsyncQueue(AsyncQueueEvents):
     async def is_paused(self) -> bool:
         return await self._run(plans.paused(self.keys))
 
+    async def throttle(self, duration: Any, *, group: str | None = None) -> float:
+        """Throttle the queue (or `group`) on every supervisor (see `Queue.throttle`)."""
+        until_ms = await self._run(plans.script(control.set_throttle_call(
+            self.keys, plans.throttle_ms(duration), group)))
+        return int(until_ms) / 1000
+
+    async def unthrottle(self, *, group: str | None = None) -> bool:
+        """Lift the queue's (or `group`'s) throttle (see `Queue.unthrottle`)."""
+        return tr.parse_changed(await self._run(plans.script(
+            control.set_throttle_call(self.keys, 0, group))))
+
+    async def throttled(self, *, group: str | None = None) -> float | None:
+        """Seconds until the queue's (or `group`'s) throttle ends, None when none is."""
+        return await self._run(plans.throttled(self.keys, group))
 
     async def requeue_dead(self, ids: Sequence[str] | None = None, *,
                            limit: int = 10000) -> DeadBatchResult:

@@ -1,4 +1,5 @@
-"""The child's end of its channel to the supervisor: progress and durable steps.
+"""The child's end of its channel to the supervisor: progress, durable steps and the
+job's parents' results.
 
 A handler never holds the Redis connection, so what it wants recorded while it runs
 goes to its parent over fd 3 (a socketpair: `forq.supervisor.fork.messages` is the
@@ -15,6 +16,10 @@ the lease token.
   gets the recorded results at launch and returns them without running the function.
   If the parent answers that the lease is lost, `LeaseLost` ends the handler: another
   run owns the job now, and this one must not go on.
+* `Channel.parents` asks for the job's parents (its `depends_on`, or a batch callback's
+  members) and their results, page by page (each page capped by the parent: at most
+  `PARENTS_PAGE` parents and `PARENTS_PAGE_BYTES` of results, or one parent however
+  large), read once per run and kept.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 PROGRESS_INTERVAL = 0.5  # seconds between two progress messages of one job
 MAX_PROGRESS_MESSAGE = 500  # characters of a progress message: longer ones are cut
@@ -34,12 +39,35 @@ MAX_STEP_BYTES = 64 * 1024  # a step's result, as compact JSON
 # all of a job's step results together: they live in its record, and each claim of the
 # job reads them all (a claim takes up to 32 jobs)
 MAX_STEPS_BYTES = 1 << 20
+# a handler's own retry (`Retry`) and its throttle of its queue or group: the delays the
+# channel carries at most (a throttle is further capped by its queue's `max_throttle`)
+MAX_SNOOZE_MS = 30 * 24 * 3600 * 1000
+MAX_THROTTLE_MS = 24 * 3600 * 1000
+# a page of a job's parents' results, as the supervisor answers `Channel.parents`
+PARENTS_PAGE = 500
+PARENTS_PAGE_BYTES = 1 << 20
 
 
 class LeaseLost(BaseException):  # noqa: N818 — not an error of the handler's: a stop
     """This run no longer holds the job's lease (another supervisor reclaimed it): the
     handler must stop at once. A BaseException, so ``except Exception`` in handler code
     does not swallow it; the child then ends without a result, which is dropped."""
+
+
+class ParentResult(NamedTuple):
+    """One parent of a job (a job of its `depends_on`, or a member of the batch whose
+    callback it is) as `current().parents()` reads it."""
+
+    id: str
+    queue: str
+    state: str  # succeeded, dead, cancelled (or another, if requeued since); "expired":
+    # its record is gone (its result_ttl passed, or it was purged)
+    result: Any  # its result when it succeeded, else None
+    reason: str  # why it did not succeed ("" when it did)
+
+
+class ParentsExpired(LookupError):
+    """A batch callback's batch is gone (its record expired): its members are unknown."""
 
 
 class StepError(Exception):
@@ -83,6 +111,7 @@ class Channel:
         self._unsent: tuple[float, str] | None = None
         self._sent_at = float("-inf")
         self._buf = bytearray()
+        self._parents: list[ParentResult] | None = None  # read once per run
 
     # -- progress ---------------------------------------------------------------------
 
@@ -153,21 +182,54 @@ class Channel:
 
     def _answer(self, name: str) -> str:
         """Block until the parent answers the step (one JSON line)."""
+        message = self._message(f"step {name!r} not recorded")
+        return str(message.get("answer")) if message.get("step") == name else "lost"
+
+    def _message(self, what: str) -> dict[str, Any]:
+        """The parent's next answer, one JSON object on a line ({} if it is not one)."""
         while b"\n" not in self._buf:
             try:
-                chunk = os.read(self.fd, 4096)
+                chunk = os.read(self.fd, 1 << 16)
             except InterruptedError:
                 continue
             if not chunk:
-                raise LeaseLost(f"step {name!r} not recorded: the supervisor is gone")
+                raise LeaseLost(f"{what}: the supervisor is gone")
             self._buf += chunk
         line, _, rest = bytes(self._buf).partition(b"\n")
         self._buf = bytearray(rest)
         try:
             message = json.loads(line)
-            return str(message["answer"]) if message.get("step") == name else "lost"
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return "lost"
+        except ValueError:
+            return {}
+        return message if isinstance(message, dict) else {}
+
+    # -- parents ------------------------------------------------------------------------
+
+    def parents(self, job_id: str = "") -> list[ParentResult]:
+        """The job's parents and their results (in the order of its `depends_on`, or of
+        its batch's members), read from the supervisor page by page, once per run."""
+        if self._parents is None:
+            self._parents = self._read_parents(job_id) if self.fd >= 0 else []
+        return list(self._parents)
+
+    def _read_parents(self, job_id: str) -> list[ParentResult]:
+        found: list[ParentResult] = []
+        while True:
+            try:
+                self.flush()
+                self._write(b'{"t":"parents"}\n')
+            except OSError:
+                raise LeaseLost("parents not read: the supervisor is gone") from None
+            message = self._message("parents not read")
+            page = message.get("parents")
+            if message.get("answer") == "expired":
+                raise ParentsExpired(f"job {job_id}: its batch's record is gone (expired), so "
+                                     "its members and their results are unknown")
+            if not isinstance(page, list):
+                raise LeaseLost("parents not read: the job's lease is lost")
+            found.extend(_parent(entry) for entry in page)
+            if not message.get("more"):
+                return found
 
     def _write(self, data: bytes) -> None:
         if self.fd < 0:
@@ -175,6 +237,28 @@ class Channel:
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
+
+
+def _parent(entry: Any) -> ParentResult:
+    """One parent as the supervisor sends it: [queue, id, state, result JSON, reason]."""
+    queue, job_id, state, result, reason = (list(entry) + [""] * 5)[:5]
+    value = None
+    if state == "succeeded":
+        try:
+            value = json.loads(result) if result else None
+        except ValueError:
+            value = result  # not JSON (written by hand in Redis): as it is
+    return ParentResult(str(job_id), str(queue), str(state or "expired"), value,
+                        str(reason or ""))
+
+
+def parents_answer(entries: list[list[str]] | None, more: bool = False,
+                   status: str = "ok") -> bytes:
+    """The parent's answer to a page of parents: entries (results as their JSON text),
+    or, with none, "lost" or "expired"."""
+    if entries is None:
+        return _encode({"parents": None, "answer": status})
+    return _encode({"parents": entries, "more": more})
 
 
 def answer(name: str, ok: bool) -> bytes:

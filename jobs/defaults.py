@@ -63,6 +63,9 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "Attempts (handler errors, timeouts) before the job is dead.", minimum=1),
     PolicyKey("max_crashes", "max_crashes", "integer", 3,
               "Crashes (segfault, OOM kill, lost lease) tolerated before the job is dead."),
+    PolicyKey("max_snoozes", "max_snoozes", "integer", 100,
+              "Times a handler may put its job off (`raise Retry(...)`, "
+              "`current().throttle(...)`) before the job is dead."),
     PolicyKey("result_ttl", "result_ttl_ms", "duration", "1d",
               "How long a result is kept (0 keeps none)."),
     PolicyKey("idempotency_ttl", "idempotency_ttl_ms", "duration", "1d",

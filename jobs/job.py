@@ -28,6 +28,8 @@ _INT_FIELDS = (
     "crashes",
     "max_attempts",
     "max_crashes",
+    "snoozes",
+    "max_snoozes",
     "timeout_ms",
     "memory_limit",
     "result_ttl_ms",
@@ -122,6 +124,11 @@ class Job:
         return int(self.fields.get("crashes", 0))
 
     @property
+    def snoozes(self) -> int:
+        """How often its handler put it off (`raise Retry(...)`), over all its runs."""
+        return int(self.fields.get("snoozes", 0))
+
+    @property
     def result(self) -> Any:
         return loads_field(self.fields.get("result"))
 
@@ -211,6 +218,7 @@ class Job:
             "state": self.state,
             "attempts": self.attempts,
             "crashes": self.crashes,
+            "snoozes": self.snoozes,
             "args": self.args,
             "kwargs": self.kwargs,
             "result": self.result,

@@ -22,7 +22,7 @@ from forq.payload import (
     call_spec,
     checked_priority,
 )
-from forq.store import dataformat, finder, plans, topology
+from forq.store import control, dataformat, finder, plans, topology
 from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
@@ -88,18 +88,15 @@ class Queue(QueueEvents):
         Options: args=, kwargs= (handler arguments, instead of positional args),
         priority (higher first), delay ("30s") or run_at (datetime / Unix seconds),
         key (idempotency key) and unique_for (keep the key after the job finishes),
-        job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
+        job_id, max_attempts, max_crashes, max_snoozes (a handler's own `Retry`s before
+        dead, 100 unless set), timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
         group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
         lifo=True (when it becomes pending it goes to the head of its priority, newest
         first, instead of the tail).
-        With a key held by a job that has not started: replace=True gives that job
-        this call's arguments (and delay / run_at, if given) and returns it (its
-        ``enqueue_status`` "replaced"); debounce="5s" runs the job once, 5 s after the
-        last call with the key, with the last call's arguments; key_scope="queued"
-        lets one job of the key run while one more waits (the default, "live": one
-        job of the key, until it ends).
+        replace=True, debounce="5s", key_scope="queued": what a held key does
+        (docs/guide/events.md, "Replace and debounce").
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -289,6 +286,23 @@ class Queue(QueueEvents):
     def is_paused(self) -> bool:
         return self._run(plans.paused(self.keys))
 
+    def throttle(self, duration: Any, *, group: str | None = None) -> float:
+        """Claim nothing from this queue (or start no job of `group`) on any supervisor
+        for `duration` ("60s", seconds), as a handler's `current().throttle` does; a
+        throttle in force that ends later stays. Returns its end (Unix seconds, by
+        Redis's clock). `unthrottle` lifts it."""
+        delay_ms = plans.throttle_ms(duration)
+        until_ms = self.scripts.run(control.set_throttle_call(self.keys, delay_ms, group))
+        return int(until_ms) / 1000
+
+    def unthrottle(self, *, group: str | None = None) -> bool:
+        """Lift the queue's (or `group`'s) throttle, supervisors woken at once. False
+        when none was in force."""
+        return tr.parse_changed(self.scripts.run(control.set_throttle_call(self.keys, 0, group)))
+
+    def throttled(self, *, group: str | None = None) -> float | None:
+        """Seconds until the queue's (or `group`'s) throttle ends, None when none is."""
+        return self._run(plans.throttled(self.keys, group))
 
     def set_limits(
         self,
@@ -332,16 +346,18 @@ class Queue(QueueEvents):
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
-        """The queue's numeric settings (rate, max_in_flight, group limits, paused,
-        events, …) as numbers; `event_settings` has the on_dead task."""
+        """The queue's numeric settings (rate, max_in_flight, …); `event_settings` has
+        on_dead, a task name."""
         limits: dict[str, str] = self.redis.hgetall(self.keys.limits)  # type: ignore[assignment]
-        out = {}
-        for name, value in limits.items():
-            try:
-                out[name] = float(value)
-            except ValueError:  # a setting that is no number: on_dead, a task name
-                continue
-        return out
+        return {name: float(value) for name, value in limits.items() if _number(value)}
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bucket(rate: tuple[float, float]) -> tuple[float, float]:

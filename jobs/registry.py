@@ -6,20 +6,75 @@ preloads before forking, so the child finds them without importing anything.
 
 from __future__ import annotations
 
+import datetime
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from forq.channel import Channel
+from forq.channel import MAX_SNOOZE_MS, MAX_THROTTLE_MS, Channel, ParentResult
 from forq.errors import PayloadError
 from forq.payload import build_spec
 from forq.store.batchspec import build_batch
 from forq.store.keyed import PRODUCER_ONLY
+from forq.units import UnitError, parse_duration
 
 
 class NonRetryable(Exception):
     """Raise from a handler to send the job to dead at once: retrying cannot help."""
+
+
+def _delay_ms(value: Any, where: str, cap_ms: int) -> int:
+    """A duration (seconds, "30s", a timedelta) as ms from 0 to `cap_ms`, or ValueError."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    try:
+        ms = int(round(parse_duration(value, where=where) * 1000))
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+    if ms > cap_ms:
+        raise ValueError(f"{where}: {value!r} is over the {cap_ms // 3_600_000} h a handler "
+                         "may ask for")
+    return ms
+
+
+class Retry(Exception):
+    """Raise from a handler to run the job again later, on the handler's terms.
+
+    ``raise Retry(in_="30s")`` (seconds, a duration string or a timedelta) or
+    ``raise Retry(at=when)`` (a datetime or Unix seconds, by this machine's clock): the
+    job goes back to scheduled until then (``Retry()``: due at once, behind the jobs
+    already pending). Not counted as an attempt unless ``counted=True``; every snooze
+    counts against the job's ``max_snoozes`` (default 100), past which it goes to dead.
+    At most 30 days ahead. `reason` shows in the job's history."""
+
+    def __init__(self, in_: Any = None, *, at: Any = None, counted: bool = False,
+                 reason: str = "") -> None:
+        if in_ is not None and at is not None:
+            raise ValueError("Retry: give in_ or at, not both")
+        if at is not None:
+            when = at.timestamp() if hasattr(at, "timestamp") else at
+            if isinstance(when, bool) or not isinstance(when, (int, float)):
+                raise ValueError(f"Retry: at must be a datetime or Unix seconds, got {at!r}")
+            in_ = max(0.0, when - time.time())
+        self.delay_ms = _delay_ms(0 if in_ is None else in_, "Retry", MAX_SNOOZE_MS)
+        self.counted = bool(counted)
+        self.reason = str(reason)
+        super().__init__(self.reason or f"retry in {self.delay_ms / 1000:g}s")
+
+
+class Throttled(BaseException):  # noqa: N818 — a stop, not an error of the handler's
+    """Raised by `JobContext.throttle`: this run ends, the job goes back to wait and its
+    queue (or group) pauses. A BaseException, so ``except Exception`` in handler code
+    does not swallow it."""
+
+    def __init__(self, delay_ms: int, group: bool, reason: str = "") -> None:
+        self.delay_ms = delay_ms
+        self.group = group
+        self.reason = reason
+        scope = "group" if group else "queue"
+        super().__init__(reason or f"throttled its {scope} for {delay_ms / 1000:g}s")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,6 +157,9 @@ class JobContext:
     task: str
     attempts: int = 0
     crashes: int = 0
+    group: str | None = None  # the job's group (enqueued with `group=`), None for none
+    # how often its handler put it off so far (`Retry`, `throttle`): at most max_snoozes
+    snoozes: int = 0
     followups: list[dict[str, Any]] = field(default_factory=list)
     # W3C traceparent of the handler's span when the supervisor traces ([tracing]):
     # follow-ups carry it, and handler code may parent its own spans to it
@@ -128,6 +186,40 @@ class JobContext:
     async def astep(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`step` for an async handler: `fn` may be a coroutine function."""
         return await self.channel.astep(name, fn, *args, **kwargs)
+
+    def parents(self) -> list[ParentResult]:
+        """This job's parents — the jobs of its `depends_on`, or, for a batch's callback,
+        the batch's members — each with its state and result (`ParentResult`; state
+        "expired" when its record is gone, its result_ttl passed). Read through the
+        supervisor (fenced by this run's lease) once per run, page by page."""
+        return self.channel.parents(self.id)
+
+    def parent_results(self) -> dict[str, Any]:
+        """The results of this job's parents that succeeded, by job id, in order: what
+        a dependent or a batch's callback most often wants (`parents` has the rest)."""
+        return {p.id: p.result for p in self.parents() if p.state == "succeeded"}
+
+    async def aparents(self) -> list[ParentResult]:
+        """`parents` for an async handler (the first call waits for one round trip of
+        the supervisor, blocking the loop that long)."""
+        return self.parents()
+
+    async def aparent_results(self) -> dict[str, Any]:
+        """`parent_results` for an async handler (as `aparents`)."""
+        return self.parent_results()
+
+    def throttle(self, duration: Any, *, group: bool = False, reason: str = "") -> None:
+        """Pause this job's queue (``group=True``: only this job's group) on every
+        supervisor for `duration` (seconds, "60s", a timedelta), e.g. on an HTTP 429,
+        and end this run: the job goes back to wait, not counted as an attempt, and runs
+        once the pause is over. Never returns (raises `Throttled`). The supervisor caps
+        the pause at its queue's ``max_throttle``; a longer pause already in place
+        stays. Like a `Retry`, it counts as one of the job's ``max_snoozes``."""
+        if group and not self.group:
+            raise ValueError(f"job {self.id} has no group: throttle(group=True) needs a job "
+                             "enqueued with group=")
+        raise Throttled(_delay_ms(duration, "throttle", MAX_THROTTLE_MS), bool(group),
+                        str(reason))
 
     def enqueue(self, task: str, *args: Any, queue: str | None = None, **options: Any) -> str:
         if "depends_on" in options:

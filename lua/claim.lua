@@ -5,8 +5,9 @@
   KEYS[2]  forq:{q}:scheduled   zset (run-at ms)
   KEYS[3]  forq:{q}:active      zset (lease deadline ms)
   KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, the
-                                group limits (see includes/groups), and paused (pause.lua:
-                                lease nothing while it is set)
+                                group limits (see includes/groups), paused (pause.lua:
+                                lease nothing while it is set) and throttled_until
+                                (includes/throttle: lease nothing before then)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -33,7 +34,9 @@
   the head of `pending`: a group at its limit is not in the ready set, so it never
   holds back another group or an ungrouped job.
   A paused queue answers {-1, 0, pending, 0, now_ms} and changes nothing (no promotion
-  either): resume.lua publishes the wake that makes supervisors claim again.
+  either): resume.lua publishes the wake that makes supervisors claim again. A throttled
+  one answers {throttled_until, 0, pending, 0, now_ms} alike: the supervisor claims
+  again when the throttle ends (the first claim after it clears the field).
   Cost: O(log n) per job leased and per job promoted, whatever the backlog and however
   many groups (a queue that never had a grouped job pays nothing for them). Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
@@ -69,10 +72,17 @@ local at = now_ms()
 -- the global limits, shared by every supervisor through this hash (used in step 2); a
 -- paused queue leases nothing, known from the same HMGET
 local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
-  'group_concurrency', 'group_rate', 'group_burst', 'paused')
+  'group_concurrency', 'group_rate', 'group_burst', 'paused', 'throttled_until',
+  'group_throttles')
 if limits[8] then return {-1, 0, redis.call('ZCARD', pending_key), 0, at} end
+-- a throttled queue (includes/throttle) leases nothing until then: come back at its end
+local throttled = tonumber(limits[9])
+if throttled then
+  if throttled > at then return {throttled, 0, redis.call('ZCARD', pending_key), 0, at} end
+  redis.call('HDEL', limits_key, 'throttled_until')
+end
 local grouped = limits[4] ~= false
-if grouped then group_limits(prefix, {limits[5], limits[6], limits[7]}) end
+if grouped then group_limits(prefix, {limits[5], limits[6], limits[7], limits[10]}) end
 
 -- 1. promote due scheduled jobs (bounded per call; the rest on the next call). The
 -- earliest one is looked at first: nothing is due on most calls.

@@ -10,19 +10,28 @@
   ARGV[3]  fencing token
   ARGV[4]  error JSON {type, message, traceback, reason}
   ARGV[5]  mode: "retry" (retry while attempts remain), "fatal" (dead now, e.g. an
-           unknown task or a non-retryable error) or "cancel" (cancelled, no retry)
+           unknown task or a non-retryable error), "cancel" (cancelled, no retry) or
+           "snooze" (the handler's own `raise Retry(...)`: again after ARGV[7] ms)
   ARGV[6]  a uniform random number in [0, 1) for the jitter (scripts stay deterministic)
+  ARGV[7]  snooze: the delay in ms (checked and capped by the supervisor)
+  ARGV[8]  snooze: "1" when it counts as an attempt, "0" when not
 
-  Returns {"retry", run_at_ms, attempts} | {"dead", 0, attempts} |
-          {"cancelled", 0, attempts} | {"lost", 0, 0} (stale token: nothing changes)
+  Returns {"retry", run_at_ms, attempts} | {"snoozed", run_at_ms, attempts} |
+          {"dead", 0, attempts} | {"cancelled", 0, attempts} |
+          {"lost", 0, 0} (stale token: nothing changes)
   Backoff before retry n (n = attempts so far): min(max, base * factor^(n-1)),
   scaled by a factor drawn from [1 - jitter, 1 + jitter].
+  A snooze is no failure: no `error`, counted in the queue's `snoozed` (not `failed`),
+  an attempt only when ARGV[8] says so; every snooze adds one to the job's `snoozes`,
+  and the one past its max_snoozes (default 100) sends it to dead instead, as does a
+  counted one past max_attempts. Its history entry is "snoozed" {reason, run_at,
+  snoozes, counted}.
   Transitions: active -> scheduled, active -> dead, active -> cancelled
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
-  Events: failed, retried, dead, cancelled, enqueued
+  Events: failed, retried, snoozed, dead, cancelled, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -42,33 +51,40 @@ local r = tonumber(ARGV[6]) or 0.5
 local jkey = job_key(prefix, id)
 local f = held(jkey, token, 'cancel_requested', 'group')
 if not f then return {'lost', 0, 0} end
-if f[3] and mode == 'retry' then mode = 'cancel' end -- a requested cancel is not retried
+-- a requested cancel is not retried, nor snoozed
+if f[3] and (mode == 'retry' or mode == 'snooze') then mode = 'cancel' end
+local snooze = mode == 'snooze'
+local counted = not snooze or ARGV[8] == '1'
 local at = now_ms()
-local attempts = redis.call('HINCRBY', jkey, 'attempts', 1)
+local attempts
+if counted then
+  attempts = redis.call('HINCRBY', jkey, 'attempts', 1)
+else
+  attempts = num_field(jkey, 'attempts', 0)
+end
 local limits = job_limits(prefix, jkey, {max_attempts = 5, backoff_base_ms = 1000,
-  backoff_factor = 2, backoff_max_ms = 600000, backoff_jitter = 0.2})
+  backoff_factor = 2, backoff_max_ms = 600000, backoff_jitter = 0.2, max_snoozes = 100})
 local max_attempts = limits.max_attempts
 local decoded = cjson.decode(err)
 local reason = decoded['reason'] or decoded['message'] or 'error'
 -- before the lease's fields go: the event names the supervisor (the later ones too)
 if mode == 'cancel' then emit(prefix, 'cancelled', id, nil, true, reason)
+elseif snooze then event_job(prefix, id) -- its event comes with its run_at, below
 else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
-redis.call('HSET', jkey, 'error', err, 'finished_at', at)
-count(prefix, 'failed', at)
+local snoozes = 0
+if snooze then
+  snoozes = redis.call('HINCRBY', jkey, 'snoozes', 1)
+  count(prefix, 'snoozed', at)
+else
+  redis.call('HSET', jkey, 'error', err, 'finished_at', at)
+  count(prefix, 'failed', at)
+end
 
-local outcome
-if mode == 'cancel' then
-  redis.call('HSET', jkey, 'state', 'cancelled')
-  add_history(prefix, id, 'cancelled', at, {reason = reason})
-  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
-  slot_freed(prefix)
-  return {'cancelled', 0, attempts}
-elseif mode == 'fatal' or attempts >= max_attempts then
-  local why = reason
-  if mode ~= 'fatal' then why = reason .. ' (attempts exhausted: ' .. attempts .. ')' end
+local function to_dead(why)
+  if snooze then redis.call('HSET', jkey, 'finished_at', at) end
   redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why)
   redis.call('ZADD', dead_key, at, id)
   add_history(prefix, id, 'dead', at, {reason = why})
@@ -77,6 +93,36 @@ elseif mode == 'fatal' or attempts >= max_attempts then
   finish(prefix, id, -1, at)
   slot_freed(prefix)
   return {'dead', 0, attempts}
+end
+
+if mode == 'cancel' then
+  redis.call('HSET', jkey, 'state', 'cancelled')
+  add_history(prefix, id, 'cancelled', at, {reason = reason})
+  finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
+  slot_freed(prefix)
+  return {'cancelled', 0, attempts}
+elseif snooze then
+  if snoozes > limits.max_snoozes then
+    return to_dead(reason .. ' (snoozed ' .. snoozes .. ' times, over max_snoozes ' ..
+                   limits.max_snoozes .. ')')
+  elseif counted and attempts >= max_attempts then
+    return to_dead(reason .. ' (attempts exhausted: ' .. attempts .. ')')
+  end
+  local run_at = at + math.max(0, math.floor(tonumber(ARGV[7]) or 0))
+  redis.call('HSET', jkey, 'state', 'scheduled', 'run_at', run_at)
+  redis.call('ZADD', scheduled_key, run_at, id)
+  local entry = {reason = reason, run_at = run_at, snoozes = snoozes}
+  if ARGV[8] == '1' then entry['counted'] = true end
+  add_history(prefix, id, 'snoozed', at, entry)
+  emit(prefix, 'snoozed', id, nil, true, reason,
+       counted and {'run_at', run_at, 'attempt', attempts} or {'run_at', run_at})
+  wake(prefix, run_at)
+  slot_freed(prefix)
+  return {'snoozed', run_at, attempts}
+elseif mode == 'fatal' or attempts >= max_attempts then
+  local why = reason
+  if mode ~= 'fatal' then why = reason .. ' (attempts exhausted: ' .. attempts .. ')' end
+  return to_dead(why)
 end
 local base, factor = limits.backoff_base_ms, limits.backoff_factor
 local cap, jitter = limits.backoff_max_ms, limits.backoff_jitter

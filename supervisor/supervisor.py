@@ -104,7 +104,8 @@ class Supervisor:
                                pick_node=self.shards.healthy_node if self.sharded else None)
         self.leases = LeaseKeeper(config.lease_ttl)
         self.launcher = Launcher(config)
-        self.notes = JobNotes(self._queue_for, self.metrics)  # children's progress and steps
+        # children's progress, steps and requests for their parents' results
+        self.notes = JobNotes(self._queue_for, self.metrics, self.loop)
         # The parts below call each other both ways (a child's end goes from the spawner
         # to the children, a child's start asks the fencer for its first deadline, a fork
         # server that starts slowly needs the renewal): those calls go through `self`.

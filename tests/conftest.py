@@ -31,8 +31,10 @@ def redis_url(forq_redis_url: str) -> str:
 
 
 @pytest.fixture
-def r(redis_url: str) -> redis_lib.Redis:
-    return connect(redis_url)
+def r(redis_url: str) -> Iterator[redis_lib.Redis]:
+    client = connect(redis_url)
+    yield client
+    client.close()  # its pool's sockets: hundreds of tests must not pile up open fds
 
 
 @pytest.fixture

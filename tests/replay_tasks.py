@@ -3,6 +3,7 @@ that sleeps past its time limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -28,3 +29,10 @@ def charge_then_fail(marks: str) -> None:
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+@task("replay.parents")
+def parents():
+    """What it read of its parents, printed (a replay's output is on the terminal)."""
+    print("parents:", json.dumps(current().parent_results()))
+    return "read"

@@ -72,6 +72,10 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
     assert stats["latency"]["child_crash"]["n"] > 0
     assert all(i["ok"] for i in result["invariants"])
     assert stats["kinds"].get("grouped", 0) > 0 and invariant(result, 11)["ok"]
+    # handlers in control: snoozes, throttles, dependents reading their parents' results
+    assert all(stats["kinds"].get(k, 0) > 0 for k in ("snoozy", "throttler", "dependent")), stats
+    assert stats["end_causes"].get("snoozed", 0) > 0 and stats["end_causes"].get("throttled", 0) > 0
+    assert invariant(result, 12)["ok"]
     # the one-screen report
     assert "PASS" in out and "lost 0" in out
     assert len(out.strip().splitlines()) <= 30
@@ -491,3 +495,60 @@ def test_soak_judges_each_process_by_itself_and_needs_every_one_measured() -> No
     assert rows["redis", "used_memory", None]["verdict"] == "not judged"
     assert round(soak["redis_per_job"]["used_memory"]) == 2000
     assert round(soak["redis_per_job"]["keys"], 2) == 2.0
+
+
+def test_control_check_names_a_claim_during_a_throttle_or_before_a_snooze_ends() -> None:
+    def record(jid: str, history: list[dict], **fields: str) -> Job:
+        return Job.from_record(None, {"id": jid, "queue": "chaos", "state": "succeeded",
+                                      **fields}, [json.dumps(h) for h in history])
+
+    throttler = record("t1", [{"event": "enqueued", "at": 1000},
+                              {"event": "claimed", "at": 1001, "owner": "h:1", "token": 1},
+                              {"event": "throttled", "at": 1002, "until": 1500,
+                               "scope": "group", "group": "g1", "snoozes": 1},
+                              {"event": "claimed", "at": 1500, "owner": "h:1", "token": 3},
+                              {"event": "succeeded", "at": 1501}], snoozes="1", group="g1")
+    other_group = record("o1", [{"event": "enqueued", "at": 1000},
+                                {"event": "claimed", "at": 1100, "owner": "h:1", "token": 2},
+                                {"event": "succeeded", "at": 1101}], group="g2")
+    assert Checker.control_problems({"t1": throttler, "o1": other_group}, {}) == []
+    same_group = record("s1", [{"event": "enqueued", "at": 1000},
+                               {"event": "claimed", "at": 1200, "owner": "h:1", "token": 2},
+                               {"event": "succeeded", "at": 1201}], group="g1")
+    problems = Checker.control_problems({"t1": throttler, "s1": same_group}, {})
+    assert problems == ["s1: claimed at 1200, while t1 had throttled its group g1 until 1500"]
+    snoozer = record("z1", [{"event": "enqueued", "at": 1000},
+                            {"event": "claimed", "at": 1001, "owner": "h:1", "token": 1},
+                            {"event": "snoozed", "at": 1002, "run_at": 1300, "snoozes": 1},
+                            {"event": "claimed", "at": 1100, "owner": "h:1", "token": 2},
+                            {"event": "succeeded", "at": 1101}])
+    assert Checker.control_problems({"z1": snoozer}, {}) == [
+        "z1: claimed at 1100, before its snooze's run_at 1300",
+        "z1: 1 snoozes and throttles in its history, its record counts 0"]
+
+
+def test_replay_follows_a_dependent_from_waiting() -> None:
+    h = [{"event": "enqueued", "at": 1000, "depends_on": ["p1"]},
+         {"event": "dependency ended", "at": 1001, "parent": "p1", "state": "succeeded"},
+         {"event": "released", "at": 1001, "state": "pending"},
+         {"event": "claimed", "at": 1002, "owner": "h:1", "token": 5},
+         {"event": "succeeded", "at": 1003}]
+    assert Checker.replay(job(h)) == []
+    dead = [h[0], {"event": "dead", "at": 1001, "reason": "dependency p1 failed"}]
+    assert Checker.replay(job(dead, state="dead")) == []
+    assert Checker.replay(job([h[0], h[3]], state="active")) == ["claimed while waiting"]
+
+
+def test_control_check_names_a_dependent_that_read_other_results() -> None:
+    parent = Job.from_record(None, {"id": "p1", "queue": "chaos", "state": "succeeded",
+                                    "result": json.dumps({"x": "a"})}, [])
+    honest = Job.from_record(None, {"id": "d1", "queue": "chaos", "state": "succeeded",
+                                    "depends_on": '["p1"]',
+                                    "result": json.dumps({"x": "b", "parents": {"p1": {"x": "a"}}})},
+                             [])
+    assert Checker.control_problems({"p1": parent, "d1": honest}, {}) == []
+    liar = Job.from_record(None, {"id": "c1", "queue": "chaos", "state": "succeeded",
+                                  "result": json.dumps({"x": "c", "parents": {"p1": {"x": "z"}}})},
+                           [])
+    assert Checker.control_problems({"p1": parent, "c1": liar}, {"c1": ["p1"]}) == [
+        "c1: read its parents' results ['p1'] other than their records hold"]

@@ -1,4 +1,4 @@
-"""Invariant 12's pieces (chaos/stories.py), fed made-up records and events: each kind
+"""Invariant 13's pieces (chaos/stories.py), fed made-up records and events: each kind
 of disagreement between the events, the records, the on_dead jobs and the debounced
 calls is named. tests/test_chaos.py runs the whole harness."""
 

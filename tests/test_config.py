@@ -28,6 +28,7 @@ POLICY_FIELDS = {
     "memory_limit",
     "max_attempts",
     "max_crashes",
+    "max_snoozes",
     "result_ttl_ms",
     "idempotency_ttl_ms",
     "max_result_bytes",
@@ -41,6 +42,7 @@ BUILTIN = {
     "memory_limit": 512 * 1024**2,
     "max_attempts": 5,
     "max_crashes": 3,
+    "max_snoozes": 100,
     "result_ttl_ms": 86_400_000,
     "idempotency_ttl_ms": 86_400_000,
     "max_result_bytes": 1024**2,
@@ -161,6 +163,8 @@ def test_full_config_values(tmp_path):
         rate_limit = "50/m"
         max_in_flight = 3
         prefetch = 16
+        max_throttle = "1h"
+        max_snoozes = 7
         [[queue]]
         name = "mid"
         concurrency = 1
@@ -185,6 +189,8 @@ def test_full_config_values(tmp_path):
     assert (high.concurrency, high.priority, high.nice) == (8, 5, 0)
     assert high.rate_limit == (50.0, 60.0)
     assert high.max_in_flight == 3 and high.prefetch == 16
+    assert high.max_throttle == 3600.0 and config.queue("low").max_throttle == 600.0
+    assert config.job_policy("high")["defaults"]["max_snoozes"] == 7
     assert config.sandbox == SandboxConfig(run_as=user, env_allow=("PATH",), max_open_files=256)
     assert config.metrics_listen == ("::1", 0)
     with pytest.raises(KeyError):
@@ -715,6 +721,10 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
          '[queue 1].prefetch: expected an integer from 0 to 1000, got "4"'),
         (QUEUE + "prefetch = true\n",
          "[queue 1].prefetch: expected an integer from 0 to 1000, got true"),
+        (QUEUE + 'max_throttle = "25h"\n',
+         '[queue 1].max_throttle: expected a duration up to "24h" (0: throttles pause nothing), '
+         'got "25h"'),
+        (QUEUE + "max_snoozes = -1\n", "[queue 1].max_snoozes: expected an integer >= 0, got -1"),
         (QUEUE + 'priority = "high"\n', '[queue 1].priority: expected an integer, got "high"'),
         (
             QUEUE + 'rate_limit = "fast"\n',

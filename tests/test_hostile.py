@@ -89,6 +89,17 @@ MALFORMED = [
     # a second step before the first was answered; a step flood
     b'{"t": "step", "name": "a", "result": 1}\n{"t": "step", "name": "b", "result": 1}\n',
     b''.join(b'{"t": "step", "name": "s%d", "result": 1}\n' % i for i in range(2000)),
+    # a request for parents' results (`forq.channel`): a second before the answer, a
+    # field the parent does not take (which parents is Redis's to say)
+    b'{"t": "parents"}\n{"t": "parents"}\n',
+    b'{"t": "parents", "job": "another"}\n',
+    # a handler's own retry and throttle: out of range, another queue named, both at once
+    b'{"t": "result", "ok": false, "error": {}, "retry": {"delay_ms": -5}}\n',
+    b'{"t": "result", "ok": false, "error": {}, "retry": {"delay_ms": 1e300}}\n',
+    b'{"t": "result", "ok": false, "error": {}, "throttle": {"delay_ms": 5, "queue": "x"}}\n',
+    b'{"t": "result", "ok": false, "error": {}, "throttle": {"delay_ms": 5, "group": true}}\n',
+    b'{"t": "result", "ok": false, "error": {}, "throttle": {"delay_ms": 5}, '
+    b'"retry": {"delay_ms": 5}}\n',
     b'[1, 2, 3]\n',
     b'"just a string"\n',
     b'\xff\xfe\x00garbage\n',

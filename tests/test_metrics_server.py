@@ -259,7 +259,7 @@ def test_unknown_outcome_is_rejected() -> None:
         m.job_finished("q", "t", "exploded", 1.0, None)
     assert OUTCOMES == {
         "succeeded", "failed", "retried", "dead", "timeout", "memory",
-        "crashed", "lease_lost", "released", "cancelled",
+        "crashed", "lease_lost", "released", "cancelled", "snoozed", "throttled",
     }
 
 

@@ -72,6 +72,18 @@ def test_a_recorded_step_is_not_run_again(config, queue, tmp_path):
     assert not marks.exists()
 
 
+def test_a_dependent_replayed_reads_its_parents_results(config, queue):
+    parent = queue.enqueue("x.y")
+    (lease,) = leasing(queue).claim(OWNER, 1, 60_000).leases
+    assert leasing(queue).ack(lease.id, lease.token, '{"rows": 3}') == "ok"
+    job = queue.enqueue("replay.parents", depends_on=[parent])
+    before = snapshot(queue)
+    proc = replay(config, job.id)
+    assert proc.returncode == 0, proc.stderr
+    assert f'parents: {{"{parent.id}": {{"rows": 3}}}}' in proc.stdout
+    assert snapshot(queue) == before
+
+
 def test_its_time_limit_holds(config, queue):
     job = queue.enqueue("replay.sleep", 30)  # the config's timeout is 1s
     proc = replay(config, job.id, "--json")

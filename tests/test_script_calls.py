@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from forq.store import finder
+from forq.store import control, finder
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.scripts import source
@@ -45,17 +45,23 @@ CALLS = {
     "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
     "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
     "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
+    "throttle": control.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
+    "set_throttle": control.set_throttle_call(KEYS, 60_000, "g"),
+    "parents": control.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
 }
 GLOBAL = {"schedule_define", "schedule_fired"}  # one global key each, not a queue's
 
 
-def _header_counts(name: str) -> tuple[int, int, bool]:
-    """(KEYS named, fixed ARGV named, has a variadic ARGV tail) from the script header."""
+def _header_counts(name: str) -> tuple[int, int, int, bool]:
+    """(KEYS named, ARGV required, ARGV named, has a variadic ARGV tail) from the
+    script header; an ARGV marked "(optional)" may be left off the end of a call."""
     header = source(name).split("]]", 1)[0]
     keys = {int(n) for n in re.findall(r"^\s*KEYS\[(\d+)\]", header, re.MULTILINE)}
-    fixed = {int(n) for n in re.findall(r"^\s*ARGV\[(\d+)\]", header, re.MULTILINE)}
+    named = dict(re.findall(r"^\s*ARGV\[(\d+)\]\s+(.*)$", header, re.MULTILINE))
+    fixed = {int(n) for n in named}
+    required = {int(n) for n, text in named.items() if not text.startswith("(optional)")}
     variadic = bool(re.search(r"ARGV\[\d+\.\.", header))
-    return max(keys), max(fixed), variadic
+    return max(keys), max(required), max(fixed), variadic
 
 
 def test_every_transition_has_a_call_builder():
@@ -65,11 +71,12 @@ def test_every_transition_has_a_call_builder():
 
 @pytest.mark.parametrize("name", tr.TRANSITIONS)
 def test_call_matches_its_script_header(name):
-    keys, fixed, variadic = _header_counts(name)
+    keys, required, fixed, variadic = _header_counts(name)
     call = CALLS[name]
     assert len(call.keys) == keys, f"{name}: header names {keys} KEYS"
-    assert len(call.args) >= fixed if variadic else len(call.args) == fixed, \
-        f"{name}: header names {fixed} fixed ARGV (variadic: {variadic}), call has {call.args}"
+    assert (len(call.args) >= fixed if variadic else required <= len(call.args) <= fixed), \
+        (f"{name}: header names {required} required and {fixed} ARGV in all (variadic: "
+         f"{variadic}), call has {call.args}")
     if name in GLOBAL:
         assert len(call.keys) == 1  # one cluster slot
     else:

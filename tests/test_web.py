@@ -246,6 +246,30 @@ def test_pause_and_resume_buttons(web, queue):
     assert status == 200 and "was not paused" in html
 
 
+def test_a_throttled_queue_is_shown_and_its_throttle_lifted(web, queue):
+    """A handler's current().throttle (here set as an operator would, Queue.throttle):
+    a badge on the overview and on the queue, a button (with CSRF) that lifts it; a job
+    put off by its handler shows its snoozes."""
+    queue.enqueue("tests.echo")
+    queue.throttle("10m")
+    client = Browserless(web.url)
+    _, html, _ = client.get(f"/queues/{queue.name}/pending")
+    assert "badge paused\">throttled " in html and f'action="/queues/{queue.name}/unthrottle"' in html
+    overview = next(q for q in data.overview(queue.redis)["queues"] if q["name"] == queue.name)
+    assert 590 < overview["throttled_for"] <= 600
+    token = client.csrf(html)
+    status, _, _ = client.post(f"/queues/{queue.name}/unthrottle", [])  # no CSRF token
+    assert status == 403 and queue.throttled() is not None
+    status, html, _ = client.post(f"/queues/{queue.name}/unthrottle",
+                                  [("csrf", token), ("next", f"/queues/{queue.name}/pending")])
+    assert status == 200 and f"lifted the throttle of {queue.name}" in html
+    assert queue.throttled() is None and "unthrottle" not in html
+    job = queue.enqueue("tests.echo", max_snoozes=7)
+    queue.redis.hset(queue.keys.job(job.id), "snoozes", 2)
+    _, html, _ = client.get(f"/jobs/{queue.name}/{job.id}")
+    assert "<dt>snoozes</dt><dd>2 of 7" in html
+
+
 def test_dead_actions_selected_and_by_task(web, queue):
     a, b = _dead_job(queue), _dead_job(queue)
     other = _dead_job(queue, "tests.fail")

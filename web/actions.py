@@ -99,6 +99,12 @@ class Actions:
             return f"{queue.name} was not paused"
         return f"resumed {queue.name}: supervisors claim from it again"
 
+    def unthrottle(self, request: Request, form: Form) -> str:
+        queue = self._queue(request)
+        if not queue.unthrottle():
+            return f"{queue.name} was not throttled"
+        return f"lifted the throttle of {queue.name}: supervisors claim from it again"
+
     # -- one job ----------------------------------------------------------------------
 
     def cancel(self, request: Request, form: Form) -> str:

@@ -107,6 +107,8 @@ class Dashboard:
             Route("/queues/{queue}/limits", self.action(acts.set_limits), methods=["POST"]),
             Route("/queues/{queue}/pause", self.action(acts.pause), methods=["POST"]),
             Route("/queues/{queue}/resume", self.action(acts.resume), methods=["POST"]),
+            Route("/queues/{queue}/unthrottle", self.action(acts.unthrottle),
+                  methods=["POST"]),
             Route("/queues/{queue}/dead/{verb}", self.action(acts.dead_action),
                   methods=["POST"]),
             Route("/queues/{queue}/selected/{action}", self.action(acts.selected),
@@ -293,13 +295,16 @@ class Dashboard:
         if given and state in filters.FILTERABLE:
             found = filters.filtered_page(self.client, name, state, given,
                                           request.query_params.get("cursor"))
-        limits = Queue(name, redis=self.client).limits()
+        queue = Queue(name, redis=self.client)
+        limits = queue.limits()
         per_ms = limits.get("rate")
+        throttled = queue.throttled()  # a handler's current().throttle, or forq throttle
         return self.render(request, "jobs.html", page=page, queue=name,
                            rate=units.rate(per_ms * 1000) if per_ms else "",
                            max_in_flight=int(limits["max_in_flight"])
                            if limits.get("max_in_flight") else "",
                            paused="paused" in limits, found=found, filters=given,
+                           throttled=units.age(throttled) if throttled else "",
                            filter_query=filters.query_of(given),
                            filterable=state in filters.FILTERABLE,
                            title=f"{name}: {state}")

@@ -106,6 +106,9 @@ def overview(client: redis.Redis) -> dict[str, Any]:
             "waiting": waiting,
             # a paused queue (issue #15) has "paused" in its limits hash
             "dead": dead, "paused": "paused" in limits, "ok_per_min": ok_min,
+            # a handler's current().throttle (or forq throttle): seconds left, else None
+            "throttled_for": (max(0, _int(limits["throttled_until"]) - now_ms) / 1000 or None)
+            if limits.get("throttled_until") else None,
             "failed_per_min": failed_min, "chart": chart,
             "rate_per_second": rate_per_ms * 1000 if rate_per_ms else None,
             "max_in_flight": _int(limits.get("max_in_flight")) or None,
@@ -309,6 +312,9 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
         links.append({"label": "batch", "id": job.batch,
                       "href": f"/batches/{quote(str(f.get('batch_queue') or queue))}/"
                               f"{quote(job.batch)}"})
+    if f.get("callback_of"):  # a batch's callback: its parents are the batch's members
+        links.append({"label": "callback of batch", "id": str(f["callback_of"]),
+                      "href": f"/batches/{quote(queue)}/{quote(str(f['callback_of']))}"})
     if f.get("child_batch"):  # the batch this job opened from its handler
         links.append({"label": "opened batch", "id": str(f["child_batch"]),
                       "href": f"/batches/{quote(queue)}/{quote(str(f['child_batch']))}"})

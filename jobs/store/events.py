@@ -25,8 +25,8 @@ from forq.store.keys import QueueKeys
 from forq.store.plans import Command, Plan, Record
 
 # every kind a script writes, in the order of a job's life (docs/guide/events.md)
-KINDS = ("enqueued", "replaced", "started", "progress", "failed", "retried", "released",
-         "succeeded", "dead", "cancelled", "requeued")
+KINDS = ("enqueued", "replaced", "started", "progress", "failed", "retried", "snoozed",
+         "released", "succeeded", "dead", "cancelled", "requeued")
 ENDS = TERMINAL  # the kinds that end a job: succeeded, dead, cancelled
 DEFAULT_KEEP = 10000  # entries a queue keeps unless set (the scripts' EVENTS_KEEP)
 MAX_KEEP = 1_000_000  # a cap above this is refused: about 100 MB of stream

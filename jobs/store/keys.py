@@ -112,6 +112,10 @@ class QueueKeys:
         """One group's rate-limit token bucket (hash: tokens, ts)."""
         return f"{self.prefix}gbucket:{group}"
 
+    def group_throttle(self, group: str) -> str:
+        """Until when (Redis ms) the group is throttled, expiring then."""
+        return f"{self.prefix}gthrottle:{group}"
+
     @property
     def groups_ready(self) -> str:
         """Groups that may start a job now, by their head job's score."""

@@ -13,6 +13,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from forq.channel import MAX_THROTTLE_MS
 from forq.errors import JobNotFound, JobStateError, PayloadError
 from forq.store import keys as keyspace
 from forq.store import topology
@@ -80,11 +81,12 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
-    pending, scheduled, active, dead_count, totals, now, head, grouped, paused_at, waiting = \
-        yield [("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
-               ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
-               ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
-               ("HGET", keys.limits, "paused"), ("ZCARD", keys.waiting)]
+    (pending, scheduled, active, dead_count, totals, now, head, grouped, (paused_at, throttled_until),
+     waiting) = yield [
+        ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
+        ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
+        ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
+        ("HMGET", keys.limits, "paused", "throttled_until"), ("ZCARD", keys.waiting)]
     pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
@@ -113,7 +115,37 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         "last_minute": last_minute,
         "oldest_pending_age": oldest,
         "paused": paused_at is not None,
+        # seconds until a throttle of the whole queue ends (`current().throttle`), or None
+        "throttled_for": _left(throttled_until, now_ms),
     }
+
+
+def _left(until_ms: str | None, now_ms: int) -> float | None:
+    """Seconds from `now_ms` to `until_ms` (Redis ms), None when that is not ahead."""
+    if until_ms is None or int(until_ms) <= now_ms:
+        return None
+    return (int(until_ms) - now_ms) / 1000
+
+
+def throttle_ms(duration: Any) -> int:
+    """An operator's throttle (`Queue.throttle`) as ms, from 1 ms to 24 h, or a
+    ValueError naming it."""
+    try:
+        ms = int(round(parse_duration(duration, where="throttle") * 1000))
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+    if not 0 < ms <= MAX_THROTTLE_MS:
+        raise ValueError(f"throttle: expected a duration from 1ms to 24h, got {duration!r}")
+    return ms
+
+
+def throttled(keys: QueueKeys, group: str | None = None) -> Plan[float | None]:
+    """Seconds until the throttle of the queue (or of `group`) ends; None when none is
+    in force."""
+    read: Command = (("GET", keys.group_throttle(group)) if group is not None
+                     else ("HGET", keys.limits, "throttled_until"))
+    until_ms, now = yield [read, ("TIME",)]
+    return _left(until_ms, int(now[0]) * 1000 + int(now[1]) // 1000)
 
 
 def paused(keys: QueueKeys) -> Plan[bool]:

@@ -113,6 +113,9 @@ class Scripts:
         self.find: Script = register(source("find"))
         self.schedule_define: Script = register(source("schedule_define"))
         self.schedule_fired: Script = register(source("schedule_fired"))
+        self.throttle: Script = register(source("throttle"))
+        self.set_throttle: Script = register(source("set_throttle"))
+        self.parents: Script = register(source("parents"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

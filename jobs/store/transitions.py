@@ -26,14 +26,14 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
                      "promote", "reschedule", "set_priority", "find",
-                     "schedule_define", "schedule_fired"]
+                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
 RECLAIM_BATCH = 1000
 SWEEP_BATCH = 100  # expired-before-start jobs a reaper pass moves to dead, per queue
 
-FailMode = Literal["retry", "fatal", "cancel"]
+FailMode = Literal["retry", "fatal", "cancel", "snooze"]
 LeaseReply = Literal["ok", "lost"]  # ack, expire, release, output, progress, step
 
 
@@ -73,7 +73,7 @@ class ClaimResult:
 
 @dataclass
 class FailOutcome:
-    outcome: str  # "retry" | "dead" | "cancelled" | "lost"
+    outcome: str  # "retry" | "snoozed" | "dead" | "cancelled" | "lost"
     run_at_ms: int
     attempts: int
 
@@ -264,12 +264,15 @@ def parse_lease_reply(reply: Any) -> LeaseReply:
 
 
 def fail_call(keys: QueueKeys, job_id: str, token: str, error: Mapping[str, Any],
-              mode: FailMode | str = "retry", jitter: float | None = None) -> ScriptCall:
+              mode: FailMode | str = "retry", jitter: float | None = None,
+              delay_ms: int = 0, counted: bool = False) -> ScriptCall:
     """`jitter`, a uniform draw from [0, 1), is passed in so the script stays
-    deterministic (Redis replicates scripts by effect, but tests like a fixed draw)."""
+    deterministic (Redis replicates scripts by effect, but tests like a fixed draw).
+    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`)."""
     draw = random.random() if jitter is None else jitter
     return ScriptCall("fail", (keys.active, keys.scheduled, keys.dead),
-                      (keys.prefix, job_id, token, json.dumps(error), mode, draw))
+                      (keys.prefix, job_id, token, json.dumps(error), mode, draw,
+                       int(delay_ms), "1" if counted else "0"))
 
 
 def parse_fail(reply: Sequence[Any]) -> FailOutcome:

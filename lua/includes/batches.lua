@@ -48,6 +48,8 @@ local function batch_done(bprefix, bid, at)
   local specs = {}
   if r[1] and ok then specs[#specs + 1] = cjson.decode(r[1]) end
   if r[2] then specs[#specs + 1] = cjson.decode(r[2]) end
+  -- the callbacks' link to the batch, for their handlers' `current().parent_results()`
+  for _, spec in ipairs(specs) do spec['callback_of'] = bid end
   if #specs > 0 then enqueue_followups(bprefix, prefix_queue(bprefix), nil, specs, at) end
   for _, suffix in ipairs({'', ':ended', ':failed', ':members'}) do
     redis.call('PEXPIRE', bkey .. suffix, BATCH_KEEP_MS)

@@ -14,11 +14,12 @@
 -- or the same id when a job with this id already exists: follow-ups are idempotent).
 local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
-  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group', 'lifo'}
+  'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group', 'lifo',
+  'max_snoozes'}
 
 -- A spec's links (batch membership, dependencies) as fields of its new job record.
 local function add_link_fields(spec, fields)
-  for _, f in ipairs({'batch', 'batch_queue', 'allow_failure'}) do
+  for _, f in ipairs({'batch', 'batch_queue', 'allow_failure', 'callback_of'}) do
     if spec[f] ~= nil then
       table.insert(fields, f)
       table.insert(fields, tostring(spec[f]))

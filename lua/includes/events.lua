@@ -47,6 +47,19 @@ local function events_on(prefix)
   return events_keep > 0
 end
 
+-- The task and lease owner of job `id` ({task, owner}), read once per call; nil when
+-- the queue writes no events. A script that writes a job's events after it deleted the
+-- lease's fields calls this first: `emit(..., by = true)` then names the owner.
+local function event_job(prefix, id)
+  if not events_on(prefix) then return nil end
+  local known = event_jobs[id]
+  if known == nil then
+    known = redis.call('HMGET', job_key(prefix, id), 'task', 'owner')
+    event_jobs[id] = known
+  end
+  return known
+end
+
 -- Append one event for job `id` of kind `kind`. `task`: the job's task, or nil to read
 -- it (false: none); `by`: the supervisor, nil for none, or true for the job's lease
 -- owner (read with the task: call this before the lease fields are deleted); `reason`
@@ -54,11 +67,7 @@ end
 local function emit(prefix, kind, id, task, by, reason, extra)
   if not events_on(prefix) then return end
   if task == nil or by == true then
-    local known = event_jobs[id]
-    if known == nil then
-      known = redis.call('HMGET', job_key(prefix, id), 'task', 'owner')
-      event_jobs[id] = known
-    end
+    local known = event_job(prefix, id)
     if task == nil then task = known[1] end
     if by == true then by = known[2] end
   end

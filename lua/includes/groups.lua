@@ -12,14 +12,20 @@
     forq:{q}:groups:pending    string how many grouped jobs are pending (for stats)
     forq:{q}:gbucket:<group>   hash   tokens, ts: the group's rate-limit bucket
                                       (expires once full again: absent = full)
+    forq:{q}:gthrottle:<group> string until when (Redis ms) the group is throttled
+                                      (`current().throttle(group=True)`, `forq
+                                      throttle --group`), expiring then
   A group is in `ready` exactly when it has a pending job, fewer running than
-  group_concurrency and a token (or no group rate); in `wait` when only the token is
-  missing; in neither otherwise. `group_place` re-establishes that from the facts, so
+  group_concurrency, no throttle in force and a token (or no group rate); in `wait`
+  when only the throttle's end or the token is missing (scored by the later of the
+  two); in neither otherwise. `group_place` re-establishes that from the facts, so
   every transition that changes one of them (a job pending, taken, or leaving active)
   calls it in the same script: a crash between two scripts never leaks a slot.
   The limits live in forq:{q}:limits (group_concurrency, group_rate per ms,
   group_burst), with `grouped` set by the first grouped enqueue so claim looks at the
-  group sets only on queues that have ever had a grouped job.
+  group sets only on queues that have ever had a grouped job, and `group_throttles` by
+  the first group throttle, so a group's throttle key is read only on queues that ever
+  had one.
   Cost: O(log n) per job in the group's backlog, independent of the number of groups.
 ]]
 
@@ -33,20 +39,33 @@ local function group_bucket_key(prefix, g)
   return prefix .. 'gbucket:' .. g
 end
 
--- The queue's group limits {n, rate (tokens per ms) or nil, burst}, read once per
--- script call; `fields` is {group_concurrency, group_rate, group_burst} when the caller
--- has read them already (claim reads them with the queue's own limits).
+local function group_throttle_key(prefix, g)
+  return prefix .. 'gthrottle:' .. g
+end
+
+-- The queue's group limits {n, rate (tokens per ms) or nil, burst, throttles (some
+-- group was ever throttled)}, read once per script call; `fields` is
+-- {group_concurrency, group_rate, group_burst, group_throttles} when the caller has
+-- read them already (claim reads them with the queue's own limits).
 local group_cfg = nil
 local function group_limits(prefix, fields)
   if group_cfg == nil then
     local l = fields or redis.call('HMGET', prefix .. 'limits', 'group_concurrency',
-      'group_rate', 'group_burst')
+      'group_rate', 'group_burst', 'group_throttles')
     local rate = tonumber(l[2])
     if rate and rate <= 0 then rate = nil end
     group_cfg = {n = tonumber(l[1]) or GROUP_DEFAULT_CONCURRENCY, rate = rate,
-      burst = tonumber(l[3]) or 1}
+      burst = tonumber(l[3]) or 1, throttles = l[4] ~= nil and l[4] ~= false}
   end
   return group_cfg
+end
+
+-- Until when (Redis ms) group `g` is throttled, or nil when it is not now.
+local function group_throttled(prefix, g, at)
+  if not group_limits(prefix).throttles then return nil end
+  local until_ms = tonumber(redis.call('GET', group_throttle_key(prefix, g)))
+  if until_ms and until_ms > at then return until_ms end
+  return nil
 end
 
 -- The group's tokens now (a bucket refilled at cfg.rate, capped at cfg.burst).
@@ -73,6 +92,12 @@ local function group_place(prefix, g, at, running, tokens)
   if head[1] == nil or running >= cfg.n then
     redis.call('ZREM', ready, g)
     if cfg.rate then redis.call('ZREM', wait, g) end
+    return false
+  end
+  local throttled = group_throttled(prefix, g, at)
+  if throttled then
+    redis.call('ZREM', ready, g)
+    redis.call('ZADD', wait, throttled, g) -- claim places it again then
     return false
   end
   if cfg.rate then
@@ -151,4 +176,28 @@ local function group_take(prefix, g, at)
   end
   group_place(prefix, g, at, running, tokens)
   return popped[1], popped[2]
+end
+
+-- Throttle group `g` until `until_ms` (Redis ms): it starts no job before then (a
+-- throttle in force that ends later stays). Returns the end in force.
+local function group_throttle(prefix, g, until_ms, at)
+  redis.call('HSET', prefix .. 'limits', 'group_throttles', 1)
+  group_limits(prefix).throttles = true
+  local key = group_throttle_key(prefix, g)
+  local current = tonumber(redis.call('GET', key))
+  if current and current >= until_ms then return current end
+  redis.call('SET', key, until_ms)
+  redis.call('PEXPIREAT', key, until_ms)
+  group_place(prefix, g, at)
+  return until_ms
+end
+
+-- Lift group `g`'s throttle. Returns true when one was in force.
+local function group_unthrottle(prefix, g, at)
+  local key = group_throttle_key(prefix, g)
+  local current = tonumber(redis.call('GET', key))
+  if not current then return false end
+  redis.call('DEL', key)
+  group_place(prefix, g, at)
+  return current > at
 end

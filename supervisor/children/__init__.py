@@ -8,4 +8,5 @@
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
 | `outcomes` | what an end means: ack, fail, expire, release or drop |
 | `output` | a job's stdout and stderr: captured, capped, attributed |
+| `answers` | `Answers`: what the supervisor writes back to a child, without blocking |
 """

@@ -14,6 +14,7 @@ import os
 from forq.defaults import MAX_RESULT_BYTES, TIMEOUT_MS
 from forq.queue import Lease
 from forq.supervisor.config.load import Config
+from forq.supervisor.config.queues import DEFAULT_MAX_THROTTLE
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import Launch
 from forq.supervisor.fork.environment import fork_server_env
@@ -54,6 +55,9 @@ class Launcher:
             tmp_bytes=sandbox.tmp_size,
             max_processes=sandbox.max_processes,
             steps=job.recorded_steps(),  # a re-run returns these without running them
+            group=f.get("group") or None,
+            snoozes=job.snoozes,
+            max_throttle_ms=int((qc.max_throttle if qc else DEFAULT_MAX_THROTTLE) * 1000),
         )
 
     @staticmethod

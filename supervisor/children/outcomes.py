@@ -20,6 +20,7 @@ class Kind(str, Enum):
     FAIL = "fail"  # it raised, or broke a limit: an attempt counted (retry or dead)
     EXPIRE = "expire"  # it crashed: a crash counted, reclaimed at once
     RELEASE = "release"  # given back unfinished: nothing counted
+    THROTTLE = "throttle"  # the handler throttled its queue or group: back to wait
     DROP = "drop"  # the lease was lost: nothing to say, the new holder decides
 
     def __str__(self) -> str:
@@ -32,6 +33,7 @@ class FailMode(str, Enum):
     RETRY = "retry"  # retry after backoff while attempts remain
     FATAL = "fatal"  # dead now (NonRetryable, unknown task, result too large)
     CANCEL = "cancel"  # cancelled on request
+    SNOOZE = "snooze"  # the handler's own `Retry`: again after its delay (max_snoozes)
 
     def __str__(self) -> str:
         return self.value
@@ -39,7 +41,7 @@ class FailMode(str, Enum):
 
 #: the ``outcome`` label of forq_jobs_finished_total (`metrics.OUTCOMES`)
 Metric = Literal["succeeded", "retried", "dead", "failed", "timeout", "memory", "crashed",
-                 "lease_lost", "released", "cancelled"]
+                 "lease_lost", "released", "cancelled", "snoozed", "throttled"]
 
 
 def describe_status(status: int) -> str:
@@ -65,6 +67,11 @@ class Outcome:
     error: dict[str, Any] = field(default_factory=dict)
     mode: FailMode = FailMode.RETRY
     reason: str = ""
+    # a snooze's (mode SNOOZE) or a throttle's delay, ms (a throttle's cut to the queue's
+    # max_throttle); a snooze counted as an attempt; a throttle of the job's group
+    delay_ms: int = 0
+    counted: bool = False
+    group: bool = False
 
 
 def _mib(n: int) -> str:
@@ -108,6 +115,14 @@ def classify(child: RunningChild, status: int) -> Outcome:
         if report.ok:
             return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
                            followups=report.followups, batch=report.batch)
+        if report.snooze is not None:
+            delay, counted = report.snooze
+            return Outcome(Kind.FAIL, "snoozed", error=dict(report.error), mode=FailMode.SNOOZE,
+                           reason=report.error["reason"], delay_ms=delay, counted=counted)
+        if report.throttle is not None:
+            delay, group = report.throttle
+            return Outcome(Kind.THROTTLE, "throttled", reason=report.error["reason"],
+                           delay_ms=min(delay, child.spec.max_throttle_ms), group=group)
         error: dict[str, Any] = dict(report.error)
         if (error.get("type") == "MemoryError" and child.spec.memory_limit
                 and child.spec.address_space_factor > 0):

@@ -76,7 +76,8 @@ class RunningChild:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
         self.reader = MessageReader(self.spec.job_id, cap, len(self.spec.steps),
                                     queue=self.spec.queue,
-                                    recorded_bytes=sum(map(len, self.spec.steps.values())))
+                                    recorded_bytes=sum(map(len, self.spec.steps.values())),
+                                    group=self.spec.group)
         self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
 
     def close_output(self) -> None:

@@ -39,7 +39,7 @@ SIZES = {"memory_limit": "--memory-limit", "max_result_bytes": "--max-result-byt
 TIMES = {"run_at": "--run-at", "expire_at": "--expire-at"}
 PLAIN = {"key": "--key", "job_id": "--job-id", "group": "--group",
          "max_attempts": "--max-attempts", "max_crashes": "--max-crashes",
-         "key_scope": "--key-scope"}
+         "key_scope": "--key-scope", "max_snoozes": "--max-snoozes"}
 FLAGS = {"args": "--args", "kwargs": "--kwargs", "priority": "--priority",
          "expires_in": "--expires-in", "backoff": "--backoff", "idempotent": "--idempotent",
          "depends_on": "--depends-on", "allow_failure": "--allow-failure", "lifo": "--lifo",
@@ -271,6 +271,8 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--job-id", metavar="ID", help="the job's id (default: 20 random hex digits)")
     p.add_argument("--max-attempts", type=int, metavar="N", help="runs before it is dead")
     p.add_argument("--max-crashes", type=int, metavar="N", help="crashes before it is dead")
+    p.add_argument("--max-snoozes", type=int, metavar="N",
+                   help="times its handler may put it off (Retry, throttle) before it is dead")
     p.add_argument("--timeout", metavar="DURATION", help="stop the job after this long")
     p.add_argument("--memory-limit", metavar="SIZE", help='its memory limit, e.g. "512MiB"')
     p.add_argument("--result-ttl", metavar="DURATION", help="keep its result this long")

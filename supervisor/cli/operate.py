@@ -1,5 +1,5 @@
-"""forq limit, pause, resume, web, config check: changing a queue's limits, pausing it,
-the dashboard, the config."""
+"""forq limit, pause, resume, throttle, web, config check: changing a queue's limits,
+pausing or throttling it, the dashboard, the config."""
 
 from __future__ import annotations
 
@@ -108,6 +108,34 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _set_paused(args, False)
 
 
+def cmd_throttle(args: argparse.Namespace) -> int:
+    """lua/set_throttle.lua: the queue (or a group) throttled for a while, as a handler's
+    `current().throttle` does; --off lifts it; neither shows it."""
+    queue = queue_named(args.queue, redis_for(args))
+    scope = f"group {args.group!r} of queue {queue.name}" if args.group else f"queue {queue.name}"
+    if args.off and args.duration:
+        raise UsageError("give a duration or --off, not both")
+    changed = None
+    if args.off:
+        changed = queue.unthrottle(group=args.group)
+    elif args.duration:
+        try:
+            queue.throttle(args.duration, group=args.group)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    left = queue.throttled(group=args.group)
+    if args.json:
+        emit({"queue": queue.name, "group": args.group, "throttled_for": left,
+              **({"lifted": changed} if changed is not None else {})})
+    elif args.off:
+        print(f"lifted the throttle of {scope}" if changed else f"{scope} was not throttled")
+    elif left is None:
+        print(f"{scope} is not throttled")
+    else:
+        print(f"{scope} is throttled for {units.age(left)}: no job of it starts before then")
+    return 0
+
+
 def cmd_web(args: argparse.Namespace) -> int:
     try:
         from forq.web.security import Auth, SecretError
@@ -162,6 +190,18 @@ def register(sub: Any, parents: Parents) -> None:
                        parents=[parents.inspect, parents.with_config])
     p.add_argument("queue")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("throttle", help="show, set or lift a queue's (or a group's) throttle",
+                       parents=[parents.inspect, parents.with_config],
+                       description="A throttled queue (or group) starts no job on any "
+                                   "supervisor until the throttle ends; handlers set one with "
+                                   "current().throttle(\"60s\"). A longer throttle in force "
+                                   "stays; --off lifts it.")
+    p.add_argument("queue")
+    p.add_argument("duration", nargs="?", help='how long, e.g. "60s" (up to "24h")')
+    p.add_argument("--group", metavar="GROUP", help="only this group of the queue")
+    p.add_argument("--off", action="store_true", help="lift the throttle in force")
+    p.set_defaults(func=cmd_throttle)
 
     p = sub.add_parser("web", help="the live dashboard (needs pip install 'forq[web]')",
                        parents=[parents.common, parents.with_config],

@@ -64,7 +64,9 @@ def job(job: Job) -> str:
     row("queue", job.queue)
     row("state", job.state + ("  (cancel requested)" if f.get("cancel_requested") else ""))
     row("attempts", f"{job.attempts}" + (f" of {f['max_attempts']}" if "max_attempts" in f else "")
-        + f"    crashes {job.crashes}" + (f" of {f['max_crashes']}" if "max_crashes" in f else ""))
+        + f"    crashes {job.crashes}" + (f" of {f['max_crashes']}" if "max_crashes" in f else "")
+        + (f"    snoozes {job.snoozes}" + (f" of {f['max_snoozes']}" if "max_snoozes" in f
+                                          else "") if job.snoozes else ""))
     row("args", _compact(job.args))
     row("kwargs", _compact(job.kwargs))
     if f.get("priority"):
@@ -158,6 +160,8 @@ def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
     for name, s in sorted(stats.items()):
         last = s.get("last_minute", {})
         shown = f"{name} (paused)" if s.get("paused") else name  # forq pause
+        if s.get("throttled_for"):  # current().throttle, forq throttle
+            shown += f" (throttled {age(s['throttled_for'])})"
         rows.append((shown, s["pending"], s["scheduled"], s["active"], s["dead"],
                      last.get("succeeded", 0), last.get("failed", 0),
                      age(s.get("oldest_pending_age"))))

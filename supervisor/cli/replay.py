@@ -6,7 +6,8 @@ processes) and limits (time, memory: the RSS of its process tree, and the addres
 backstop) — but alone, exec'd fresh (no fork server), with its output on this terminal
 and nothing written to Redis: the job's record is only read. Its durable steps recorded
 by earlier runs are handed to it, as to any re-run; a step it takes now is answered
-"recorded" without being written. Per-job cgroups are not used: memory is policed by
+"recorded" without being written; its parents' results (`current().parents()`) are
+read as they are now, in one answer. Per-job cgroups are not used: memory is policed by
 sampling, as without them.
 
 `--pdb` keeps the terminal as the child's stdin and stops in the debugger
@@ -22,10 +23,11 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from forq import Job, JobNotFound, find_job
-from forq.channel import answer
+from forq.channel import answer, parents_answer
 from forq.store.policy import fill, flatten
 from forq.store.transitions import Lease
 from forq.supervisor.children.launch import Launcher
@@ -35,6 +37,7 @@ from forq.supervisor.cli.base import Parents, UsageError, config_of, emit, queue
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.isolation.limits import LimitPolice
+from forq.supervisor.redis_io.parents import read_unfenced
 
 SAMPLE_EVERY = 0.05  # seconds between two memory samples and time-limit checks
 SPEC_FD = 4  # the spec's memfd in the child; fd 0 stays the terminal for --pdb
@@ -79,8 +82,10 @@ def start(spec: ChildSpec, lease: Lease, config: Any) -> RunningChild:
     return RunningChild(lease, spec, pid, os.pidfd_open(pid), read_fd, now, now)
 
 
-def watch(child: RunningChild, timeout: float) -> int:
-    """Police the child's limits and answer its steps until it exits; its wait status."""
+def watch(child: RunningChild, timeout: float,
+          parents: Callable[[], list[list[str]]] = lambda: []) -> int:
+    """Police the child's limits and answer its steps (and its request for `parents`)
+    until it exits; its wait status."""
     child.deadline = child.started + timeout
     police = LimitPolice(lambda _child: None)  # the grace is checked here, below
     while True:
@@ -95,6 +100,19 @@ def watch(child: RunningChild, timeout: float) -> int:
             if child.pipe >= 0:
                 os.write(child.pipe, answer(step.name, True))
         child.reader.steps.clear()
+        if child.reader.parents_open and child.pipe >= 0:  # all of them in one answer
+            data = parents_answer(parents())
+            # it reads as this writes (Ctrl-C ends a replay whose child does not)
+            os.set_blocking(child.pipe, True)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(child.pipe, view):]
+            except OSError:
+                pass  # it exited meanwhile: its end says why
+            finally:
+                os.set_blocking(child.pipe, False)
+            child.reader.parents_answered(-1)
         if child.pidfd in ready:
             _, status = os.waitpid(child.pid, 0)
             while child.pipe >= 0 and child.read_pipe():  # what it wrote last
@@ -123,7 +141,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"{spec.memory_limit // (1 << 20) if spec.memory_limit else 'none'} MiB; "
           "nothing is written to Redis", file=sys.stderr)
     child = start(spec, lease, config)
-    status = watch(child, timeout)
+    status = watch(child, timeout, lambda: read_unfenced(client, job))
     outcome = classify(child, status)
     report: dict[str, Any] = {"job": job.id, "task": job.task, "outcome": outcome.metric,
                               "peak_rss": child.peak_rss}

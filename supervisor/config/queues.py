@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from forq.channel import MAX_THROTTLE_MS
 from forq.defaults import QUEUE
 from forq.payload import MAX_NAME
 from forq.store.events import MAX_KEEP
@@ -20,6 +21,17 @@ from forq.supervisor.config.sandbox import NETWORKS
 from forq.supervisor.config.schema import REQUIRED, key
 
 MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
+DEFAULT_MAX_THROTTLE = 600.0  # s: a handler pauses its queue (or group) 10 minutes at most
+MAX_THROTTLE = MAX_THROTTLE_MS / 1000  # what the channel carries at most (24 h)
+
+
+def _max_throttle(value: object, where: str) -> float:
+    seconds = read.duration(value, where)
+    if seconds > MAX_THROTTLE:
+        raise read.expected(where, 'a duration up to "24h" (0: throttles pause nothing)', value)
+    return seconds
+
+
 TASK_NAME = f"a task name of 1 to {MAX_NAME} characters"
 
 
@@ -72,6 +84,12 @@ class QueueConfig:
     prefetch: int = key(
         0, read.integers(0, MAX_PREFETCH),
         "Jobs leased ahead of a free slot, started without a claim's round trip.")
+    # a handler's `current().throttle(...)`, cut to this: however it is written, a
+    # handler cannot hold its queue (or a group of it) for longer at once
+    max_throttle: float = key(
+        "10m", read.Reader('a duration up to "24h"', _max_throttle),
+        "The longest a handler's `current().throttle(...)` pauses this queue (or one of its "
+        "groups) on every supervisor; a longer request is cut to this (0: none).")
     # kept in Redis like the limits above, and written only when set: `forq events
     # --enable/--disable` at run time stays until a config sets it
     events: bool | None = key(

@@ -68,6 +68,10 @@ class ChildSpec:
     steps: dict[str, str] = field(default_factory=dict)
     # `forq replay --pdb`: stdin kept (the terminal), the debugger at the handler's exception
     post_mortem: bool = False
+    group: str | None = None  # the job's group (`current().throttle(group=True)`)
+    snoozes: int = 0  # how often its handler put it off (`Retry`, `throttle`)
+    # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
+    max_throttle_ms: int = 0
 
 
 def _find_prctl() -> Any:
@@ -232,6 +236,16 @@ def _error(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _plain_error(exc: BaseException, kind: str) -> dict[str, Any]:
+    """The error part of a handler's own retry or throttle: what it said, no traceback
+    (it is not a failure)."""
+    try:
+        message = str(exc)[:ERROR_CAPS["reason"]]
+    except Exception:  # noqa: BLE001 — a hostile __str__ must not lose the report
+        message = kind
+    return {"type": kind, "message": message, "traceback": "", "reason": message}
+
+
 def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     """Run the handler and encode the one result message the parent reads
     (`forq.supervisor.fork.messages` is the schema); `fd` is the channel the handler's
@@ -239,6 +253,7 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     must say nothing more (the parent drops it)."""
     channel = Channel(fd, spec.steps)
     ctx = registry.JobContext(spec.job_id, spec.queue, spec.task, spec.attempts, spec.crashes,
+                              group=spec.group, snoozes=spec.snoozes,
                               traceparent=spec.traceparent, channel=channel)
     registry.set_current(ctx)
     task = registry.lookup(spec.task)
@@ -248,6 +263,14 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
         result = run(task, spec.args, spec.kwargs)
     except LeaseLost:
         return b""
+    except registry.Retry as exc:
+        channel.flush()
+        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Retry"),
+                       "retry": {"delay_ms": exc.delay_ms, "counted": exc.counted}})
+    except registry.Throttled as exc:
+        channel.flush()
+        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Throttled"),
+                       "throttle": {"delay_ms": exc.delay_ms, "group": exc.group}})
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
         if spec.post_mortem:
             import pdb

@@ -17,7 +17,11 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
 "fatal": bool}``
     the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
     no retry.
-
+``"retry": {"delay_ms", "counted"}`` or ``"throttle": {"delay_ms", "group"}`` (ok false)
+    the handler raised `Retry` (again after ``delay_ms``, up to `MAX_SNOOZE_MS`; an
+    attempt if ``counted``) or called ``current().throttle`` (its own queue, or its own
+    group: the message names neither, so no child pauses another; up to
+    `MAX_THROTTLE_MS`, cut to the queue's ``max_throttle`` by the parent).
 ``{"t": "progress", "progress": 0.42, "message": "resized 42 of 100"}``
     ``current().progress``: a number in 0..1 and a short message (throttled by the
     child, `forq.channel`); the parent keeps the latest and records it with its next
@@ -30,6 +34,12 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     One step at a time: a step sent before the previous one was answered, more than
     `MAX_STEPS` per job, a name over `MAX_STEP_NAME` bytes, a result over
     `MAX_STEP_BYTES` or results over `MAX_STEPS_BYTES` in all is a violation.
+
+``{"t": "parents"}``
+    ``current().parents()``: the next page of the job's parents (read from Redis, never
+    named by the child), answered ``{"parents": [[queue, id, state, result, reason],
+    ...], "more": bool}`` or ``{"parents": null, "answer": "lost" | "expired"}``; asking
+    before the whole answer was written, or after the last page, is a violation.
 
 The result is the child's last message: anything after it is a violation.
 """
@@ -44,10 +54,12 @@ from typing import Any
 
 from forq.channel import (
     MAX_PROGRESS_MESSAGE,
+    MAX_SNOOZE_MS,
     MAX_STEP_BYTES,
     MAX_STEP_NAME,
     MAX_STEPS,
     MAX_STEPS_BYTES,
+    MAX_THROTTLE_MS,
 )
 from forq.payload import check_callback, check_followup
 
@@ -85,6 +97,8 @@ class Report:
     # the batch the handler opened (`current().batch`), checked: id, members (specs with
     # their queue), on_success / on_complete (specs); None when it opened none
     batch: dict[str, Any] | None = None
+    snooze: tuple[int, bool] | None = None  # `Retry`: (delay ms, counted as an attempt)
+    throttle: tuple[int, bool] | None = None  # `throttle`: (delay ms, of its group)
 
 
 @dataclass
@@ -158,8 +172,9 @@ def _check_error(error: Any) -> dict[str, str]:
     return checked
 
 
-def parse_result(message: dict[str, Any], job_id: str, queue: str = "") -> Report:
-    """Check a ``"t": "result"`` message of job `job_id` (of `queue`)."""
+def parse_result(message: dict[str, Any], job_id: str, queue: str = "",
+                 group: str | None = None) -> Report:
+    """Check a ``"t": "result"`` message of job `job_id` (of `queue`, in `group`)."""
     ok = message.get("ok")
     if not isinstance(ok, bool):
         raise Violation(f"result.ok must be true or false, got {ok!r}"[:200])
@@ -183,13 +198,37 @@ def parse_result(message: dict[str, Any], job_id: str, queue: str = "") -> Repor
                 raise Violation(f"batch: {problem}")
         result = json.dumps(message.get("result"), separators=(",", ":"), allow_nan=False)
         return Report(True, result_json=result, followups=followups, batch=opened)
-    unknown = set(message) - {"t", "ok", "error", "fatal"}
+    unknown = set(message) - {"t", "ok", "error", "fatal", "retry", "throttle"}
     if unknown:
         raise Violation(f"result has unknown field(s) {', '.join(sorted(unknown))[:200]}")
     fatal = message.get("fatal", False)
     if not isinstance(fatal, bool):
         raise Violation(f"result.fatal must be true or false, got {fatal!r}"[:200])
-    return Report(False, error=_check_error(message.get("error")), fatal=fatal)
+    report = Report(False, error=_check_error(message.get("error")), fatal=fatal)
+    if ("retry" in message) + ("throttle" in message) + fatal > 1:
+        raise Violation("a result is at most one of fatal, retry and throttle")
+    if "retry" in message:
+        report.snooze = _check_delay(message["retry"], "retry", "counted", MAX_SNOOZE_MS)
+    if "throttle" in message:
+        report.throttle = _check_delay(message["throttle"], "throttle", "group", MAX_THROTTLE_MS)
+        if report.throttle[1] and not group:
+            raise Violation("throttle.group for a job that has no group")
+    return report
+
+
+def _check_delay(value: Any, name: str, flag: str, cap_ms: int) -> tuple[int, bool]:
+    """A retry's or a throttle's {"delay_ms", flag} as (delay ms, flag)."""
+    if not isinstance(value, dict):
+        raise Violation(f"{name} must be an object, got {type(value).__name__}")
+    unknown = set(value) - {"delay_ms", flag}
+    if unknown:
+        raise Violation(f"{name} has unknown field(s) {', '.join(sorted(map(str, unknown)))}"[:200])
+    delay = value.get("delay_ms")
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= cap_ms:
+        raise Violation(f"{name}.delay_ms must be an integer from 0 to {cap_ms}, got {delay!r}"[:200])
+    if not isinstance(on := value.get(flag, False), bool):
+        raise Violation(f"{name}.{flag} must be true or false, got {on!r}"[:200])
+    return delay, on
 
 
 def check_opened_batch(opened: Any, job_id: str, queue: str) -> str:
@@ -229,10 +268,11 @@ class MessageReader:
     violation sets `violation` and stops reading; the parent then kills the child."""
 
     def __init__(self, job_id: str, line_cap: int, recorded_steps: int = 0,
-                 queue: str = "", recorded_bytes: int = 0) -> None:
+                 queue: str = "", recorded_bytes: int = 0, group: str | None = None) -> None:
         self.job_id = job_id
         self.line_cap = line_cap
         self.queue = queue
+        self.group = group
         self.buf = bytearray()
         self.report: Report | None = None
         self.violation: str = ""
@@ -241,6 +281,8 @@ class MessageReader:
         self.progress: Progress | None = None  # the latest, not yet taken
         self.steps: list[Step] = []  # sent, not yet taken
         self.step_open = False  # a step awaits the parent's answer (`answered`)
+        self.parents_open = False  # a request for parents awaits its answer
+        self.parents_next = 0  # where its next page starts (-1: after the last one)
         self.step_count = recorded_steps  # this job's steps, recorded and sent
         self.step_bytes = recorded_bytes  # and their results' bytes
         self._allowance = float(PROGRESS_BURST)
@@ -277,6 +319,22 @@ class MessageReader:
         """The parent answered the open step: the child may send the next one."""
         self.step_open = False
 
+    def parents_answered(self, next_page: int) -> None:
+        """The answer to the request for parents is written whole; the next page starts
+        at parent `next_page` (-1: no more)."""
+        self.parents_open = False
+        self.parents_next = next_page
+
+    def _parents(self, message: dict[str, Any]) -> None:
+        unknown = set(message) - {"t"}
+        if unknown:
+            raise Violation(f"parents has unknown field(s) {', '.join(sorted(unknown))[:200]}")
+        if self.step_open or self.parents_open:
+            raise Violation("asked for its parents before its previous request was answered")
+        if self.parents_next < 0:
+            raise Violation("asked for its parents again after the last page")
+        self.parents_open = True
+
     def _check_rate(self) -> None:
         now = time.monotonic()
         self._allowance = min(float(PROGRESS_BURST),
@@ -289,6 +347,8 @@ class MessageReader:
     def _step(self, message: dict[str, Any]) -> None:
         if self.step_open:
             raise Violation("sent a step before its previous step was answered")
+        if self.parents_open:
+            raise Violation("sent a step before its request for parents was answered")
         step = check_step(message)
         if self.step_count >= MAX_STEPS:
             raise Violation(f"more than {MAX_STEPS} steps")
@@ -323,12 +383,14 @@ class MessageReader:
         kind = message.get("t")
         try:
             if kind == "result":
-                self.report = parse_result(message, self.job_id, self.queue)
+                self.report = parse_result(message, self.job_id, self.queue, self.group)
             elif kind == "progress":
                 self._check_rate()
                 self.progress = check_progress(message)
             elif kind == "step":
                 self._step(message)
+            elif kind == "parents":
+                self._parents(message)
             else:
                 raise Violation(f"unknown message kind {kind!r}"[:200])
         except Violation as exc:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from forq.queue import Queue
+from forq.store import control
 from forq.store import transitions as tr
 from forq.store.policy import fill, flatten, policy_sha
 from forq.store.transitions import RECLAIM_BATCH, ClaimResult
@@ -102,12 +103,24 @@ class LeaseCalls:
         return client if client is not None else tr.parse_batch(reply)
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
-             client: Any = None) -> Any:
-        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua)."""
-        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode), client)
+             client: Any = None, delay_ms: int = 0, counted: bool = False) -> Any:
+        """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua); mode
+        "snooze": the handler's own retry after `delay_ms`, an attempt if `counted`."""
+        reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode,
+                                              delay_ms=delay_ms, counted=counted), client)
         return client if client is not None else tr.parse_fail(reply)
 
     parse_fail = staticmethod(tr.parse_fail)
+
+    def throttle(self, job_id: str, token: str, delay_ms: int, group: bool, reason: str,
+                 client: Any = None) -> Any:
+        """The job's handler throttled its queue (its group): see lua/throttle.lua.
+        Returns a `Throttled`; with a pipeline, queues the call (`parse_throttle`)."""
+        reply = self.scripts.run(control.throttle_call(self.keys, job_id, token, delay_ms, group,
+                                                  reason), client)
+        return client if client is not None else control.parse_throttle(reply)
+
+    parse_throttle = staticmethod(control.parse_throttle)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None) -> Any:
         """Report a crashed child: the lease expires now ("ok"), or "lost"."""
@@ -134,6 +147,17 @@ class LeaseCalls:
         reply = self.scripts.run(tr.step_call(self.keys, job_id, token, name, result_json),
                                  client)
         return client if client is not None else tr.parse_lease_reply(reply)
+
+    def read_parents(self, job_id: str, token: str, first: int, most: int, budget: int,
+                     client: Any = None) -> Any:
+        """A page of the parents of the job under `token` and their results (see
+        lua/parents.lua): a `ParentsPage`; with a pipeline, queues the call
+        (`parse_parents`). The supervisor's, for a handler's `current().parents()`."""
+        reply = self.scripts.run(control.parents_call(self.keys, job_id, token, first, most, budget),
+                                 client)
+        return client if client is not None else control.parse_parents(reply)
+
+    parse_parents = staticmethod(control.parse_parents)
 
     def release(self, job_id: str, token: str, reason: str = "drain", client: Any = None) -> Any:
         """Give the lease back with nothing counted ("ok"), or "lost"."""

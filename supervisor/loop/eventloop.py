@@ -19,6 +19,20 @@ from forq.supervisor.loop.timers import Timers
 Handler = Callable[[Any, int], None]
 
 
+class _ReadWrite:
+    """The handlers of a file watched both ways (`add_writer` on a file read already)."""
+
+    def __init__(self, reader: Handler, writer: Handler) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def __call__(self, fileobj: Any, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            self.reader(fileobj, mask)
+        if mask & selectors.EVENT_WRITE:
+            self.writer(fileobj, mask)
+
+
 class EventLoop:
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()
@@ -37,6 +51,31 @@ class EventLoop:
             self.selector.unregister(fileobj)
         except (KeyError, ValueError):
             pass
+
+    def add_writer(self, fileobj: Any, handler: Handler) -> None:
+        """Call `handler` whenever `fileobj` is writable, beside its reader if it has one
+        (`remove_writer` stops it; `remove_reader` stops both)."""
+        try:
+            key = self.selector.get_key(fileobj)
+        except KeyError:
+            self.selector.register(fileobj, selectors.EVENT_WRITE, handler)
+            return
+        if key.events & selectors.EVENT_READ:
+            reader = key.data.reader if isinstance(key.data, _ReadWrite) else key.data
+            self.selector.modify(fileobj, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                                 _ReadWrite(reader, handler))
+        else:
+            self.selector.modify(fileobj, selectors.EVENT_WRITE, handler)
+
+    def remove_writer(self, fileobj: Any) -> None:
+        try:
+            key = self.selector.get_key(fileobj)
+        except (KeyError, ValueError):
+            return
+        if isinstance(key.data, _ReadWrite):
+            self.selector.modify(fileobj, selectors.EVENT_READ, key.data.reader)
+        elif key.events == selectors.EVENT_WRITE:
+            self.selector.unregister(fileobj)
 
     def watch_signals(self, signals: Iterable[int], on_signal: Callable[[int], None]) -> None:
         """Deliver `signals` to `on_signal` from the loop, one call per signal."""

@@ -57,6 +57,8 @@ OUTCOMES: frozenset[str] = frozenset(
         "lease_lost",  # fenced: the lease was no longer ours, result dropped
         "released",  # lease given back unfinished during a drain
         "cancelled",  # stopped on request
+        "snoozed",  # the handler's own `raise Retry(...)`: rescheduled on its terms
+        "throttled",  # the handler throttled its queue or group: the job back to wait
     }
 )
 

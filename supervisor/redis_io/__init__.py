@@ -5,10 +5,11 @@ asked for (`roundtrip`); none opens a round trip of its own on the hot path.
 
 | module | what it is |
 | --- | --- |
-| `roundtrip` | `RoundTrip`: one pipeline a loop turn for claims, steps, reports, reclaims |
+| `roundtrip` | `RoundTrip`: one pipeline a loop turn for claims, steps, parents' results, reports, reclaims |
 | `claimer` | `Claimer`: lease jobs for the free slots (and the prefetch) |
 | `reports` | `Reporter`: ack, fail, expire or release each finished child |
 | `notes` | `JobNotes`: running children's progress and durable steps |
+| `parents` | `ParentReads`: a handler's parents' results, a page at a time, fenced |
 | `reaper` | `Reaper`: hand expired leases back, sweep expired jobs (every supervisor) |
 | `relay` | `BatchRelay`: batch members' ends to batches on other queues |
 | `scheduler` | `Scheduler`: cron ticks, each exactly once across supervisors |

@@ -1,5 +1,6 @@
-"""JobNotes: what running children say before their result — progress and durable
-steps — on its way to Redis, and the answers back to the children.
+"""JobNotes: what running children say before their result — progress, durable steps
+and requests for their parents' results (`ParentReads`) — on its way to Redis, and the
+answers back to the children.
 
 Each child's `MessageReader` keeps the checked notes: its latest progress (unsent) and
 at most one step awaiting an answer (a child sends its next step only once answered).
@@ -28,10 +29,13 @@ from typing import Any
 from forq import Queue
 from forq.channel import answer
 from forq.store.transitions import parse_progress
+from forq.supervisor.children.answers import Answers
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.fork.messages import Progress
 from forq.supervisor.leases.calls import leasing
+from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.redis_io.parents import ParentReads
 
 log = logging.getLogger("forq.supervisor")
 
@@ -61,19 +65,23 @@ class ProgressBatch:
 
 
 class JobNotes:
-    def __init__(self, queue_for: Callable[[str], Queue], metrics: Metrics | None = None) -> None:
+    def __init__(self, queue_for: Callable[[str], Queue], metrics: Metrics | None = None,
+                 loop: EventLoop | None = None) -> None:
         self.queue_for = queue_for
         self.metrics = metrics
         self.stepping: dict[str, RunningChild] = {}  # job id -> a child with a step to record
+        # requests for parents' results, answered through the loop (writes that wait)
+        self.parents = ParentReads(queue_for, Answers(loop or EventLoop()))
 
     def heard(self, child: RunningChild) -> None:
-        """The child's pipe was read: note a step that waits for Redis."""
+        """The child's pipe was read: note a step or a request that waits for Redis."""
         if child.reader.steps:
             self.stepping[child.job_id] = child
+        self.parents.heard(child)
 
     @property
     def waiting(self) -> bool:
-        return bool(self.stepping)
+        return bool(self.stepping) or self.parents.waiting
 
     # -- progress ------------------------------------------------------------------------
 

@@ -174,7 +174,11 @@ class Reporter:
                 self._acks.setdefault(child.queue, []).append(
                     (item, (job_id, token, outcome.result_json, same)))
         elif outcome.kind is Kind.FAIL:
-            q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe)
+            q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
+                   delay_ms=outcome.delay_ms, counted=outcome.counted)
+        elif outcome.kind is Kind.THROTTLE:
+            q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
+                       client=pipe)
         elif outcome.kind is Kind.EXPIRE:
             q.expire(job_id, token, outcome.reason, client=pipe)
         elif outcome.kind is Kind.RELEASE:
@@ -254,12 +258,24 @@ class Reporter:
             if result.outcome == "lost":
                 metric = "lease_lost"
             elif result.outcome == "dead":
-                metric = "dead" if outcome.metric in ("failed", "dead") else outcome.metric
+                metric = ("dead" if outcome.metric in ("failed", "dead", "snoozed")
+                          else outcome.metric)
+            elif result.outcome == "cancelled":
+                metric = "cancelled"
             elif result.outcome == "retry" and outcome.metric == "failed":
                 metric = "retried"
             log.info("job %s %s: %s → %s (attempt %d)", child.job_id, child.task,
                      outcome.reason or outcome.error.get("reason"), result.outcome,
                      result.attempts, extra={"job": child.job_id, "event": result.outcome})
+        elif outcome.kind is Kind.THROTTLE:
+            throttled = LeaseCalls.parse_throttle(last)
+            metric = ("lease_lost" if throttled.outcome == "lost" else
+                      "cancelled" if throttled.outcome == "cancelled" else
+                      "dead" if throttled.outcome == "dead" else "throttled")
+            scope = "its group" if outcome.group else "its queue"
+            log.info("job %s %s throttled %s for %.3fs (%s): %s", child.job_id, child.task,
+                     scope, outcome.delay_ms / 1000, outcome.reason, throttled.outcome,
+                     extra={"job": child.job_id, "event": "throttled"})
         elif last == "lost":
             metric = "lease_lost"
             log.warning("job %s %s: %s answered lost (lease no longer ours); dropped",

@@ -1,6 +1,7 @@
 """RoundTrip: one pipeline a loop turn for everything that waits on Redis.
 
-Claims for the free slots, durable steps, the finished children's reports, reclaims of
+Claims for the free slots, durable steps, reads of parents' results, the finished
+children's reports, reclaims of
 the crashes just reported and the replication WAITs go out together; each part queues
 its commands through `Trip.queue`, which notes the span of replies that is its own, and
 reads back only that span. No part counts another's positions.
@@ -93,6 +94,9 @@ class RoundTrip:
         # its job's ack sent in one turn must land in that order
         stepping, step_span = trip.queue(lambda pipe: self.notes.send_steps(
             pipe, self.leases.token, self.shards.ready if self.sharded else None))
+        # reads of parents' results a handler waits for (each its own state machine)
+        asking, ask_parents_span = trip.queue(lambda pipe: self.notes.parents.send(
+            pipe, self.leases.token, self.shards.ready if self.sharded else None))
         spans = self.reporter.send_batch(trip.pipe, batch)
         # a crash reported now is reclaimed in the same trip, not a reaper tick later
         reap = sorted({item.child.queue for item in batch if item.outcome.kind is Kind.EXPIRE})
@@ -112,6 +116,7 @@ class RoundTrip:
         self.on_answer()
         replies = self.reporter.check_waits(batch, sent.replies, waits)
         self.notes.steps_answered(stepping, replies[step_span])
+        self.notes.parents.answered(asking, replies[ask_parents_span])
         # a report that did not reach one of its shards is sent again, whole, later
         retry = {i for i, span in enumerate(spans) if unsent(replies, span)}
         outbox = held_back
