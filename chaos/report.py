@@ -58,9 +58,9 @@ def render(result: dict[str, Any]) -> str:
                  f"{st['landed_before_told']}; never told {st['not_told']})")
     lines.append(f"executions {st['executions']} for {st['jobs_executed']} jobs; "
                  f"re-executions {st['re_executions']}")
-    lines.append(f"  by cause {_counts(st['re_execution_causes'])}")
-    if st.get("idempotent_excused"):
-        lines.append(f"  idempotent extra completions (excused) {_counts(st['idempotent_excused'])}")
+    lines.append(f"  by cause {_counts(st['re_execution_causes'])}"
+                 + (f"; idempotent extra completions (excused) "
+                    f"{_counts(st['idempotent_excused'])}" if st.get("idempotent_excused") else ""))
     lines.append(f"dead by    {_counts(st['dead_reasons'])}")
     b = st.get("batches") or {}
     if b.get("batches"):
