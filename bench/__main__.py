@@ -176,6 +176,7 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     systems = ("rq-fork", "rq-simple", "celery", "dramatiq")
     forq_runs: list[dict[str, Any]] = []
     prefetch_runs: list[dict[str, Any]] = []  # the same, with jobs leased ahead of a slot
+    events_off_runs: list[dict[str, Any]] = []  # the same, without the queue's events
     peers: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     # the fork limit is measured again in every round: the ratio to it is the target, and
     # a single measurement at the start would carry that moment's noise into it
@@ -192,12 +193,16 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                                              queue_extra="prefetch = 0\n"))
         prefetch_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
                                                  queue_extra=f"prefetch = {PREFETCH}\n"))
+        events_off_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
+                                                   queue_extra=forq_sup.EVENTS_OFF))
         for system in systems:
             peers[system].append(run_driver("drain", system, ctx["redis_base"], 1,
                                             n=sz.drain[system], reps=1))
     out: dict[str, Any] = {"forq": forq_sup.throughput_summary(forq_runs, sz.drain["forq"]),
                            "forq-prefetch": dict(forq_sup.throughput_summary(
                                prefetch_runs, sz.drain["forq"]), prefetch=PREFETCH),
+                           "forq-events-off": forq_sup.throughput_summary(
+                               events_off_runs, sz.drain["forq"]),
                            "fork_limit_in_rounds": summary(fork_runs)}
     ctx.setdefault("fork_runs", []).extend(fork_runs)
     for system, runs in peers.items():

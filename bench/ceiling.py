@@ -10,7 +10,9 @@ call for the jobs of the previous round (no-op jobs finish at once). BullMQ: `--
 workers of concurrency `--slots`. RQ: `--procs` SimpleWorkers (one job at a time each).
 Dramatiq: `--procs` processes × 8 threads. Every job carries the same realistic payload
 (a mail job's arguments, about 170 bytes of JSON) and is enqueued before the workers
-start.
+start. forq runs twice per round: with its queue's events (the default, three stream
+entries per job: enqueued, started, succeeded) and without (`forq-events-off`: the
+queue's `events = false`), so what events cost is the difference within one run.
 
 For each system, between its first finished job and the last: Redis commands per job
 (INFO commandstats, those run inside scripts included), Redis CPU per job (INFO cpu,
@@ -48,6 +50,7 @@ from forq.supervisor.leases.calls import LeaseCalls, leasing  # noqa: E402
 QUEUE = "ceiling"
 LEASE_MS = 30_000
 PEERS = ("bullmq", "rq-simple", "dramatiq")
+FORQS = ("forq", "forq-events-off")
 DRAMATIQ_THREADS = 8
 
 
@@ -96,11 +99,12 @@ def simulated_supervisor(url: str, slots: int, start_at: float, out: Any) -> Non
 class ForqCeiling:
     """forq's side: `procs` simulated supervisors of `slots` slots each."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, events: bool = True) -> None:
         from forq import Queue
         from forq.store.connection import connect
 
         self.url = url
+        self.events = events
         self.client = connect(url)
         self.q = Queue(QUEUE, redis=self.client)
 
@@ -113,6 +117,7 @@ class ForqCeiling:
         self.q.enqueue("bench.noop")
         simulated_supervisor(self.url, 1, 0, mp.get_context("fork").SimpleQueue())
         self.client.flushdb()
+        self.q.set_events(self.events)
         for start in range(0, n, 1000):
             self.q.enqueue_many([{"task": "bench.noop", "args": ceiling_args(i),
                                   "kwargs": CEILING_KWARGS}
@@ -157,19 +162,19 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(url: str, redis_base: str, n: int, procs: int, slots: int, reps: int,
-            systems: tuple[str, ...] = ("forq", *PEERS)) -> dict[str, Any]:
+            systems: tuple[str, ...] = (*FORQS, *PEERS)) -> dict[str, Any]:
     from bench.peers import venv
 
     if "bullmq" in systems and not venv.ensure_node(log):
         systems = tuple(s for s in systems if s != "bullmq")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
-    forq = ForqCeiling(url)
+    forqs = {"forq": ForqCeiling(url), "forq-events-off": ForqCeiling(url, events=False)}
     for i in range(reps):
         for system in systems:
             log(f"ceiling: round {i + 1}/{reps}: {system}, {n} jobs, {procs} processes ...")
             jobs = max(1, n // 5) if system == "rq-simple" else n  # RQ is slow
-            if system == "forq":
-                runs[system].append(forq.run(jobs, procs, slots))
+            if system in forqs:
+                runs[system].append(forqs[system].run(jobs, procs, slots))
             else:
                 runs[system].append(peer_ceiling(system, redis_base, jobs, procs, slots))
     out: dict[str, Any] = {s: merge(r) for s, r in runs.items() if r}
@@ -178,6 +183,14 @@ def measure(url: str, redis_base: str, n: int, procs: int, slots: int, reps: int
     base = out.get("bullmq", {}).get("redis_ceiling_jobs_per_s", {}).get("median")
     if base and "forq" in out:
         out["forq_vs_bullmq"] = out["forq"]["redis_ceiling_jobs_per_s"]["median"] / base
+    if "forq" in out and "forq-events-off" in out:
+        on, off = out["forq"], out["forq-events-off"]
+        out["events_cost"] = {
+            "commands_per_job": on["commands_per_job"]["median"]
+            - off["commands_per_job"]["median"],
+            "redis_cpu_us_per_job": on["redis_cpu_us_per_job"]["median"]
+            - off["redis_cpu_us_per_job"]["median"],
+            "ratio": on["redis_cpu_us_per_job"]["median"] / off["redis_cpu_us_per_job"]["median"]}
     return out
 
 
@@ -197,6 +210,12 @@ def render(res: dict[str, Any]) -> str:
             f"{rate['median']:,.0f} ({r['redis_busy']['median']:.0%}) |")
     if "forq_vs_bullmq" in res:
         rows.append(f"\nforq's ceiling / BullMQ's: **{res['forq_vs_bullmq']:.2f}×**")
+    if "events_cost" in res:
+        cost = res["events_cost"]
+        rows.append(f"\nforq's events (3 stream entries per job) cost "
+                    f"{cost['commands_per_job']:+.1f} commands and "
+                    f"{cost['redis_cpu_us_per_job']:+.1f} µs of Redis CPU per job "
+                    f"({cost['ratio']:.2f}× the Redis CPU of forq-events-off)")
     return "\n".join(rows)
 
 
@@ -207,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=8)
     p.add_argument("--slots", type=int, default=50)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--only", help=f"comma-separated systems of forq,{','.join(PEERS)}")
+    p.add_argument("--only", help=f"comma-separated systems of {','.join((*FORQS, *PEERS))}")
     args = p.parse_args(argv)
-    systems = tuple(args.only.split(",")) if args.only else ("forq", *PEERS)
-    if any(s != "forq" for s in systems):
+    systems = tuple(args.only.split(",")) if args.only else (*FORQS, *PEERS)
+    if any(s not in FORQS for s in systems):
         from bench.peers import venv
 
         venv.ensure(log)

@@ -11,6 +11,7 @@ FINDINGS_PATH = Path(__file__).resolve().parent / "FINDINGS.md"
 
 NAMES = {"forq": "forq (supervisor, concurrency 2, `prefetch = 0`)",
          "forq-prefetch": "forq, `prefetch = {prefetch}` (docs/operations/supervisor.md, \"Prefetch\")",
+         "forq-events-off": "forq, the queue's `events = false` (docs/guide/events.md)",
          "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
          "dramatiq": "Dramatiq 2 processes × 1 thread"}
@@ -287,11 +288,12 @@ def render(res: dict[str, Any]) -> str:
                    "registry, Celery's and Dramatiq's result keys).\n")
         rows = []
         forq_rate = get(e, "forq", "median")
-        for system in ("forq", "forq-prefetch", "rq-fork", "rq-simple", "celery", "dramatiq"):
+        for system in ("forq", "forq-prefetch", "forq-events-off", "rq-fork", "rq-simple",
+                       "celery", "dramatiq"):
             d = e.get(system)
             if not isinstance(d, dict) or "median" not in d:
                 continue
-            fork_per_job = "yes" if system in ("forq", "forq-prefetch", "rq-fork") else "no"
+            fork_per_job = "yes" if system.startswith("forq") or system == "rq-fork" else "no"
             rows.append([NAMES[system].format(prefetch=d.get("prefetch")), fork_per_job,
                          n(d.get("n")), n(d["median"]),
                          f"{d['median'] / fork:.0%}" if fork else "n/a",

@@ -15,7 +15,9 @@ How each figure is taken:
   its heap, pads its RSS to the supervisor's measured RSS, and times fork+_exit+waitpid.
 * throughput: N `bench.noop` jobs are enqueued first, then a supervisor is started;
   the rate is taken from the first finished job to the last (the queue's `succeeded`
-  counter, polled every 10 ms), so start-up is not counted.
+  counter, polled every 10 ms), so start-up is not counted. Each round runs it twice,
+  with the queue's events (the default) and with `events = false`: the Redis commands
+  and CPU per job between the two are what the events cost.
 * latency: one `bench.stamp` job at a time on an idle supervisor; the handler returns
   `time.time()` at its start, compared with `time.time()` just before `enqueue`
   (same clock, µs resolution). The claim delay from the job record (Redis ms,
@@ -302,6 +304,21 @@ def throughput(url: str, n: int, reps: int, concurrency: int = 2) -> dict[str, A
                               concurrency)
 
 
+EVENTS_OFF = "events = false\n"  # the [[queue]] line of the events-off runs
+
+
+def throughput_events(url: str, n: int, reps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The end-to-end drain with the queue's events (the default) and without, rounds
+    alternating, so the machine's load hits both alike."""
+    on: list[dict[str, Any]] = []
+    off: list[dict[str, Any]] = []
+    for i in range(reps):
+        for events in ((True, False) if i % 2 == 0 else (False, True)):
+            (on if events else off).append(
+                drain_once(url, n, queue_extra="" if events else EVENTS_OFF))
+    return throughput_summary(on, n), throughput_summary(off, n)
+
+
 # -- latency ----------------------------------------------------------------------------
 
 
@@ -461,15 +478,16 @@ def run_all(url: str, quick: bool = False) -> dict[str, Any]:
     rss = idle_rss(url)
     log(f"supervisor: fork limit at {rss / 2**20:.1f} MiB ...")
     limit = fork_limit(pad_to=rss or 0, forks=500 if quick else 1000)
-    log(f"supervisor: {n} no-op jobs x {reps} ...")
-    tput = throughput(url, n, reps)
+    log(f"supervisor: {n} no-op jobs x {reps}, events on and off ...")
+    tput, tput_off = throughput_events(url, n, reps)
     log("supervisor: pick-up latency ...")
     lat = latency(url, 30 if quick else 100)
     log("supervisor: child crash recovery ...")
     crash = child_crash(url, reps)
     log("supervisor: supervisor crash recovery ...")
     supkill = supervisor_crash(url, 1 if quick else 2)
-    return {"fork_limit": limit, "throughput": tput, "latency": lat, "child_crash": crash,
+    return {"fork_limit": limit, "throughput": tput, "throughput_events_off": tput_off,
+            "latency": lat, "child_crash": crash,
             "supervisor_crash": supkill, "supervisor_rss_idle": rss,
             "fork_share": tput["median"] / limit["forks_per_s"]}
 
@@ -486,6 +504,7 @@ def print_table(res: dict[str, Any]) -> None:
     v = verdicts(res)
     ok = {True: "met", False: "MISSED"}
     t, lat, c, s = res["throughput"], res["latency"], res["child_crash"], res["supervisor_crash"]
+    off = res["throughput_events_off"]
     lim = res["fork_limit"]
     rows = [
         ("fork+_exit+waitpid limit (same RSS)", f"{lim['forks_per_s']:,.0f} /s",
@@ -498,6 +517,10 @@ def print_table(res: dict[str, Any]) -> None:
         ("  child / Redis CPU per job", f"{t['children_cpu_ms_per_job']:.2f} ms",
          f"Redis {t['redis_cpu_ms_per_job']:.2f} ms; bare fork: parent "
          f"{lim.get('parent_cpu_ms_per_fork', 0):.2f}, child {lim.get('child_cpu_ms_per_fork', 0):.2f} ms", ""),
+        ("  the same, the queue's events off", f"{off['median']:,.0f} jobs/s",
+         f"events cost {t['redis_commands_per_job']['total'] - off['redis_commands_per_job']['total']:+.1f} "
+         f"commands, {(t['redis_cpu_ms_per_job'] - off['redis_cpu_ms_per_job']) * 1000:+.0f} µs "
+         f"Redis CPU per job", ""),
         ("pick-up latency p50 / p99", f"{lat['p50_ms']:.2f} / {lat['p99_ms']:.2f} ms",
          f"to claim {lat['to_claim_p50_ms']:.1f} ms, claim→handler {lat['claim_to_start_p50_ms']:.1f} ms",
          f"p50 <= 5 ms: {ok[v['latency_p50']]}"),

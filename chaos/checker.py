@@ -46,6 +46,9 @@ Invariants (the issue's numbering):
     the last member ended; on_success the same when every member succeeded, and never
     enqueued or run otherwise. A callback may run more than once (at-least-once: a
     crash, or a lost ack), each extra run with a cause checked by invariant 3.
+ 13. the queues' events agree with every job's record and history, each death enqueued
+    one on_dead job naming it, and a debounced job ran the last call's arguments
+    (chaos/stories.py).
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forq import Job, Queue
+from forq import Job, Queue, QueueEvent
 
+from . import stories
 from .context import OTHER_QUEUE, QUEUE, Context
 
 LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled", "snoozed",
@@ -219,6 +223,14 @@ def load_batches(queue: Queue, ids: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def read_events(queue: Queue) -> dict[str, list[QueueEvent]]:
+    """Every event the queue kept (chaos keeps them all: `events_keep`), by job."""
+    out: dict[str, list[QueueEvent]] = defaultdict(list)
+    for event in queue.events():
+        out[event.job_id].append(event)
+    return out
+
+
 def final_sets(queue: Queue) -> dict[str, list[str]]:
     pipe = queue.redis.pipeline(transaction=True)
     for name in ("pending", "scheduled", "active", "dead"):
@@ -245,6 +257,7 @@ class Checker:
             (10, "every batch's callbacks enqueued exactly once, after all its members ended"),
             (11, "no two jobs of a group run at once (group_concurrency 1)"),
             (12, "handlers' snoozes and throttles held; parents' results read as stored"),
+            (13, "events tell each job's story; each death reported; debounce runs the last call"),
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
@@ -429,6 +442,7 @@ class Checker:
         self.check_batches(jobs, by_job)
         self.check_groups(jobs, by_job)
         self.check_control(jobs)
+        self.check_stories(jobs, queues)
 
         told_jobs = [jobs.get(j) for j in ctx.told]
         states = Counter(j.state if j is not None else
@@ -581,6 +595,13 @@ class Checker:
                 due = h.get("run_at")
             elif ev == "released" and state == "waiting":  # its last parent ended
                 state = str(h.get("state") or "pending")
+            elif ev == "replaced":  # a debounced or replacing enqueue: its time may move
+                if state not in ("pending", "scheduled", "?"):
+                    problems.append(f"replaced while {state}")
+                if h.get("run_at") is not None:
+                    due = h["run_at"]
+                    if state != "?":
+                        state = "scheduled" if int(due) > h["at"] * 1000 else "pending"
             elif ev == "claimed":
                 if state not in ("pending", "scheduled", "?"):
                     problems.append(f"claimed while {state}")
@@ -1011,6 +1032,24 @@ class Checker:
                          f"{OVERLAP_MARGIN * 1000:.0f} ms")
 
     # -- 12 ----------------------------------------------------------------------------------
+
+    def check_stories(self, jobs: dict[str, Job | None], queues: dict[str, Queue]) -> None:
+        """The events, the on_dead jobs and the debounced calls (chaos/stories.py); the
+        on_dead jobs of dead jobs no set or execution brought in are read first."""
+        events: dict[str, list[QueueEvent]] = {}
+        kept_from: dict[str, float] = {}
+        for name, queue in queues.items():
+            found = read_events(queue)
+            events.update(found)
+            kept_from[name] = min((e[0].at for e in found.values() if e), default=0.0)
+        wanted: dict[str, list[str]] = defaultdict(list)
+        for jid, job in jobs.items():
+            if job is not None and job.state == "dead" and f"{jid}-on-dead-1" not in jobs:
+                wanted[job.queue].append(f"{jid}-on-dead-1")
+        for name, ids in wanted.items():
+            jobs.update((jid, job) for jid, job in load_jobs(queues[name], ids).items()
+                        if job is not None)
+        stories.check(self.inv[13], jobs, events, self.ctx.debounce_calls, kept_from)
 
     def check_control(self, jobs: dict[str, Job | None]) -> None:
         inv = self.inv[12]

@@ -120,6 +120,8 @@ class Context:
     faults_done: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)  # harness problems (not invariants)
     operator: dict[str, int] = field(default_factory=dict)  # what chaos/changes.py did
+    # each debounced enqueue that returned, in the order sent: [key, v, id returned, status]
+    debounce_calls: list[list[Any]] = field(default_factory=list)
 
     def log(self, message: str) -> None:
         if not self.settings.quiet:

@@ -204,6 +204,22 @@ def steps(crash_times: int = 0, ms: float = 5):
     return {"x": x, "steps": seen}
 
 
+@task("chaos.debounced")
+def debounced(v: int, ms: float = 20):
+    """Enqueued with a key and `debounce`: one run per burst of calls, with the last
+    call's `v`, which the result names for the checker (invariant 12)."""
+    result = _execute("debounced", lambda: time.sleep(ms / 1000))
+    return {**result, "v": v}
+
+
+@task("chaos.on_dead")
+def on_dead(job_id: str, task: str, reason: str):
+    """The chaos queues' on_dead task (`[[queue]] on_dead`): enqueued by the transition
+    that killed `job_id`; records its run like every chaos job, and names the dead job."""
+    result = _execute("on-dead", lambda: None)
+    return {**result, "dead": job_id}
+
+
 @task("chaos.batch_callback")
 def batch_callback(batch_id: str, role: str = "on_complete", crash_times: int = 0):
     """A batch's on_complete or on_success callback: records its run like every chaos job

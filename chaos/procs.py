@@ -241,7 +241,9 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
         lease_ttl=ms(lease_ttl), reaper_interval=ms(reaper_interval),
         drain_timeout=ms(drain_timeout), memory_sample_interval="25ms",
         max_attempts=max_attempts, max_crashes=max_crashes, defaults=defaults,
-        queue_extra=f"prefetch = {prefetch}\n" if prefetch else "",
+        # every event kept for invariant 12 (about 100 bytes each), and a death reported
+        queue_extra=(f"prefetch = {prefetch}\n" if prefetch else "")
+        + 'events_keep = 1000000\non_dead = "chaos.on_dead"\n',
         backoff='{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }',
         supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"',
         # hostile jobs flood their output: a little of it is logged, the rest counted

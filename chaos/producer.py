@@ -21,7 +21,7 @@ from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.22,
+    "quick": 0.18,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -37,8 +37,11 @@ MIX = {
     "snoozy": 0.03,  # puts itself off (raise Retry) 1-3 times; past max_snoozes, dead
     "throttler": 0.02,  # throttles its group (or the queue) once or twice, then succeeds
     "dependent": 0.03,  # depends_on 1-3 jobs enqueued just before; reads their results
+    "debounced": 0.04,  # key= one of DEBOUNCE_KEYS, debounce=: the last call's arguments run
 }
 GROUPS = 6
+DEBOUNCE_KEYS = 3
+DEBOUNCE = "150ms"
 # what a batch's members do: each with the end its kind expects (some crash, some fail)
 BATCH_MEMBER_KINDS = ("quick", "quick", "slow", "cpu", "flaky", "crashy")
 # what the members of a batch opened by a member's handler do (current().batch)
@@ -120,6 +123,11 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
             options["group"] = f"g{rng.randrange(GROUPS)}"
     elif kind == "dependent":
         task, kwargs["ms"] = "chaos.dependent", round(rng.uniform(0, 20), 1)
+    elif kind == "debounced":
+        # a burst of calls with one key: one run (or one more while one runs), the latest
+        # call's v in it; the id returned may be another call's (the job holding the key)
+        task, kwargs["v"] = "chaos.debounced", seq
+        options.update(key=f"deb-{rng.randrange(DEBOUNCE_KEYS)}", debounce=DEBOUNCE)
     elif kind == "steps":
         task = "chaos.steps"
         crash_times = rng.choice([0, 1, 1, 2, max_crashes])
@@ -224,10 +232,17 @@ def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
     s = ctx.settings
     for job, handle in zip(jobs, handles, strict=True):
         jid = job["item"]["job_id"]
-        assert handle.id == jid, (handle.id, jid)
-        ctx.add_told(Told(jid, job["kind"], job["item"]["task"], job["expect"], job["idem"],
-                          job.get("max_attempts", s.max_attempts), s.max_crashes, now,
-                          tries=tries[jid], status=handle.fields.get("enqueue_status", "")))
+        status = handle.fields.get("enqueue_status", "")
+        if job["kind"] == "debounced":  # the job that holds the key may be another's
+            with ctx.lock:
+                ctx.not_told.pop(jid, None)
+                ctx.debounce_calls.append([job["item"]["key"], job["item"]["kwargs"]["v"],
+                                           handle.id, status])
+        else:
+            assert handle.id == jid, (handle.id, jid)
+        ctx.add_told(Told(handle.id, job["kind"], job["item"]["task"], job["expect"],
+                          job["idem"], job.get("max_attempts", s.max_attempts), s.max_crashes,
+                          now, tries=tries[jid], status=status))
     return True
 
 

@@ -58,9 +58,9 @@ def render(result: dict[str, Any]) -> str:
                  f"{st['landed_before_told']}; never told {st['not_told']})")
     lines.append(f"executions {st['executions']} for {st['jobs_executed']} jobs; "
                  f"re-executions {st['re_executions']}")
-    lines.append(f"  by cause {_counts(st['re_execution_causes'])}")
-    if st.get("idempotent_excused"):
-        lines.append(f"  idempotent extra completions (excused) {_counts(st['idempotent_excused'])}")
+    lines.append(f"  by cause {_counts(st['re_execution_causes'])}"
+                 + (f"; idempotent extra completions (excused) "
+                    f"{_counts(st['idempotent_excused'])}" if st.get("idempotent_excused") else ""))
     lines.append(f"dead by    {_counts(st['dead_reasons'])}")
     b = st.get("batches") or {}
     if b.get("batches"):
@@ -75,13 +75,13 @@ def render(result: dict[str, Any]) -> str:
     faults = st["faults"]
     if st.get("operator"):
         lines.append(f"operator   {_counts(st['operator'])} (jobs changed while they waited)")
+    stalls = st.get("redis_stalls_uninjected")
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")
-                 + f"; redis down {st['redis_outage_s']}s in all")
-    if st.get("redis_stalls_uninjected"):
-        stalls = st["redis_stalls_uninjected"]
-        lines.append(f"           redis stalled on its own {len(stalls)} time(s), longest "
-                     f"{max(d for _, d in stalls):.2f}s (slow disk/host; PING > 250 ms)")
+                 + f"; redis down {st['redis_outage_s']}s in all"
+                 + (f"; stalled on its own {len(stalls)} time(s), longest "
+                    f"{max(d for _, d in stalls):.2f}s (slow disk/host; PING > 250 ms)"
+                    if stalls else ""))
     lat = st["latency"]
     lines.append(f"reclaim    supervisor kill  {_lat(lat['sup_kill'])}")
     lines.append(f"           supervisor stop  {_lat(lat['sup_stop'])}")

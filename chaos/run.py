@@ -321,7 +321,7 @@ def save_context(ctx: Context, settle_s: float) -> None:
         "monitor_violations": ctx.monitor_violations,
         "unexpected_exits": ctx.unexpected_exits, "samples": ctx.samples[-50:],
         "sched": {str(k): v for k, v in ctx.sched.items()}, "cpu_pressure": ctx.cpu_pressure,
-        "errors": ctx.errors, "operator": ctx.operator,
+        "errors": ctx.errors, "operator": ctx.operator, "debounce_calls": ctx.debounce_calls,
         "supervisors": [{"name": sp.name, "config": str(sp.config), "log": str(sp.log_path),
                          "incarnations": [vars(i) for i in sp.incarnations]} for sp in ctx.supervisors],
     }
@@ -346,7 +346,7 @@ def recheck(workdir: Path) -> tuple[int, dict[str, Any]]:
     ctx.not_told = data["not_told"]
     ctx.enqueue_errors = data["enqueue_errors"]
     for name in ("faults", "redis_outages", "redis_slow", "monitor_violations", "unexpected_exits",
-                 "samples", "cpu_pressure", "errors"):
+                 "samples", "cpu_pressure", "errors", "debounce_calls"):
         setattr(ctx, name, data.get(name, []))
     ctx.operator = data.get("operator", {})
     ctx.sched = {int(k): v for k, v in data["sched"].items()}

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from forq.job import ACTIVE, CANCELLED, DEAD, PENDING, SCHEDULED, STATES, SUCCEEDED, Job
     from forq.queue import Queue, find_job, known_queues
+    from forq.store.events import QueueEvent
 
 _LAZY = {
     "ForqError": "errors", "IncompatibleFormat": "errors", "JobFailed": "errors",
@@ -37,14 +38,14 @@ _LAZY = {
     "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
     "Queue": "queue", "find_job": "queue", "known_queues": "queue",
-    "AsyncQueue": "async_queue", "AsyncJob": "async_queue",
+    "AsyncQueue": "async_queue", "AsyncJob": "async_queue", "QueueEvent": "store.events",
 }
 
 __all__ = [
     "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES",
     "SUCCEEDED", "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue",
-    "QueueFull", "Retry", "current", "find_job", "known_queues", "task",
+    "QueueEvent", "QueueFull", "Retry", "current", "find_job", "known_queues", "task",
 ]
 
 

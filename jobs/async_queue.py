@@ -12,7 +12,6 @@ client, on ``redis.asyncio``; only sending differs. A FastAPI or aiohttp app hol
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -35,9 +34,11 @@ from forq.payload import (
     checked_priority,
 )
 from forq.store import control, finder, plans, topology
+from forq.store import events as queue_events
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import add_password, client_options, redis_url
+from forq.store.events import AsyncQueueEvents
 from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.keys import QueueKeys
 from forq.store.pipelines import alone, queue_commands, regroup
@@ -121,16 +122,15 @@ class AsyncJob(Job):
 
     async def wait(self, timeout: float = 30.0, poll: float = 0.05) -> Any:
         """Wait (without blocking the loop) until the job finishes; its result, or
-        `JobFailed` with the dead or cancel reason, or `JobTimeout`."""
-        deadline = time.monotonic() + timeout
-        interval = min(poll, 0.01)
-        while True:
-            job = await self.refresh()
-            done, result = settled(job, timeout, deadline)
-            if done:
-                return result
-            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            interval = min(interval * 2, 0.5)
+        `JobFailed` with the dead or cancel reason, or `JobTimeout`. Blocks on the
+        queue's event stream as `Job.wait` does (one connection of the pool, for as
+        long as it waits)."""
+        queue = self._async_queue
+        if queue is None:
+            raise TypeError(f"job {self.id} has no queue to read from")
+        record, history = await queue._run(queue_events.wait(
+            queue.keys, self.id, timeout, poll, queue_events.socket_timeout(queue.redis)))
+        return settled(queue._job(record, history), timeout, time.monotonic())[1]
 
     async def refresh(self) -> AsyncJob:  # type: ignore[override]
         """Re-read the record; returns the fresh snapshot."""
@@ -139,7 +139,7 @@ class AsyncJob(Job):
         return await self._async_queue.get(self.id)
 
 
-class AsyncQueue:
+class AsyncQueue(AsyncQueueEvents):
     """One named queue on one Redis, for asyncio code: `Queue`'s producer calls, awaited.
 
     Pass `redis=` (a ``redis.asyncio.Redis``, e.g. one client for several queues) or

@@ -94,7 +94,8 @@ class Job:
     @classmethod
     def handle(cls, queue: Queue, job_id: str, status: str) -> Job:
         """What `enqueue` returns: the id, and how the enqueue went (``enqueue_status``:
-        pending, scheduled, or duplicate — then `id` is the live job holding the key)."""
+        pending, scheduled, waiting; duplicate — then `id` is the live job holding the
+        key; replaced — `id` is the waiting job that took this call's arguments)."""
         return cls(job_id, queue.name, {"id": job_id, "queue": queue.name,
                                         "enqueue_status": status}, [], queue)
 
@@ -244,22 +245,24 @@ class Job:
         return self._queue.get(self.id)
 
     def wait(self, timeout: float = 30.0, poll: float = 0.05) -> Any:
-        """Block until the job finishes; return its result or raise `JobFailed`.
+        """Block until the job finishes; return its result or raise `JobFailed` (dead or
+        cancelled), or `JobTimeout`.
 
-        Polls with a growing interval (capped at 0.5 s): waiting is rare and
-        bounded, and a poll costs the server two reads. A job enqueued with
-        ``result_ttl=0`` keeps no record once it succeeds: waiting for it ends in
-        `JobNotFound`.
+        Blocks on the queue's event stream (XREAD BLOCK), so it returns within a round
+        trip of the job's end, and reads the job when its end shows there (and at least
+        every second). On a queue whose events are off, it reads the job after a wait
+        that grows from `poll` to 0.5 s. A job enqueued with ``result_ttl=0`` keeps no
+        record once it succeeds: waiting for it ends in `JobNotFound`.
         """
-        deadline = time.monotonic() + timeout
-        interval = min(poll, 0.01)
-        while True:
-            job = self.refresh()
-            done, result = settled(job, timeout, deadline)
-            if done:
-                return result
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            interval = min(interval * 2, 0.5)
+        if self._queue is None:
+            raise JobNotFound(f"job {self.id} has no queue to read from")
+        from forq.store import events
+
+        queue = self._queue
+        record, history = queue._run(events.wait(queue.keys, self.id, timeout, poll,
+                                                 events.socket_timeout(queue.redis)))
+        job = Job.from_record(queue, record, history)
+        return settled(job, timeout, time.monotonic())[1]
 
 
 def settled(job: Job, timeout: float, deadline: float) -> tuple[bool, Any]:

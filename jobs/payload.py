@@ -15,6 +15,7 @@ from typing import Any
 
 from forq.defaults import ENQUEUE, POLICY_KEYS, PolicyKey
 from forq.errors import PayloadError
+from forq.store.keyed import keyed
 from forq.tracing import current_traceparent, valid_traceparent
 from forq.units import UnitError, parse_duration
 
@@ -30,6 +31,7 @@ BACKOFF_PARTS = tuple(key.name.partition(".")[2] for key in PER_JOB_POLICY
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure", "lifo",
+    "replace", "debounce", "key_scope",
     *(key.name.partition(".")[0] for key in PER_JOB_POLICY),
 })
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
@@ -226,14 +228,8 @@ def build_spec(
         if not isinstance(run_at, (int, float)):
             raise PayloadError(f"task {task!r}: run_at must be a datetime or Unix seconds")
         spec["run_at_ms"] = int(run_at * 1000)
+    keyed(task, options, spec)
     _expiry(task, options, spec)
-    if options.get("key") is not None:
-        key = str(options["key"])
-        if not key:
-            raise PayloadError(f"task {task!r}: key must not be empty")
-        spec["key"] = key
-        if options.get("unique_for") is not None:
-            spec["unique_ms"] = _ms(options["unique_for"], "unique_for")
     _policy(task, options, spec)
     if options.get("idempotent"):
         spec["idempotent"] = 1

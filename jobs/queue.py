@@ -27,6 +27,7 @@ from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import connect
+from forq.store.events import QueueEvents
 from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.pipelines import run_plan
 from forq.store.policy import fill
@@ -49,7 +50,7 @@ T = TypeVar("T")
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
-class Queue:
+class Queue(QueueEvents):
     """One named queue on one Redis.
 
     >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
@@ -94,6 +95,8 @@ class Queue:
         group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
         lifo=True (when it becomes pending it goes to the head of its priority, newest
         first, instead of the tail).
+        replace=True, debounce="5s", key_scope="queued": what a held key does
+        (docs/guide/events.md, "Replace and debounce").
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -343,8 +346,18 @@ class Queue:
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
+        """The queue's numeric settings (rate, max_in_flight, …); `event_settings` has
+        on_dead, a task name."""
         limits: dict[str, str] = self.redis.hgetall(self.keys.limits)  # type: ignore[assignment]
-        return {k: float(v) for k, v in limits.items()}
+        return {name: float(value) for name, value in limits.items() if _number(value)}
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bucket(rate: tuple[float, float]) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from forq.channel import MAX_SNOOZE_MS, MAX_THROTTLE_MS, Channel, ParentResult
 from forq.errors import PayloadError
 from forq.payload import build_spec
 from forq.store.batchspec import build_batch
+from forq.store.keyed import PRODUCER_ONLY
 from forq.units import UnitError, parse_duration
 
 
@@ -224,6 +225,10 @@ class JobContext:
         if "depends_on" in options:
             raise PayloadError(f"task {task!r}: depends_on is for producers; a handler's "
                                "follow-ups cannot wait on other jobs (open a batch instead)")
+        for name in PRODUCER_ONLY:
+            if name in options:
+                raise PayloadError(f"task {task!r}: {name} is for producers (Queue.enqueue); "
+                                   "a handler's follow-up is enqueued with its ack, as given")
         if args:
             options["args"] = args
         options["job_id"] = f"{self.id}-{len(self.followups) + 1}"

@@ -20,6 +20,7 @@
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: succeeded, dead, enqueued
 ]]
 --@include includes/time
 --@include includes/job

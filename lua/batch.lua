@@ -28,6 +28,7 @@
   Returns {status, enqueued}: status "opened", "exists" (a batch with this id was
   opened before: nothing changes) or "lost" (the opener's token is stale: nothing
   changes); enqueued, how many member jobs were added.
+  Events: enqueued, dead
 ]]
 --@include includes/time
 --@include includes/job

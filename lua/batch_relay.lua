@@ -13,6 +13,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (the callbacks of a batch whose last member's end this delivers)
   Returns how many of the ends were counted (the others had been before).
+  Events: enqueued
 ]]
 --@include includes/time
 --@include includes/batches

@@ -19,6 +19,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: cancelled, dead, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -26,6 +27,7 @@
 --@include includes/counts
 --@include includes/groups
 --@include includes/finish
+--@include includes/events
 
 local pending_key, scheduled_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]
@@ -45,6 +47,7 @@ if state == 'pending' or state == 'scheduled' or state == 'waiting' then
   if state == 'waiting' then redis.call('ZREM', prefix .. 'waiting', id) end
   redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
   add_history(prefix, id, 'cancelled', at, {})
+  emit(prefix, 'cancelled', id)
   count(prefix, 'cancelled', at)
   finish(prefix, id, num_field(jkey, 'result_ttl_ms', DEFAULT_RESULT_TTL_MS), at)
   return 'cancelled'

@@ -50,6 +50,7 @@
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: started, succeeded, dead, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -59,6 +60,7 @@
 --@include includes/pending
 --@include includes/succeed
 --@include includes/expire_unstarted
+--@include includes/events
 
 local pending_key, scheduled_key, active_key, limits_key, bucket_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -301,6 +303,7 @@ if count_popped > 0 then
       active[#active + 1] = deadline
       active[#active + 1] = id
       push_history(prefix, id, claimed .. token_s .. '}')
+      emit(prefix, 'started', id, fields['task'] and record[fields['task'] + 1] or false, owner)
       out[#out + 1] = record
     end
   end

@@ -17,25 +17,31 @@
             expire_at_ms (expiry before start: the job's `expire_at`, indexed in
             forq:{q}:expiring; see sweep_expired.lua),
             depends_on (ids of jobs of this queue, enqueued before it: it waits until
-            they end), allow_failure, batch and batch_queue (its batch, see batch.lua)}
+            they end), allow_failure, batch and batch_queue (its batch, see batch.lua),
+            replace and key_scope (a held key: see includes/replace)}
 
   Returns a flat list, three entries per job in order: id, status, run_at.
     status "pending" | "scheduled" | "duplicate" (id is then the live job that holds
-    the idempotency key, or the same id when that job id already exists) | "waiting"
-    (on its depends_on) | "dead" (a dependency had failed already).
+    the idempotency key, or the same id when that job id already exists) | "replaced"
+    (id is the job that held the key and took this call's arguments, run_at its run-at) |
+    "waiting" (on its depends_on) | "dead" (a dependency had failed already).
   An error reply "forq: depends_on of job X: no job Y in queue Q" when a dependency is
   unknown: then nothing of the call was written.
   Publishes on forq:{q}:wake so waiting supervisors claim without polling.
   Transitions: [*] -> pending, [*] -> scheduled, [*] -> waiting
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
+  Transitions: pending -> scheduled, scheduled -> pending, scheduled -> scheduled
   (a job with depends_on waits, unless its parents ended already: then it is released,
-  or dead at once when one failed)
+  or dead at once when one failed; a replace moves the job that holds the key when it
+  gives a new delay or run_at)
+  Events: enqueued, replaced, dead
 ]]
 --@include includes/time
 --@include includes/counts
 --@include includes/wake
 --@include includes/enqueue_job
 --@include includes/depends_on
+--@include includes/replace
 
 local prefix, queue = ARGV[1], ARGV[2]
 -- a dependency on an unknown job refuses the whole call, before anything is written
@@ -46,13 +52,14 @@ local out = {}
 local earliest = nil
 local added = 0
 for _, spec in ipairs(specs) do
-  local r
-  if spec['depends_on'] then r = enqueue_waiting(prefix, queue, spec, at)
+  local r = spec['key'] and key_held(prefix, spec, at)
+  if r then -- replaced in place (it woke the supervisors itself), nothing enqueued
+  elseif spec['depends_on'] then r = enqueue_waiting(prefix, queue, spec, at)
   else r = enqueue_one(prefix, queue, spec, at) end
   out[#out + 1] = r[1]
   out[#out + 1] = r[2]
   out[#out + 1] = r[3] or 0
-  if r[2] ~= 'duplicate' then
+  if r[2] ~= 'duplicate' and r[2] ~= 'replaced' then
     local due = r[2] == 'pending' and 0 or r[3]
     if earliest == nil or due < earliest then earliest = due end
     added = added + 1

@@ -31,6 +31,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: failed, retried, snoozed, dead, cancelled, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -41,6 +42,8 @@
 --@include includes/policy
 --@include includes/groups
 --@include includes/finish
+--@include includes/events
+--@include includes/on_dead
 
 local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -64,6 +67,10 @@ local limits = job_limits(prefix, jkey, {max_attempts = 5, backoff_base_ms = 100
 local max_attempts = limits.max_attempts
 local decoded = cjson.decode(err)
 local reason = decoded['reason'] or decoded['message'] or 'error'
+-- before the lease's fields go: the event names the supervisor (the later ones too)
+if mode == 'cancel' then emit(prefix, 'cancelled', id, nil, true, reason)
+elseif snooze then event_job(prefix, id) -- its event comes with its run_at, below
+else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
@@ -81,6 +88,7 @@ local function to_dead(why)
   redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why)
   redis.call('ZADD', dead_key, at, id)
   add_history(prefix, id, 'dead', at, {reason = why})
+  job_died(prefix, id, why, at, true)
   count(prefix, 'dead', at)
   finish(prefix, id, -1, at)
   slot_freed(prefix)
@@ -106,6 +114,8 @@ elseif snooze then
   local entry = {reason = reason, run_at = run_at, snoozes = snoozes}
   if ARGV[8] == '1' then entry['counted'] = true end
   add_history(prefix, id, 'snoozed', at, entry)
+  emit(prefix, 'snoozed', id, nil, true, reason,
+       counted and {'run_at', run_at, 'attempt', attempts} or {'run_at', run_at})
   wake(prefix, run_at)
   slot_freed(prefix)
   return {'snoozed', run_at, attempts}
@@ -122,6 +132,7 @@ local run_at = at + delay
 redis.call('HSET', jkey, 'state', 'scheduled', 'run_at', run_at)
 redis.call('ZADD', scheduled_key, run_at, id)
 add_history(prefix, id, 'retry', at, {reason = reason, run_at = run_at, attempts = attempts})
+emit(prefix, 'retried', id, nil, true, nil, {'run_at', run_at})
 count(prefix, 'retried', at)
 wake(prefix, run_at)
 slot_freed(prefix)

@@ -12,10 +12,12 @@
   Returns a list with "ok", or "lost" for a stale token, per job.
 
   Transitions: none
+  Events: progress
 ]]
 --@include includes/time
 --@include includes/job
 --@include includes/fencing
+--@include includes/events
 
 local prefix = ARGV[1]
 local at = now_ms()
@@ -26,6 +28,7 @@ for i = 2, #ARGV, 4 do
   if held(jkey, token) then
     redis.call('HSET', jkey, 'progress', ARGV[i + 2], 'progress_message', ARGV[i + 3],
                'progress_at', at)
+    emit(prefix, 'progress', id, nil, true, nil, {'value', ARGV[i + 2], 'message', ARGV[i + 3]})
     answers[#answers + 1] = 'ok'
   else
     answers[#answers + 1] = 'lost'

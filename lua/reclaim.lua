@@ -22,6 +22,7 @@
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: failed, retried, dead, cancelled, succeeded, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -34,6 +35,8 @@
 --@include includes/finish
 --@include includes/succeed
 --@include includes/cancel_active
+--@include includes/events
+--@include includes/on_dead
 
 local active_key, pending_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
@@ -63,6 +66,7 @@ for _, id in ipairs(expired) do
       local max_crashes = job_limits(prefix, jkey, {max_crashes = default_max}).max_crashes
       redis.call('HDEL', jkey, 'last_crash')
       count(prefix, 'crashed', at)
+      emit(prefix, 'failed', id, nil, f[1], reason, {'crashes', crashes})
       if crashes >= max_crashes then
         local why = reason .. ' (crashes exhausted: ' .. crashes .. ')'
         redis.call('ZREM', active_key, id)
@@ -71,6 +75,7 @@ for _, id in ipairs(expired) do
         redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
         redis.call('ZADD', dead_key, at, id)
         add_history(prefix, id, 'dead', at, {reason = why, by = reclaimer})
+        job_died(prefix, id, why, at, f[1])
         count(prefix, 'dead', at)
         finish(prefix, id, -1, at)
         to_dead = to_dead + 1
@@ -78,6 +83,7 @@ for _, id in ipairs(expired) do
         back_to_pending(prefix, id, jkey, at)
         add_history(prefix, id, 'reclaimed', at,
           {reason = reason, by = reclaimer, crashes = crashes, owner = f[1]})
+        emit(prefix, 'retried', id, nil, f[1])
         to_pending = to_pending + 1
       end
     end

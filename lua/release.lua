@@ -16,6 +16,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: released, cancelled, dead, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -24,6 +25,7 @@
 --@include includes/wake
 --@include includes/pending
 --@include includes/cancel_active
+--@include includes/events
 
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
@@ -36,5 +38,6 @@ if f[4] then
 end
 back_to_pending(prefix, id, jkey, at)
 add_history(prefix, id, 'released', at, {reason = reason, owner = f[3]})
+emit(prefix, 'released', id, nil, f[3], reason)
 wake(prefix, 0)
 return 'ok'

@@ -8,6 +8,7 @@
 
   Returns {requeued_count, missing_id1, ...}: ids given that were not dead are listed.
   Transitions: dead -> pending
+  Events: requeued
 ]]
 --@include includes/time
 --@include includes/job
@@ -15,6 +16,7 @@
 --@include includes/wake
 --@include includes/dead_letter
 --@include includes/pending
+--@include includes/events
 
 local dead_key, pending_key = KEYS[1], KEYS[2]
 local prefix, mode = ARGV[1], ARGV[2]
@@ -32,6 +34,7 @@ for _, id in ipairs(ids) do
     redis.call('PERSIST', jkey .. ':history')
     to_pending(prefix, id, score, f[2], at)
     add_history(prefix, id, 'requeued', at, {})
+    emit(prefix, 'requeued', id)
     n = n + 1
   else
     missing[#missing + 1] = id

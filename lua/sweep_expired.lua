@@ -21,6 +21,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
+  Events: dead, enqueued
 ]]
 --@include includes/time
 --@include includes/job

@@ -29,6 +29,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of a
   batch's last member enqueues the batch's callbacks)
+  Events: snoozed, dead, cancelled, enqueued
 ]]
 --@include includes/time
 --@include includes/job
@@ -42,12 +43,15 @@
 --@include includes/finish
 --@include includes/cancel_active
 --@include includes/throttle
+--@include includes/events
+--@include includes/on_dead
 
 local prefix, id, token = ARGV[1], ARGV[2], ARGV[3]
 local delay, scope, reason = math.floor(tonumber(ARGV[4]) or 0), ARGV[5], ARGV[6]
 local jkey = job_key(prefix, id)
 local f = held(jkey, token, 'group', 'cancel_requested')
 if not f then return {'lost', 0} end
+event_job(prefix, id) -- its events name its supervisor, whose lease fields go below
 local at = now_ms()
 local group = nil
 if scope == 'group' then group = f[3] end
@@ -72,6 +76,7 @@ if snoozes > limits.max_snoozes then
   redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why, 'finished_at', at)
   redis.call('ZADD', KEYS[3], at, id)
   add_history(prefix, id, 'dead', at, {reason = why})
+  job_died(prefix, id, why, at, true)
   count(prefix, 'dead', at)
   finish(prefix, id, -1, at)
   slot_freed(prefix)
@@ -81,5 +86,6 @@ back_to_pending(prefix, id, jkey, at)
 local entry = {reason = reason, ['until'] = ends, scope = scope, snoozes = snoozes}
 if group then entry['group'] = group end
 add_history(prefix, id, 'throttled', at, entry)
+emit(prefix, 'snoozed', id, nil, true, reason, {'throttled_until', ends})
 if ends == 0 then wake(prefix, 0) end -- nothing throttled: it may run again now
 return {'throttled', ends}

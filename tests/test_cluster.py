@@ -27,7 +27,7 @@ import pytest
 import redis as redis_lib
 from redis.crc import key_slot
 
-from forq import Queue
+from forq import JobFailed, Queue
 from forq.payload import build_spec
 from forq.store.connection import connect
 from forq.store.scripts import TRANSITIONS
@@ -430,3 +430,31 @@ def test_supervisor_serves_queues_on_two_shards(cluster, rc, tmp_path):
         rc.hdel("forq:schedules:defs", f"tick-{qa}")
         for name in (qa, qb):
             drop_queue(rc, name)
+
+
+def test_events_and_job_wait_on_a_cluster(cluster: LocalCluster, rc):
+    """A queue's event stream lives in its slot: followed (XRANGE, XREAD BLOCK) and
+    waited on through the cluster client, replace and on_dead in the enqueue and fail
+    scripts there too."""
+    (name,) = names_on_distinct_shards(cluster, 1)
+    queue = Queue(name, redis=rc)
+    try:
+        queue.set_on_dead("alerts.died")
+        job = queue.enqueue("t", 1, key="k", replace=True)
+        assert queue.enqueue("t", 2, key="k", replace=True).id == job.id
+
+        def finish() -> None:
+            lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+            leasing(queue).fail(lease.id, lease.token, {"message": "no"}, mode="fatal")
+
+        thread = threading.Timer(0.2, finish)
+        thread.start()
+        with pytest.raises(JobFailed, match="no"):
+            job.wait(timeout=20)
+        thread.join()
+        assert [e.kind for e in queue.events()] == ["enqueued", "replaced", "started", "failed",
+                                                   "dead", "enqueued"]
+        assert queue.get(f"{job.id}-on-dead-1").kwargs["job_id"] == job.id
+        assert [e.kind for e in queue.events(last=1, follow=True, timeout=0.3)] == ["enqueued"]
+    finally:
+        drop_queue(rc, name)

@@ -9,6 +9,7 @@ it, so ten open tabs cost Redis what one does.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from forq.errors import ForqError, JobNotFound, JobStateError, PayloadError
 from forq.fleet import code_status
 from forq.schedules import ScheduleNotFound
 from forq.web import data, filters
+from forq.web import events as event_views
 from forq.web.actions import Actions, HTTPError, queue_name
 from forq.web.security import (
     CSRF_COOKIE,
@@ -44,6 +46,8 @@ from forq.web.security import (
 HERE = Path(__file__).resolve().parent
 MAX_FORM_BYTES = 256 * 1024  # a form with a page of selected ids fits many times over
 LIVE_VIEWS = ("overview", "running")
+KEEPALIVE_S = 15.0  # a live stream that sends nothing new sends a comment this often
+STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 def _bytes(n: Any) -> str:
@@ -82,7 +86,8 @@ class Dashboard:
         self.auth = auth or Auth()
         self.refresh = refresh
         self.env = _environment()
-        self._live: dict[str, tuple[float, str]] = {}
+        # view -> (rendered at, html, marker: see forq.web.events)
+        self._live: dict[str, tuple[float, str, Any]] = {}
         self._live_lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------
@@ -96,6 +101,7 @@ class Dashboard:
             Route("/search", self.page(self.search)),
             Route("/dead", self.page(self.dead_queues)),
             Route("/queues/{queue}", self.page(self.queue_home)),
+            Route("/queues/{queue}/events", self.page(self.queue_events)),
             Route("/queues/{queue}/{state}", self.page(self.job_list)),
             Route("/events/{view}", self.events),
             Route("/queues/{queue}/limits", self.action(acts.set_limits), methods=["POST"]),
@@ -186,10 +192,20 @@ class Dashboard:
     # -- live views -------------------------------------------------------------------
 
     def live_fragment(self, view: str) -> str:
-        """The live part of a view, rendered at most once per half refresh period."""
+        """The live part of a view, rendered at most once per half refresh period, and
+        while nothing happens (its marker unchanged: forq.web.events) at most every
+        IDLE_REFRESH s."""
         with self._live_lock:
             cached = self._live.get(view)
-            if cached and time.monotonic() - cached[0] < self.refresh / 2:
+            age = time.monotonic() - cached[0] if cached else None
+            if cached and age is not None and age < self.refresh / 2:
+                return cached[1]
+            try:
+                marker = event_views.live_marker(self.client, view)
+            except redis.RedisError:
+                marker = None
+            if cached and marker is not None and marker == cached[2] \
+                    and age is not None and age < event_views.IDLE_REFRESH:
                 return cached[1]
             try:
                 if view == "overview":
@@ -200,7 +216,7 @@ class Dashboard:
                         r=data.running(self.client))
             except redis.RedisError as exc:
                 html = self.env.get_template("_redis_down.html").render(error=str(exc))
-            self._live[view] = (time.monotonic(), html)
+            self._live[view] = (time.monotonic(), html, marker)
             return html
 
     async def events(self, request: Request) -> Response:
@@ -210,9 +226,15 @@ class Dashboard:
 
         async def stream() -> Any:
             yield f"retry: {int(self.refresh * 1000) + 500}\n\n"
+            sent, quiet_since = None, time.monotonic()
             while True:
                 html = await anyio.to_thread.run_sync(self.live_fragment, view)
-                yield "event: update\ndata: " + html.replace("\n", "\ndata: ") + "\n\n"
+                if html is not sent:  # the same render is not sent again
+                    yield "event: update\ndata: " + html.replace("\n", "\ndata: ") + "\n\n"
+                    sent, quiet_since = html, time.monotonic()
+                elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+                    yield ": still here\n\n"  # a comment: proxies keep the stream open
+                    quiet_since = time.monotonic()
                 await anyio.sleep(self.refresh)
 
         return StreamingResponse(stream(), media_type="text/event-stream",
@@ -242,6 +264,21 @@ class Dashboard:
     def dead_queues(self, request: Request) -> Response:
         o = data.overview(self.client)
         return self.render(request, "dead_queues.html", o=o, title="Dead letters")
+
+    def queue_events(self, request: Request) -> Response:
+        name = queue_name(request)
+        before = request.query_params.get("before") or None
+        if before is not None and not STREAM_ID.fullmatch(before):
+            raise HTTPError(400, f"before={before!r}: not a stream id (such as 1712345678901-0)")
+        try:
+            page = event_views.queue_events(
+                self.client, name, before=before,
+                kind=request.query_params.get("event") or None,
+                job=request.query_params.get("job") or None)
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
+        return self.render(request, "events.html", e=page, queue=name,
+                           title=f"{name}: events")
 
     def queue_home(self, request: Request) -> Response:
         return RedirectResponse(f"/queues/{queue_name(request)}/pending", 303)

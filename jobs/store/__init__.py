@@ -13,4 +13,6 @@ a user of forq needs none of it (`forq.Queue` is the API).
 | `dataformat` | the data-format version held in Redis (`forq:format`) |
 | `policy` | a job's limits from [defaults]/[[queue]]/[tasks], stored once by content |
 | `batchspec` | a batch's members and callbacks, checked before they are sent |
+| `keyed` | an enqueue's idempotency key, and replace / debounce / key_scope when it is held |
+| `events` | a queue's event stream read (`QueueEvent`, `Queue.events`), `job.wait`'s plan, the events settings |
 """

@@ -13,13 +13,15 @@ from typing import Any
 
 from forq.errors import PayloadError
 from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, build_spec, new_job_id
+from forq.store.keyed import PRODUCER_ONLY
 from forq.store.keys import QueueKeys
 
 MAX_BATCH = 100_000  # members of one batch (its record lists them all)
 CALLBACKS = ("on_success", "on_complete")
 # a member's id is the batch's and its place; an idempotency key could hand back another
 # job, which would never count in this batch
-MEMBER_FORBIDS = ("job_id", "key", "unique_for")
+# a member's id is the batch's, and it is enqueued by the batch script: no key of its own
+MEMBER_FORBIDS = ("job_id", "key", "unique_for", *PRODUCER_ONLY)
 
 
 @dataclass
@@ -51,7 +53,7 @@ def _callback(name: str, value: Any, batch_id: str, queue: str,
     if options.pop("queue", queue) != queue:
         raise PayloadError(f"{name}: a batch's callbacks run on its own queue {queue!r}; "
                            "enqueue to another queue from the callback")
-    for forbidden in ("job_id", "depends_on"):
+    for forbidden in ("job_id", "depends_on", *PRODUCER_ONLY):
         if forbidden in options:
             raise PayloadError(f"{name}: {forbidden} cannot be set on a batch callback")
     kwargs = options.get("kwargs") or {}

@@ -61,7 +61,14 @@ class QueueKeys:
 
     @property
     def limits(self) -> str:
+        """Hash: the queue's settings every script reads: rate, max_in_flight, the group
+        limits, paused, events (the events switch and cap), on_dead."""
         return self.prefix + "limits"
+
+    @property
+    def events(self) -> str:
+        """The queue's event stream, capped (lua/includes/events.lua, forq.events)."""
+        return self.prefix + "events"
 
     @property
     def bucket(self) -> str:

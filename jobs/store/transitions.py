@@ -79,8 +79,8 @@ class FailOutcome:
 
 
 class Enqueued(NamedTuple):
-    id: str  # the new job's, or for a duplicate the live job's that holds the key
-    status: str  # "pending" | "scheduled" | "duplicate"
+    id: str  # the new job's, or for a duplicate or a replace the job's that holds the key
+    status: str  # "pending" | "scheduled" | "waiting" | "dead" | "duplicate" | "replaced"
 
 
 class ExtendResult(NamedTuple):

@@ -7,11 +7,13 @@
 --@include includes/wake
 --@include includes/groups
 --@include includes/finish
+--@include includes/events
 
 -- An active job whose cancel was requested (`forq cancel`) and whose lease ends some
 -- other way before its supervisor acted on it (a crash, a drain's release, a failure)
 -- finishes as cancelled: a requested cancel is never undone by a rerun or a retry.
 local function cancel_active(prefix, id, jkey, at, reason)
+  emit(prefix, 'cancelled', id, nil, true, reason) -- first: it reads the lease's owner
   redis.call('ZREM', prefix .. 'active', id)
   local group = redis.call('HGET', jkey, 'group')
   if group then group_release(prefix, group, at) end

@@ -4,6 +4,7 @@
 --@include includes/job
 --@include includes/enqueue_job
 --@include includes/finish
+--@include includes/events
 
 -- The ids in `spec.depends_on` that no job has, given the ids enqueued before it in the
 -- same call (`earlier`). Returns the first unknown id, or nil.
@@ -68,6 +69,7 @@ local function enqueue_waiting(prefix, queue, spec, at)
   local extra = {event = 'enqueued', at = at, depends_on = spec['depends_on']}
   if spec['parent'] then extra['parent'] = spec['parent'] end
   redis.call('RPUSH', jkey .. ':history', cjson.encode(extra))
+  emit(prefix, 'enqueued', id, spec['task'], nil, nil, {'state', 'waiting'})
   if failed then
     dependency_failed(prefix, id, jkey, failed, fstate, at)
     return {id, 'dead', run_at}

@@ -7,6 +7,7 @@
 --@include includes/wake
 --@include includes/groups
 --@include includes/pending
+--@include includes/events
 
 -- Create one job from a decoded spec. Returns {id, status}; status is
 -- "pending", "scheduled" or "duplicate" (then id is the live job holding the key,
@@ -104,6 +105,7 @@ local function enqueue_one(prefix, queue, spec, at, hold)
   extra['event'] = 'enqueued'
   extra['at'] = at
   redis.call('RPUSH', jkey .. ':history', cjson.encode(extra))
+  emit(prefix, 'enqueued', id, spec['task'], nil, nil, {'state', status})
   return {id, status, run_at}
 end
 

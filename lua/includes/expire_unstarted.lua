@@ -4,6 +4,7 @@
 --@include includes/history
 --@include includes/counts
 --@include includes/finish
+--@include includes/on_dead
 
 -- A job whose `expire_at` (enqueue's expires_in / expire_at) passed before it ever
 -- started: dead, never run. The caller has taken it out of pending, scheduled or its
@@ -15,6 +16,7 @@ local function expire_unstarted(prefix, id, jkey, at, by)
     'finished_at', at)
   redis.call('ZADD', prefix .. 'dead', at, id)
   add_history(prefix, id, 'dead', at, {reason = EXPIRED_BEFORE_START, by = by})
+  job_died(prefix, id, EXPIRED_BEFORE_START, at, by)
   count(prefix, 'dead', at)
   count(prefix, 'expired', at)
   finish(prefix, id, -1, at)

@@ -10,6 +10,7 @@
 --@include includes/wake
 --@include includes/pending
 --@include includes/batches
+--@include includes/on_dead
 
 local FINISHED_CAP = 10000 -- the "recently finished" index keeps this many newest ids
 
@@ -87,6 +88,7 @@ local function dependency_failed(prefix, id, jkey, parent, pstate, at)
   redis.call('HSET', jkey, 'state', 'dead', 'dead_reason', why, 'finished_at', at)
   redis.call('ZADD', prefix .. 'dead', at, id)
   add_history(prefix, id, 'dead', at, {reason = why})
+  job_died(prefix, id, why, at)
   count(prefix, 'dead', at)
   finish(prefix, id, -1, at)
 end

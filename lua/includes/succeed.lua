@@ -8,6 +8,7 @@
 --@include includes/groups
 --@include includes/enqueue_job
 --@include includes/finish
+--@include includes/events
 
 -- The fields `succeed` needs, in this order; ack reads them with its token check.
 local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', unpack(LINK_FIELDS)}
@@ -20,6 +21,7 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
   if f == nil then
     f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
   end
+  emit(prefix, 'succeeded', id, nil, true) -- first: it reads the lease's owner
   if not batched then redis.call('ZREM', prefix .. 'active', id) end
   redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
     'attempts', (tonumber(f[i]) or 0) + 1)

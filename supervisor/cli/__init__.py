@@ -9,7 +9,7 @@
 | `change` | forq promote, priority, reschedule: one job changed before it runs |
 | `find` | forq jobs: find jobs by state, task, error, age, argument; act on all of them |
 | `batches` | forq batch |
-| `stats` | forq stats, supervisors (alias workers), schedules |
+| `stats` | forq stats, supervisors (alias workers), schedules, events (a queue's events, `--follow`; its events settings) |
 | `schedule` | forq schedule add, remove, pause, resume, trigger, list: schedules at run time |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |

@@ -34,16 +34,16 @@ MAX_JOBS_FILE = 256 << 20  # --jobs: a file or stdin larger than this is refused
 
 # per-job flags → the API's option; what kind of value each takes
 DURATIONS = {"delay": "--delay", "unique_for": "--unique-for", "timeout": "--timeout",
-             "result_ttl": "--result-ttl"}
+             "result_ttl": "--result-ttl", "debounce": "--debounce"}
 SIZES = {"memory_limit": "--memory-limit", "max_result_bytes": "--max-result-bytes"}
 TIMES = {"run_at": "--run-at", "expire_at": "--expire-at"}
 PLAIN = {"key": "--key", "job_id": "--job-id", "group": "--group",
          "max_attempts": "--max-attempts", "max_crashes": "--max-crashes",
-         "max_snoozes": "--max-snoozes"}
+         "key_scope": "--key-scope", "max_snoozes": "--max-snoozes"}
 FLAGS = {"args": "--args", "kwargs": "--kwargs", "priority": "--priority",
          "expires_in": "--expires-in", "backoff": "--backoff", "idempotent": "--idempotent",
          "depends_on": "--depends-on", "allow_failure": "--allow-failure", "lifo": "--lifo",
-         **DURATIONS, **SIZES, **TIMES, **PLAIN}
+         "replace": "--replace", **DURATIONS, **SIZES, **TIMES, **PLAIN}
 
 
 def when_arg(text: str, option: str) -> float:
@@ -107,6 +107,8 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         options["depends_on"] = args.depends_on
     if args.allow_failure:
         options["allow_failure"] = True
+    if args.replace:
+        options["replace"] = True
     if args.lifo:
         options["lifo"] = True
     return options
@@ -228,6 +230,9 @@ def _enqueue_one(args: argparse.Namespace, options: dict[str, Any]) -> int:
     if job.fields.get("enqueue_status") == "duplicate":
         print(f"forq: key {args.key!r} is held by live job {job.id}; nothing new enqueued",
               file=sys.stderr)
+    elif job.fields.get("enqueue_status") == "replaced":
+        print(f"forq: key {args.key!r} is held by waiting job {job.id}: it takes these "
+              "arguments", file=sys.stderr)
     return 0
 
 
@@ -254,6 +259,15 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--key", help="idempotency key: no second live job with this key")
     p.add_argument("--unique-for", metavar="DURATION",
                    help="keep the --key this long after the job finished")
+    p.add_argument("--replace", action="store_true",
+                   help="with --key held by a job not started yet: that job takes these "
+                        "arguments (and --delay / --run-at, if given)")
+    p.add_argument("--debounce", metavar="DURATION",
+                   help="with --key: run once, this long after the last enqueue with the "
+                        "key, with its arguments")
+    p.add_argument("--key-scope", choices=("live", "queued"),
+                   help="what --key covers: its job until it ends (live, the default) or "
+                        "until it starts (queued: one runs while one more waits)")
     p.add_argument("--job-id", metavar="ID", help="the job's id (default: 20 random hex digits)")
     p.add_argument("--max-attempts", type=int, metavar="N", help="runs before it is dead")
     p.add_argument("--max-crashes", type=int, metavar="N", help="crashes before it is dead")

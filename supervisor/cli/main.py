@@ -6,6 +6,8 @@
     forq enqueue --jobs FILE|- [-q QUEUE] [--batch [--on-success TASK] [--on-complete TASK]] [--json]
     forq stats [-q QUEUE] [--json] [--watch [--interval 2s]]
     forq job ID [--json]
+    forq events QUEUE [--follow [--timeout 1m]] [--last N | --since ID | --all] [--job ID] [--event KIND] [--json]
+    forq events QUEUE [--enable [--keep N] | --disable] [--on-dead TASK|none]
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
     forq supervisors [--json]     (alias: forq workers)
     forq schedules [--config PATH] [--json]

@@ -13,6 +13,8 @@ from typing import Any
 
 from forq.channel import MAX_THROTTLE_MS
 from forq.defaults import QUEUE
+from forq.payload import MAX_NAME
+from forq.store.events import MAX_KEEP
 from forq.supervisor.config import fields as read
 from forq.supervisor.config import schema
 from forq.supervisor.config.sandbox import NETWORKS
@@ -37,6 +39,16 @@ def _prefetch(value: object, where: str) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PREFETCH:
         return value
     raise read.expected(where, f'"auto" or an integer from 0 to {MAX_PREFETCH}', value)
+
+
+TASK_NAME = f"a task name of 1 to {MAX_NAME} characters"
+
+
+def _task_name(value: object, where: str) -> str:
+    name = read.string(value, where, TASK_NAME)
+    if len(name) > MAX_NAME:
+        raise read.expected(where, TASK_NAME, value)
+    return name
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,19 @@ class QueueConfig:
     max_throttle: float = key(
         "10m", read.Reader('a duration up to "24h"', _max_throttle),
         "The longest a handler's `throttle` pauses this queue or a group (0: throttles do nothing).")
+    # kept in Redis like the limits above, and written only when set: `forq events
+    # --enable/--disable` at run time stays until a config sets it
+    events: bool | None = key(
+        None, read.BOOLEAN,
+        "`false`: write no events for the queue (unset: as set at run time, on by default).",
+        shown="on")
+    events_keep: int | None = key(
+        None, read.integers(1, MAX_KEEP),
+        "Events kept in the queue's stream, about (~100 bytes each: 10000 ~ 1 MB).",
+        shown="10000")
+    on_dead: str | None = key(
+        None, read.Reader(TASK_NAME, lambda value, where: _task_name(value, where)),
+        "Task enqueued on this queue, with kwargs {job_id, task, reason}, when a job dies.")
 
 ROWS = schema.rows(QueueConfig, QUEUE)
 POLICY_ROWS = schema.policy_rows(QUEUE)

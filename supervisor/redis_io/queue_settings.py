@@ -1,6 +1,7 @@
 """What a supervisor's config says of its queues, written to Redis where every
 supervisor and producer reads it: global rate and max_in_flight, per-group concurrency
-and rate, `paused = true`, and the queue's name in the set of known queues.
+and rate, `paused = true`, events (on or off, how many kept), the on_dead task, and
+the queue's name in the set of known queues.
 
 Written at start and on reload, and only for what the TOML sets: a limit set at run
 time with `forq limit` stays until a config sets it. A config pauses a queue but never
@@ -41,6 +42,10 @@ def push_queue_settings(queues: Iterable[QueueConfig], queue_for: Callable[[str]
                 group_concurrency=(qc.group_concurrency
                                    if qc.group_concurrency is not None else False),
                 group_rate=qc.group_rate_limit if qc.group_rate_limit is not None else False)
+        if qc.events is not None or qc.events_keep is not None:
+            queue.set_events(qc.events is not False, keep=qc.events_keep)
+        if qc.on_dead is not None:
+            queue.set_on_dead(qc.on_dead)
         if register:
             client.sadd("forq:queues", qc.name)
 

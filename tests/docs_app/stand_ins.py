@@ -14,6 +14,7 @@ STAND_INS = (
     "emails.send", "emails.welcome", "reports.build", "otp.send", "images.resize",
     "images.index", "images.upload", "images.thumbs", "pdf.render", "albums.publish",
     "albums.report", "albums.cleanup", "billing.sync", "payments.capture",
+    "search.reindex", "alerts.job_died",
 )
 
 
