@@ -29,6 +29,7 @@ from redis.crc import key_slot
 
 from forq import JobFailed, Queue
 from forq.payload import build_spec
+from forq.schedules import Schedules
 from forq.store.connection import connect
 from forq.store.scripts import TRANSITIONS
 from forq.store.topology import ForqCluster, is_cluster, parse_url
@@ -204,6 +205,9 @@ def script_runs(lines: list[str]) -> list[dict]:
     return runs
 
 
+GLOBAL_SCRIPTS = {"schedule_define", "schedule_fired"}  # forq:schedules:*, not a queue's
+
+
 def workout(queues: list[Queue], rc) -> None:
     """Every transition, for every queue, batched across shards as a supervisor does."""
     for q in queues:
@@ -269,6 +273,25 @@ def workout(queues: list[Queue], rc) -> None:
         grouped = [x for x in leasing(q).claim(OWNER, 10, LONG).leases if x.job.task == "t.g"]
         assert len(grouped) == 1 and leasing(q).ack(grouped[0].id, grouped[0].token, "1") == "ok"
         q.set_limits(group_concurrency=None, group_rate=None)
+        # an operator's changes, a search, throttles, a handler reading its parents
+        later = q.enqueue("t.later", delay="1h")
+        q.set_priority(later.id, 3)
+        q.reschedule(later.id, delay="2h")
+        q.promote(later.id)
+        assert q.find("pending").jobs
+        q.throttle("1s")
+        assert q.unthrottle()
+        parent = q.enqueue("t.parent", job_id=f"{later.id}-p")
+        lease = next(x for x in leasing(q).claim(OWNER, 10, LONG).leases if x.id == parent.id)
+        page = leasing(q).read_parents(parent.id, lease.token, 0, 10, 1 << 20)
+        assert (page.status, page.entries) == ("ok", [])
+        assert leasing(q).throttle(parent.id, lease.token, 1, False, "429").outcome == "throttled"
+        q.unthrottle()
+    # run-time schedules: one global key each (not a queue's), on whichever shard
+    schedules = Schedules(rc)
+    schedules.add("cluster-workout", "@every 1h", queue=queues[0].name, task="t.tick")
+    schedules.trigger("cluster-workout")
+    schedules.remove("cluster-workout")
 
     # a batch on one shard with a member on another: its end crosses by the relay
     home, away = queues[0], queues[1]
@@ -299,6 +322,9 @@ def test_every_key_a_script_touches_hashes_to_its_queues_slot(cluster: LocalClus
                 if run["sha"] not in sha_names:
                     continue  # another client's script (none expected on this cluster)
                 seen.add(sha_names[run["sha"]])
+                if sha_names[run["sha"]] in GLOBAL_SCRIPTS:  # one global key, one slot
+                    assert len({key_slot(k.encode()) for k in run["keys"]}) == 1
+                    continue
                 declared = {key_slot(k.encode()) for k in run["keys"]}
                 assert len(declared) == 1 and declared <= set(slots), run["keys"]
                 slot = declared.pop()
