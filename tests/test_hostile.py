@@ -347,11 +347,33 @@ def start_sup(tmp_path, redis_url, queue, extra="", concurrency=2, **options):
     return SupervisorProcess(config).start()
 
 
+# Where a job's processes are kept: a PID namespace of its own; or neither namespaces
+# nor a per-job cgroup, as in a container without privileges (subreapers: fork/orphans.py)
+SANDBOXES = {"namespaces": {"extra": NAMESPACES},
+             "bare": {"extra": "[sandbox]\n", "supervisor_extra": 'job_cgroups = "off"'}}
+
+
+@pytest.fixture(params=sorted(SANDBOXES))
+def sandbox(request) -> dict[str, str]:
+    """start_sup's options for each way a job's processes are kept (`SANDBOXES`)."""
+    return dict(SANDBOXES[request.param])
+
+
+def with_sandbox(sandbox: dict[str, str], more: str) -> dict[str, str]:
+    return {**sandbox, "extra": sandbox["extra"] + more}
+
+
+def assert_bare_line(sup) -> None:
+    """The start-up line of a bare sandbox says how escapees are handled instead."""
+    line = next(ln for ln in sup.log().splitlines() if "sandbox: on:" in ln)
+    assert "every process of a job ends with it" in line, line
+
+
 @pytest.mark.parametrize("then", ["return", "hang"])
-def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then):
+def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then, sandbox):
     """Double fork + setsid leaves a process outside the job's process group: it still
     dies when the job succeeds, or is killed at its time limit."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    sup = start_sup(tmp_path, redis_url, queue, **sandbox)
     try:
         job = queue.enqueue("hostile.escape", marker, then, timeout="1s", max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
@@ -361,8 +383,10 @@ def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then):
         sup.stop()
 
 
-def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker):
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker, sandbox):
+    """SIGKILL of the supervisor: the fork server ends every job's processes before it
+    goes (its death signal is caught), or its PID namespace's end does."""
+    sup = start_sup(tmp_path, redis_url, queue, **sandbox)
     try:
         queue.enqueue("hostile.escape", marker, "hang")
         wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
@@ -372,9 +396,10 @@ def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker)
         sup.stop()
 
 
-def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, marker):
+def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, marker,
+                                                    sandbox):
     """300 MiB held by a setsid grandchild under a 100 MiB limit (RSS sampling)."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES, memory_limit="100MiB")
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **sandbox)
     try:
         job = queue.enqueue("hostile.hog_outside", 300, marker, max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
@@ -384,10 +409,57 @@ def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, m
         sup.stop()
 
 
-def test_a_fork_bomb_is_stopped_at_max_processes(tmp_path, redis_url, queue):
+@pytest.mark.parametrize("where,escape", [("memfd", False), ("shm", True)])
+def test_shared_memory_a_job_holds_counts_against_it(tmp_path, redis_url, queue, where,
+                                                     escape, sandbox):
+    """300 MiB written to a memfd, or to a file in /dev/shm held by a setsid grandchild,
+    never mapped (in no RSS), under a 100 MiB limit."""
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **sandbox)
+    try:
+        job = queue.enqueue("hostile.hog_shared", 300, where, escape, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "memory limit exceeded" in done.reason, done.history
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_a_job_whose_shared_memory_cannot_be_counted_is_stopped(tmp_path, redis_url, queue):
+    """More open files in one process than the sampler looks through (4,096): its
+    memory-backed files could hide there, so the job is stopped, not trusted."""
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **SANDBOXES["bare"])
+    try:
+        job = queue.enqueue("hostile.many_files", 5000, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "memory not measurable" in done.reason, done.history
+        assert "holds 5" in done.reason and "over 4096" in done.reason, done.reason
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+@pytest.mark.parametrize("how", ["subreaper", "clone_parent"])
+def test_a_process_that_leaves_its_jobs_tree_is_killed_while_the_job_runs(
+        tmp_path, redis_url, queue, marker, how):
+    """Handler code clears its child's subreaper flag and double-forks, or makes a
+    sibling of its child (CLONE_PARENT): the process is the fork server's, outside the
+    tree whose memory is sampled, and it kills it within its scan (50 ms)."""
+    if how == "clone_parent" and os.uname().machine != "x86_64":
+        pytest.skip("the raw clone call is x86_64's")
+    sup = start_sup(tmp_path, redis_url, queue, **SANDBOXES["bare"])
+    try:
+        seen = queue.enqueue("hostile.leave_tree", marker, how).wait(timeout=20)
+        assert seen["lived"] is not None and seen["lived"] < 1.0, seen
+        assert not processes_named(marker)
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_a_fork_bomb_is_stopped_at_max_processes(tmp_path, redis_url, queue, sandbox):
     """As root no RLIMIT_NPROC holds: the sampler counts the job's processes."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES + "max_processes = 20\n",
-                    memory_limit="1GiB")
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="1GiB",
+                    **with_sandbox(sandbox, "max_processes = 20\n"))
     try:
         job = queue.enqueue("hostile.fork_bomb", 200, max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)

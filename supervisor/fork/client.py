@@ -23,6 +23,7 @@ from forq.supervisor.children.output import OutputReader
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import channel
+from forq.supervisor.fork.orphans import DEATH_SIGNAL
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
@@ -121,6 +122,8 @@ OUTPUT_CAP = 1 << 20  # what a fork server prints, logged over its life
 # fork server that stops answering must not stall lease extension for long
 REPLY_TIMEOUT = 3.0
 _FENCE_BATCH = 1000  # deadlines per message: well under the server's RECV_MAX
+# how long a fork server told to go gets to end its jobs' processes before SIGKILL
+CLOSE_GRACE = 1.0
 
 
 class ForkServer:
@@ -357,19 +360,24 @@ class ForkServer:
             pass
 
     def close(self) -> None:
-        """Stop it (its children die with it: PR_SET_PDEATHSIG) and reap it."""
+        """Stop it and reap it: its death signal first, on which it ends every process of
+        its jobs (escapees included: `orphans`), SIGKILL if it has not gone in
+        `CLOSE_GRACE` (its children still die with it: PR_SET_PDEATHSIG)."""
         if self.closed:
             return
         self.closed = True
         self.sock.close()
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.error("fork server %d did not die", self.pid)
+        for sig, wait in ((DEATH_SIGNAL, CLOSE_GRACE), (signal.SIGKILL, 5.0)):
+            try:
+                self.proc.send_signal(sig)
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                if sig == signal.SIGKILL:
+                    log.error("fork server %d did not die", self.pid)
         if self.output >= 0:
             self.out.read(self.output)
             self.out.finish()
