@@ -237,7 +237,8 @@ class Supervisor:
             self.loop.close()
             return 1
         if not self._start_forking() or not protections.announce(
-                self.config, self.spawner.namespaces_problem, self.launcher):
+                self.config, self.spawner.namespaces_problem, self.launcher,
+                self.spawner.hidden):
             self.loop.close()
             return 2
         try:

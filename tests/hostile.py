@@ -190,6 +190,16 @@ def many_files(n: int):
     return len(held)
 
 
+@task("hostile.read_file")
+def read_file(path: str):
+    """What this job reads at `path` (the supervisor's config, its password file)."""
+    try:
+        with open(path) as f:
+            return {"read": f.read()}
+    except OSError as exc:
+        return {"error": exc.strerror}
+
+
 @task("hostile.fork_bomb")
 def fork_bomb(n: int):
     """Start `n` processes that sleep; return how many could be started."""

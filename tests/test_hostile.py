@@ -711,6 +711,87 @@ network = "none"
     assert "Traceback" not in sup.log(), sup.log()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_without_namespaces_or_cgroups_a_run_as_jobs_processes_all_end_and_count(
+        tmp_path, redis_url, queue, system_python, marker):
+    """As in a container without privileges: no namespaces, no per-job cgroups, jobs as
+    `nobody`. Escapees die with their job and with their SIGKILLed supervisor; their
+    memory, memfds and /dev/shm files count; a fork bomb is stopped; a process taken out
+    of the job's tree is killed while the job runs."""
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                          memory_limit="100MiB", supervisor_extra='job_cgroups = "off"',
+                          extra='[sandbox]\nrun_as = "nobody"\nmax_processes = 20\n'
+                                'require = ["run_as", "job_processes", "shared_memory"]\n')
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        assert_bare_line(sup)
+        assert queue.enqueue("hostile.escape", marker).wait(timeout=20)
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+        for task, args in (("hostile.hog_outside", (300, marker)),
+                           ("hostile.hog_shared", (300, "memfd")),
+                           ("hostile.hog_shared", (300, "shm", True))):
+            job = queue.enqueue(task, *args, max_attempts=1)
+            done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+            assert done.state == "dead" and "memory limit exceeded" in done.reason, (
+                task, args, done.history)
+        job = queue.enqueue("hostile.fork_bomb", 200, max_attempts=1, memory_limit="1GiB")
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "too many processes" in done.reason, done.history
+        seen = queue.enqueue("hostile.leave_tree", marker).wait(timeout=20)
+        assert seen["lived"] is not None and seen["lived"] < 1.0, seen
+        queue.enqueue("hostile.escape", marker, "hang")
+        wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
+        assert pwd.getpwuid(psutil.Process(processes_named(marker)[0]).uids().real).pw_name \
+            == "nobody"
+        sup.kill()
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+@pytest.mark.parametrize("namespaces", ["every job", "one task"])
+def test_under_run_as_a_world_readable_config_and_password_file_are_empty_for_jobs(
+        shared_dir, locked_redis, system_python, namespaces):
+    """The fork server's own mount namespace (made where jobs get namespaces) has
+    /dev/null over both: a job reads nothing there, with namespaces of its own or not."""
+    secret = shared_dir / "redis.password"
+    secret.write_text(PASSWORD)
+    sandbox = ("namespaces = true\n" if namespaces == "every job"
+               else '[sandbox.tasks."hostile.dial"]\nnetwork = "none"\n')
+    config = write_config(shared_dir / "forq.toml", f"redis://127.0.0.1:{locked_redis.port}/0",
+                          {"locked": 1}, extra=f'[sandbox]\nrun_as = "nobody"\n'
+                          f'require = ["private_config"]\n{sandbox}')
+    config.write_text(config.read_text().replace(
+        "[redis]\n", f'[redis]\npassword_file = "{secret}"\n'))
+    for path in (config, secret):
+        path.chmod(0o644)
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        assert "config and password file empty for nobody" in sup.log(), sup.log()
+        queue = Queue("locked", url=locked_redis.url)
+        for path in (config, secret):
+            assert queue.enqueue("hostile.read_file", str(path)).wait(timeout=20) == {"read": ""}
+        assert PASSWORD in secret.read_text()  # unchanged, outside
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_without_namespaces_require_refuses_a_config_a_run_as_job_could_read(
+        shared_dir, redis_url, system_python):
+    config = write_config(shared_dir / "forq.toml", redis_url, {"q": 1},
+                          extra='[sandbox]\nrun_as = "nobody"\nrequire = ["private_config"]\n')
+    config.chmod(0o644)
+    proc = subprocess.run([system_python, "-m", "forq.supervisor.cli", "run", "--config",
+                           str(config)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "FORQ_REDIS_URL"})
+    assert proc.returncode == 2, proc.stderr
+    assert f"names private_config, which is off: {config} readable by nobody" in proc.stderr
+
+
 def test_the_readmes_redis_acl_recipe_serves_a_supervisor(tmp_path):
     """README, "Hostile handlers": an ACL user for supervisors, the default user off."""
     with RedisServer() as server:

@@ -57,6 +57,7 @@ class Spawner:
         self.tasks: dict[str, TaskInfo] | None = None
         # why jobs cannot have namespaces of their own ("" they can; None: not asked)
         self.namespaces_problem: str | None = None
+        self.hidden: tuple[str, ...] = ()  # files no job can read (`ForkServer.hidden`)
         self.accepting = True  # False once draining: a lost server is not replaced
         # (every, call): what goes on while a new fork server starts (lease extension)
         self.while_waiting = while_waiting
@@ -76,6 +77,7 @@ class Spawner:
         if new is None:
             return
         self.tasks, self.namespaces_problem = new.tasks, new.namespaces_problem
+        self.hidden = new.hidden
         if enabled:
             self._take(new)
         else:  # asked for the task table only: each child is exec'd alone
@@ -113,6 +115,7 @@ class Spawner:
             return
         if server is not None:
             self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
+            self.hidden = server.hidden
             self._take(server)
 
     def _take(self, server: ForkServer) -> None:

@@ -18,7 +18,7 @@ SANDBOX_KEYS = ("run_as", "env_allow", "max_open_files", "namespaces", "network"
 NETWORKS = ("host", "none")
 # what `[sandbox].require` may name (supervisor/isolation/protections.py says which are on)
 PROTECTIONS = ("run_as", "scrubbed_env", "private_config", "namespaces", "network", "private_tmp",
-               "max_processes", "job_cgroups")
+               "max_processes", "job_processes", "shared_memory", "job_cgroups")
 
 
 @dataclass(frozen=True)

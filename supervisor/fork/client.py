@@ -41,6 +41,9 @@ class Launch:
     env: tuple[tuple[str, str], ...] = ()
     # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
     probe: tuple[bool, bool] | None = None
+    # files no job may read (the config, the password file): /dev/null in the mount
+    # namespace of a fork server that makes one (`namespaces.become_init`)
+    hide: tuple[str, ...] = ()
     # idle children the fork server keeps forked in advance (`Launcher.spares` says how
     # many); not compared: a reload that changes only concurrency keeps its fork server
     spares: int = dataclasses.field(default=0, compare=False)
@@ -49,7 +52,8 @@ class Launch:
         probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
                                                          self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as, "probe": probe, "spares": self.spares})
+                           "run_as": self.run_as, "probe": probe, "spares": self.spares,
+                           "hide": list(self.hide)})
 
 
 def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
@@ -140,6 +144,7 @@ class ForkServer:
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
+        self.hidden: tuple[str, ...] = ()  # of launch.hide, those no job can read
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
@@ -178,6 +183,9 @@ class ForkServer:
                 raise ForkServerError(f"unexpected first message {str(message)[:200]}")
             if "namespaces" in message:
                 self.namespaces_problem = str(message["namespaces"])[:500]
+            hidden = message.get("hidden")
+            if isinstance(hidden, list):
+                self.hidden = tuple(p for p in launch.hide if p in hidden)
             try:
                 self.tasks = parse_tasks(message.get("tasks"))
             except BadTaskTable as exc:

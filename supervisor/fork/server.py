@@ -111,7 +111,8 @@ class Server:
         self.own: set[int] = set()
         self.strays_at = 0.0  # monotonic time of the next look for strays while jobs run
 
-    def serve(self, namespaces_problem: str | None = None) -> None:
+    def serve(self, namespaces_problem: str | None = None,
+              hidden: list[str] | None = None) -> None:
         table = tasks.describe(registry.registered())
         try:
             self.own = set(orphans.own_children())
@@ -127,6 +128,8 @@ class Server:
         hello: dict[str, Any] = {"ready": self.me, "tasks": table}
         if namespaces_problem is not None:
             hello["namespaces"] = namespaces_problem  # "" when they work
+        if hidden:
+            hello["hidden"] = hidden  # files that read as empty for every job
         self.tell(hello)
         while True:
             timeout = _earliest(self.refill(), self.fence_timeout(), self.strays_timeout())
@@ -536,9 +539,10 @@ def main(argv: list[str]) -> None:
                     f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)")
     # before any handler code: can this user give a job namespaces of its own?
     probe = settings.get("probe")
+    hidden: list[str] = []
     if probe and os.geteuid() != 0:
         try:  # unprivileged: the privilege to make a PID namespace per job, in our own
-            namespaces.become_init(sock.fileno())
+            hidden = namespaces.become_init(sock.fileno(), tuple(settings.get("hide", ())))
         except OSError:
             pass  # no user namespaces for us: the probe says whether jobs can have any
     problem, init_forks = sandbox.probe_namespaces(**probe) if probe else (None, False)
@@ -566,7 +570,7 @@ def main(argv: list[str]) -> None:
     _end_with(supervisor_pid)
     spares = settings.get("spares", 0)
     Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
-           set_title, init_forks).serve(problem)
+           set_title, init_forks).serve(problem, hidden)
 
 
 if __name__ == "__main__":

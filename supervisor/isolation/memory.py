@@ -122,8 +122,9 @@ def _walk(pid: int, shared: SharedFiles | None) -> Usage:
     """(processes, resident bytes) of `pid`'s tree; its open files into `shared`."""
     if not _HAS_CHILDREN_FILE:
         pids = _psutil_tree(pid)
-        for p in pids if shared is not None else ():
-            shared.add(p)
+        if shared is not None:
+            for p in pids:
+                shared.add(p)
         return len(pids), sum(rss(p) for p in pids)
     count, total, todo = 0, 0, [pid]
     while todo:
