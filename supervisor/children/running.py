@@ -30,7 +30,7 @@ from forq.supervisor.fork.messages import (
 )
 from forq.supervisor.isolation.cgroups import kill_all
 from forq.supervisor.isolation.memory import RootFiles, SampleError, SharedFiles, tree_usage
-from forq.supervisor.isolation.shared_memory import gone, readable_for
+from forq.supervisor.isolation.shared_memory import SHARED_EVERY, gone, readable_for
 
 log = logging.getLogger("forq.supervisor")
 
@@ -74,6 +74,8 @@ class RunningChild:
     out: OutputReader = field(init=False)
     proc: RootFiles | None = None  # its /proc files, once sampled (`tree_usage`)
     unreadable_said: bool = False  # logged that some of its open files cannot be read
+    samples: int = 0  # memory samples taken that count its shared memory
+    shared_bytes: int = 0  # its memory-backed open files, at their last count
     sample_failed: bool = False  # logged that a memory sample of it could not be taken
 
     def __post_init__(self) -> None:
@@ -96,7 +98,25 @@ class RunningChild:
         """(processes, bytes) of its process tree — resident memory, and the
         memory-backed files it holds open when they count (`counts_shared`); None once
         it exited. Raises SampleError: a sample that could not be taken is never 0."""
-        shared = SharedFiles() if self.counts_shared else None
+        shared = None
+        if self.counts_shared:
+            self.samples += 1
+            if (self.samples - 1) % SHARED_EVERY == 0:  # the first, then every SHARED_EVERY
+                shared = SharedFiles()
+        usage = self._tree_usage(shared)
+        if usage is None or not self.counts_shared:
+            return usage
+        if shared is not None:
+            self.shared_bytes = shared.bytes
+            if shared.unreadable and not self.unreadable_said:
+                self.unreadable_said = True
+                log.warning("job %s %s: the open files of its process %s cannot be read "
+                            "(permission denied): their shared memory is not counted",
+                            self.job_id, self.task, shared.unreadable[0])
+            return usage
+        return usage[0], usage[1] + self.shared_bytes  # the last count of its files
+
+    def _tree_usage(self, shared: SharedFiles | None) -> tuple[int, int] | None:
         if self.proc is None:
             try:
                 self.proc = RootFiles(self.pid)
@@ -117,13 +137,7 @@ class RunningChild:
                 # stranger's that was given its pid
                 self.close_proc()
                 return None
-        usage = self.proc.usage(shared)
-        if shared is not None and shared.unreadable and not self.unreadable_said:
-            self.unreadable_said = True
-            log.warning("job %s %s: the open files of its process %s cannot be read "
-                        "(permission denied): their shared memory is not counted",
-                        self.job_id, self.task, shared.unreadable[0])
-        return usage
+        return self.proc.usage(shared)
 
     @property
     def counts_shared(self) -> bool:

@@ -56,7 +56,7 @@ def _read(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = [os.read(fd, 65536)]
-        while chunks[-1]:
+        while len(chunks[-1]) == 65536:  # a long list: read on
             chunks.append(os.read(fd, 65536))
         return b"".join(chunks)
     finally:
@@ -69,7 +69,10 @@ def own_children() -> list[int]:
     me = os.getpid()
     if not _HAS_CHILDREN_FILE:
         return _children_by_scan(me)
-    return [int(pid) for tid in os.listdir(f"/proc/{me}/task")
+    # one thread (a fork server's usual): its file alone, without listing /proc/me/task
+    tids = ([me] if os.stat(f"/proc/{me}/task").st_nlink == 3
+            else os.listdir(f"/proc/{me}/task"))
+    return [int(pid) for tid in tids
             for pid in _read(f"/proc/{me}/task/{tid}/children").split()]
 
 

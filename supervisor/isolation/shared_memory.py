@@ -5,8 +5,8 @@ RSS counts the pages a process has mapped. A file in a memory-backed filesystem 
 its pages whether or not anyone maps them: 300 MiB written to a memfd, or to a file in
 /dev/shm, and never mapped, is in no process's RSS. So the memory sampler
 (`isolation.memory`) also looks through the open files of each process of a job's
-tree (/proc/PID/fd) and adds the allocated size of each memory-backed file once per
-sample, however many of the job's processes hold it. Only files on a memory-backed
+tree (/proc/PID/fd) and adds the allocated size of each memory-backed file once,
+however many of the job's processes hold it, on every `SHARED_EVERY`th sample. Only files on a memory-backed
 filesystem are stat'ed, chosen by the path the kernel gives (a memfd's "/memfd:…", or
 a path under a tmpfs, ramfs or hugetlbfs mount): a file on a hung network mount is
 never touched. The pages of such a file that a process also maps count twice, as
@@ -29,9 +29,12 @@ import os
 import pwd
 from functools import cache
 
-# open files looked through in one process, at most: a process with more is a job
-# whose shared memory cannot be counted at a bounded cost (`Unmeasurable`)
+# open files looked through in one job's processes, at most: a job with more cannot
+# have its shared memory counted at a bounded cost (`Unmeasurable`)
 FD_SCAN_MAX = 4096
+# a job's open files are looked through on every this many memory samples of it (the
+# last count stands in between): each look costs about as much as the rest of a sample
+SHARED_EVERY = 4
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
 CAP_SYS_PTRACE = 19
 
@@ -42,8 +45,8 @@ class SampleError(Exception):
 
 
 class Unmeasurable(SampleError):
-    """The job made its memory impossible to count (a process with more than
-    `FD_SCAN_MAX` open files): it is stopped as if over its limit."""
+    """The job made its memory impossible to count (more than `FD_SCAN_MAX` open
+    files): it is stopped as if over its limit."""
 
 
 def gone(exc: OSError) -> bool:
@@ -87,18 +90,23 @@ class SharedFiles:
     def __init__(self) -> None:
         self.seen: set[tuple[int, int]] = set()
         self.bytes = 0
+        self.examined = 0  # open files looked at, across the job's processes
         self.unreadable: list[int] = []  # pids whose open files we may not list
 
     def add(self, pid: int) -> None:
         """Count the memory-backed files `pid` holds open that this sample has not
-        seen. Raises SampleError (the supervisor could not look), Unmeasurable."""
-        fd_dir = f"/proc/{pid}/fd"
+        seen. Raises SampleError (the supervisor could not look), Unmeasurable (the
+        job's processes hold more than `FD_SCAN_MAX` open files: listed lazily, so a
+        process with a million costs no more than that)."""
+        fd_dir = f"/proc/{pid}/fd/"
         try:
-            count = os.stat(fd_dir).st_size  # the number of open files, on Linux 6.2+
-            if count > FD_SCAN_MAX:
-                raise Unmeasurable(f"process {pid} holds {count} open files, over "
-                                   f"{FD_SCAN_MAX}: its shared memory cannot be counted")
-            names = os.listdir(fd_dir)
+            with os.scandir(fd_dir) as entries:
+                for entry in entries:
+                    self.examined += 1
+                    if self.examined > FD_SCAN_MAX:
+                        raise Unmeasurable(f"its processes hold over {FD_SCAN_MAX} open "
+                                           f"files: its shared memory cannot be counted")
+                    self._count(entry.path)
         except OSError as exc:
             if gone(exc):
                 return
@@ -106,24 +114,20 @@ class SharedFiles:
                 self.unreadable.append(pid)
                 return
             raise SampleError(f"open files of process {pid}: {exc.strerror or exc}") from exc
-        if len(names) > FD_SCAN_MAX:
-            raise Unmeasurable(f"process {pid} holds {len(names)} open files, over "
-                               f"{FD_SCAN_MAX}: its shared memory cannot be counted")
-        for name in names:
-            path = f"{fd_dir}/{name}"
-            try:
-                if not _memory_backed(os.readlink(path)):
-                    continue
-                st = os.stat(path)  # the open file itself, whatever its name now
-            except OSError as exc:
-                if gone(exc) or exc.errno in (errno.EACCES, errno.EPERM):
-                    continue  # closed meanwhile, or ended
-                raise SampleError(f"open file {name} of process {pid}: "
-                                  f"{exc.strerror or exc}") from exc
-            key = (st.st_dev, st.st_ino)
-            if key not in self.seen:
-                self.seen.add(key)
-                self.bytes += st.st_blocks * 512
+
+    def _count(self, path: str) -> None:
+        try:
+            if not _memory_backed(os.readlink(path)):
+                return
+            st = os.stat(path)  # the open file itself, whatever its name now
+        except OSError as exc:
+            if gone(exc) or exc.errno in (errno.EACCES, errno.EPERM):
+                return  # closed meanwhile, or ended
+            raise
+        key = (st.st_dev, st.st_ino)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.bytes += st.st_blocks * 512
 
 
 def _has_capability(bit: int) -> bool:
