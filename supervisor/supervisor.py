@@ -229,6 +229,7 @@ class Supervisor:
         return True
 
     def run(self) -> int:
+        self.spawner.strays.adopt()  # what a lost fork server's jobs leave comes to us
         try:  # before the fork server starts: it must live in the supervisor's own cgroup
             self.launcher.cgroups, memory_mode = cgroups.probe(self.config.job_cgroups)
         except cgroups.CgroupsUnavailable as exc:

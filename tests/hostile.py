@@ -75,7 +75,8 @@ def reach_redis(port: int):
 @task("hostile.escape")
 def escape(marker: str, then: str = "return"):
     """Leave a process behind: fork, `setsid`, fork again, and exec a long sleep named
-    `marker`; then return, sleep past the time limit ("hang") or wait to be killed."""
+    `marker`; then return, sleep past the time limit ("hang"), crash, or SIGKILL its
+    parent, the fork server ("kill its fork server")."""
     import time
 
     if os.fork() == 0:
@@ -85,6 +86,13 @@ def escape(marker: str, then: str = "return"):
         os._exit(0)
     time.sleep(0.2)
     if then == "hang":
+        time.sleep(3600)
+    if then == "crash":
+        os.abort()
+    if then == "kill its fork server":  # its parent: the supervisor's, or another's
+        import signal
+
+        os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(3600)
     return "left one behind"
 

@@ -369,13 +369,51 @@ def assert_bare_line(sup) -> None:
     assert "every process of a job ends with it" in line, line
 
 
-@pytest.mark.parametrize("then", ["return", "hang"])
+@pytest.mark.parametrize("then", ["return", "hang", "crash", "cancel"])
 def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then, sandbox):
     """Double fork + setsid leaves a process outside the job's process group: it still
-    dies when the job succeeds, or is killed at its time limit."""
+    dies when the job succeeds, is killed at its time limit, crashes or is cancelled."""
     sup = start_sup(tmp_path, redis_url, queue, **sandbox)
     try:
-        job = queue.enqueue("hostile.escape", marker, then, timeout="1s", max_attempts=1)
+        job = queue.enqueue("hostile.escape", marker, "hang" if then == "cancel" else then,
+                            timeout="30s" if then == "cancel" else "1s", max_attempts=1,
+                            max_crashes=1)
+        if then == "cancel":
+            wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
+            queue.cancel(job.id)
+        ended = {"return": "succeeded", "cancel": "cancelled"}.get(then, "dead")
+        done = wait_job(queue, job.id, (ended,), context=sup.log)
+        assert done.state == ended, done.history
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+
+
+def test_an_escapee_dies_when_its_job_kills_its_fork_server(tmp_path, redis_url, queue,
+                                                            marker):
+    """The fork server SIGKILLed (here by the job itself, as a `run_as` job may: same
+    user) cannot end what its jobs left: that comes to the supervisor, which does."""
+    sup = start_sup(tmp_path, redis_url, queue, **SANDBOXES["bare"])
+    try:
+        servers = fork_servers_of(sup.pid)
+        job = queue.enqueue("hostile.escape", marker, "kill its fork server", max_crashes=1)
+        wait_job(queue, job.id, ("dead",), context=sup.log)
+        assert f"fork server {servers[0]} lost" in sup.log(), sup.log()
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+@pytest.mark.parametrize("then", ["return", "hang"])
+def test_without_a_fork_server_an_escapee_dies_with_its_job(tmp_path, redis_url, queue,
+                                                           marker, then):
+    """Each child exec'd alone (`fork_server = false`): what it leaves is the
+    supervisor's, which ends it (not when the supervisor is SIGKILLed: the line says)."""
+    sup = start_sup(tmp_path, redis_url, queue, supervisor_extra="fork_server = false")
+    try:
+        assert "job_processes ([supervisor].fork_server = false" in sup.log(), sup.log()
+        job = queue.enqueue("hostile.escape", marker, then, timeout="3s", max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
         assert done.state == ("succeeded" if then == "return" else "dead"), done.history
         wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")

@@ -10,7 +10,9 @@ Either way the end of a child reaches `on_exit(child, status, peak_rss, cause)` 
 the event loop: the fork server's exit report, or the child's pidfd becoming readable.
 
 A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
-crash — or with its result, if it had written one — and a new fork server takes over.
+crash — or with its result, if it had written one — and a new fork server takes over;
+what their jobs left behind comes to the supervisor, which ends it (`strays`), as it
+ends what a child exec'd alone leaves.
 After a reload that changed `imports`, the old fork server forks no more, lets its
 spare children go at once (`ForkServer.retire`), and stops when its last child ends.
 """
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 from forq.queue import Lease
 from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.children.strays import Strays
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import ForkServer, ForkServerError, ForkServerFatal, Launch, spawn
 from forq.supervisor.fork.tasks import TaskInfo
@@ -61,6 +64,14 @@ class Spawner:
         self.accepting = True  # False once draining: a lost server is not replaced
         # (every, call): what goes on while a new fork server starts (lease extension)
         self.while_waiting = while_waiting
+        # what a job leaves behind that no fork server ended (`strays`)
+        self.strays = Strays(loop, self._started_here)
+
+    def _started_here(self) -> list[int]:
+        """The pids of the children the supervisor started: its fork servers (each its
+        `proc`: the process it exec'd) and the job children it exec'd alone."""
+        servers = [s.pid for s in [self.server, *self.retiring] if s is not None]
+        return servers + [c.pid for c in self.children() if not c.forked_by_server]
 
     def configure(self, enabled: bool, launch: Launch) -> None:
         """At start and on reload: a change of what it imports, as whom or with which
@@ -175,6 +186,7 @@ class Spawner:
                 self._unwatch(server)
                 server.close()
         self.server, self.retiring = None, []
+        self.strays.sweep()
 
     # -- ends of children ------------------------------------------------------------
 
@@ -185,6 +197,7 @@ class Spawner:
         _, status, usage = os.wait4(child.pid, 0)
         self.loop.remove_reader(child.pidfd)
         self.on_exit(child, status, usage.ru_maxrss * 1024, "")
+        self.strays.sweep()  # what it left is ours now: it had no fork server to end it
 
     def _on_readable(self, server: ForkServer) -> None:
         try:
@@ -211,6 +224,7 @@ class Spawner:
             self.retiring.remove(server)
             self._unwatch(server)
             server.close()
+            self.strays.sweep()
             log.info("old fork server %d stopped", server.pid)
 
     def _retire(self) -> None:
@@ -246,6 +260,7 @@ class Spawner:
             # its status died with the fork server: a complete report means it finished
             status = 0 if child.report() is not None else signal.SIGKILL
             self.on_exit(child, status, 0, f"its fork server was lost ({exc})")
+        self.strays.sweep()  # what its jobs left, which it could not end
         now = time.monotonic()
         self.losses = [t for t in self.losses if now - t < 60] + [now]
         if len(self.losses) > MAX_LOSSES:

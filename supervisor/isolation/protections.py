@@ -90,8 +90,9 @@ def _job_processes(config: Config, ns_on: bool, job_cgroups: bool) -> list[Prote
         how = ""
     out = [Protection("job_processes", True, f"every process of a job ends with it and "
                       f"counts in its memory ({how})") if how else
-           Protection("job_processes", False, "[supervisor].fork_server = false: a process a "
-                      "job leaves behind outlives it (namespaces or per-job cgroups end it)")]
+           Protection("job_processes", False, "[supervisor].fork_server = false: what a job "
+                      "leaves behind ends with the job, but not with a SIGKILLed supervisor "
+                      "(namespaces or per-job cgroups end it)")]
     if job_cgroups:
         out.append(Protection("shared_memory", True, "memfd and /dev/shm files count in a "
                               "job's memory (its cgroup)"))
