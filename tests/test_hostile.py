@@ -777,6 +777,13 @@ def test_without_namespaces_or_cgroups_a_run_as_jobs_processes_all_end_and_count
         assert done.state == "dead" and "too many processes" in done.reason, done.history
         seen = queue.enqueue("hostile.leave_tree", marker).wait(timeout=20)
         assert seen["lived"] is not None and seen["lived"] < 1.0, seen
+        # another job is the same user's (it can signal it); the supervisor is not
+        victim = queue.enqueue("tests.lineage", 5, max_crashes=1)
+        wait_for(lambda: queue.get(victim.id).state == "active", timeout=20, message="victim")
+        found = queue.enqueue("hostile.prowl", sup.pid).wait(timeout=20)
+        assert found["killed"], found
+        assert not any(found["supervisor"][k] for k in ("signal", "environ", "mem")), found
+        assert wait_job(queue, victim.id, ("dead",)).crashes == 1
         queue.enqueue("hostile.escape", marker, "hang")
         wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
         assert pwd.getpwuid(psutil.Process(processes_named(marker)[0]).uids().real).pw_name \
