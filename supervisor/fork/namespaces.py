@@ -6,11 +6,10 @@ namespace just before it forks C, and sets its own back right after
 namespace for `network = "none"`) and runs the handler (`enter_as_init`). Why:
 
 * Every process the job starts is in C's PID namespace, whatever it does (double fork,
-  `setsid`): when C ends, or is killed, or its fork server dies (C dies with it,
-  PR_SET_PDEATHSIG), the kernel kills them all. Orphans are re-parented to C, so they
-  stay in the tree whose memory the supervisor samples. A PID namespace rather than a
-  child subreaper in the fork server: a subreaper adopts the orphans of every job, and
-  cannot tell whose they are.
+  `setsid`, `clone(CLONE_PARENT)`): when C ends, or is killed, or its fork server dies
+  (C dies with it, PR_SET_PDEATHSIG), the kernel kills them all. Orphans are re-parented
+  to C, so they stay in the tree whose memory the supervisor samples. (Without
+  namespaces, subreapers do most of that: `orphans`.)
 * A job sees only its own processes (a fresh /proc) and cannot name any other process
   to signal, ptrace or `pidfd_getfd` it: not the supervisor, not another job.
 * Unprivileged (a `run_as` fork server, or a service user), the fork server first
