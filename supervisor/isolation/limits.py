@@ -57,7 +57,9 @@ class LimitPolice:
             if not sampled:
                 continue
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
-                child.peak_rss = max(child.peak_rss, JobCgroups.usage(child.spec.cgroup))
+                charged = JobCgroups.usage(child.spec.cgroup)
+                if charged is not None:  # unreadable: no sample, never a 0
+                    child.peak_rss = max(child.peak_rss, charged)
                 continue
             try:
                 usage = child.tree_usage()
