@@ -40,7 +40,7 @@ from bench.peers import venv
 from forq.supervisor.cli import terminal
 
 # [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
-# short jobs would set (README, "Prefetch"); the targets of issue 18 are read from it
+# short jobs would set (docs/operations/supervisor.md, "Prefetch"); the targets of issue 18 are read from it
 PREFETCH = 4
 SECTIONS = ("limits", "enqueue", "e2e", "latency", "recovery", "scale", "ceiling", "leases")
 
@@ -103,7 +103,7 @@ def section_limits(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
 def _forq_enqueue_once(url: str, n_single: int, n_batch: int) -> tuple[float, float]:
     from bench.supervisor import remove_queue
     from forq import Queue
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     r = connect(url)
     q = Queue(f"bench-enq-{os.getpid()}-{time.monotonic_ns()}", redis=r)

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RedisServer, command_calls, commands_per_job, log  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 
 CLAIM = 32
 
@@ -52,12 +53,12 @@ def drain_acks(q: Queue, jobs: int) -> tuple[float, dict[str, Any]]:
     before = command_calls(q.redis)
     claims = 0
     while acked < jobs:
-        leases = q.claim("bench", min(CLAIM, jobs - acked), 600000).leases
+        leases = leasing(q).claim("bench", min(CLAIM, jobs - acked), 600000).leases
         claims += 1
         if not leases:
             raise RuntimeError(f"nothing to claim after {acked} of {jobs}")
         t0 = time.perf_counter()
-        q.ack_many([(lease.id, lease.token, "null", []) for lease in leases])
+        leasing(q).ack_many([(lease.id, lease.token, "null", []) for lease in leases])
         spent += time.perf_counter() - t0
         acked += len(leases)
     after = command_calls(q.redis)

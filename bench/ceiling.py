@@ -43,6 +43,7 @@ from bench.common import (  # noqa: E402
     redis_cost,
     summary,
 )
+from forq.supervisor.leases.calls import LeaseCalls, leasing  # noqa: E402
 
 QUEUE = "ceiling"
 LEASE_MS = 30_000
@@ -60,7 +61,7 @@ def _policy() -> str:
 def simulated_supervisor(url: str, slots: int, start_at: float, out: Any) -> None:
     """One supervisor's Redis traffic for no-op jobs, until the queue is empty."""
     from forq import Queue
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     client = connect(url)
     q = Queue(QUEUE, redis=client)
@@ -73,19 +74,19 @@ def simulated_supervisor(url: str, slots: int, start_at: float, out: Any) -> Non
         time.sleep(0.001)
     while True:
         pipe = client.pipeline(transaction=False)
-        q.claim(owner, slots, LEASE_MS, policy, client=pipe)
+        leasing(q).claim(owner, slots, LEASE_MS, policy, client=pipe)
         if held and time.monotonic() - extended >= LEASE_MS / 3000:
-            q.extend(list(held.items()), LEASE_MS, client=pipe)
+            leasing(q).extend(list(held.items()), LEASE_MS, client=pipe)
             extended = time.monotonic()
         if held:  # as the supervisor's Reporter does: one ack call for the turn's jobs
-            q.ack_many([(job_id, token, "null", ()) for job_id, token in held.items()],
+            leasing(q).ack_many([(job_id, token, "null", ()) for job_id, token in held.items()],
                        client=pipe)
         replies = pipe.execute()
         if held:
-            acks = Queue.parse_acks(replies[-1])
+            acks = LeaseCalls.parse_acks(replies[-1])
             assert acks == ["ok"] * len(held), acks
         done += len(held)
-        result = q.parse_claim(replies[0])
+        result = leasing(q).parse_claim(replies[0])
         held = {lease.id: lease.token for lease in result.leases}
         if not held and result.pending_left == 0:
             break
@@ -97,7 +98,7 @@ class ForqCeiling:
 
     def __init__(self, url: str) -> None:
         from forq import Queue
-        from forq.connection import connect
+        from forq.store.connection import connect
 
         self.url = url
         self.client = connect(url)

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from redis.crc import key_slot  # noqa: E402
 
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 from tests.cluster_server import LocalCluster  # noqa: E402
 
 OWNER = "bench-cluster:1"
@@ -79,13 +80,13 @@ def worker(url: str, names: list[str], jobs: int, batch: int, start_at: float,
         while left > 0:
             pipe = client.pipeline(transaction=False)
             for q in queues:
-                q.claim(OWNER, CLAIM, LEASE_MS, client=pipe)
-            claims = [q.parse_claim(reply) for q, reply in zip(queues, pipe.execute(), strict=True)]
+                leasing(q).claim(OWNER, CLAIM, LEASE_MS, client=pipe)
+            claims = [leasing(q).parse_claim(reply) for q, reply in zip(queues, pipe.execute(), strict=True)]
             pipe = client.pipeline(transaction=False)
             acked = 0
             for q, claim in zip(queues, claims, strict=True):
                 for lease in claim.leases:
-                    q.ack(lease.id, lease.token, "null", client=pipe)
+                    leasing(q).ack(lease.id, lease.token, "null", client=pipe)
                     acked += 1
             if not acked:
                 break
@@ -113,7 +114,7 @@ def run(shards: int, procs: int, queues: int, jobs: int, batch: int) -> dict:
         warm = connect(cluster.url)
         for name in names:
             Queue(name, redis=warm).enqueue_many([{"task": "bench.noop"}])
-            Queue(name, redis=warm).claim(OWNER, 10, LEASE_MS)
+            leasing(Queue(name, redis=warm)).claim(OWNER, 10, LEASE_MS)
         before = node_cpu(cluster)
         out: mp.Queue = mp.get_context("fork").Queue()
         start_at = time.time() + 1.0

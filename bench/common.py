@@ -410,7 +410,7 @@ def scripts_at(client: Any, commit: str,
     """The scripts `names` as they were at `commit` (their includes resolved from the
     same commit), registered on `client`: a feature's cost is measured against the
     path before it, in the same run. None without the git history (an sdist)."""
-    from forq.scripts import _INCLUDE
+    from forq.store.scripts import expand
 
     repo = Path(__file__).resolve().parent.parent
 
@@ -418,9 +418,7 @@ def scripts_at(client: Any, commit: str,
         return subprocess.run(["git", "show", f"{commit}:lua/{name}.lua"], cwd=repo,
                               capture_output=True, text=True, check=True).stdout
     try:
-        return {name: client.register_script(_INCLUDE.sub(lambda m: show(m.group(1)),
-                                                          show(name)))
-                for name in names}
+        return {name: client.register_script(expand(name, show)) for name in names}
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None
 

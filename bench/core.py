@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import remove_queue  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
 OWNER = "bench:1"
@@ -191,12 +192,12 @@ def claim_ack(q: Queue, n: int, batch: int) -> int:
     """Claim up to n jobs `batch` at a time, acking each batch in one pipeline."""
     done = 0
     while done < n:
-        result = q.claim(OWNER, min(batch, n - done), LEASE_MS)
+        result = leasing(q).claim(OWNER, min(batch, n - done), LEASE_MS)
         if not result.leases:
             break
         pipe = q.redis.pipeline(transaction=False)
         for lease in result.leases:
-            q.ack(lease.id, lease.token, "null", client=pipe)
+            leasing(q).ack(lease.id, lease.token, "null", client=pipe)
         replies = pipe.execute()
         assert all(reply == "ok" for reply in replies), replies
         done += len(result.leases)

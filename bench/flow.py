@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import remove_queue  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
 OWNER = "bench:flow"
@@ -61,11 +62,11 @@ def fill(q: Queue, n: int, chunk: int = 10_000) -> None:
 def claim_ack_batch(q: Queue, batch: int) -> tuple[int, bool]:
     """Claim up to `batch` jobs in one call and ack them in one pipeline.
     Returns (jobs done, whether the claim reported a rate-limit wait)."""
-    result = q.claim(OWNER, batch, LEASE_MS)
+    result = leasing(q).claim(OWNER, batch, LEASE_MS)
     if result.leases:
         pipe = q.redis.pipeline(transaction=False)
         for lease in result.leases:
-            q.ack(lease.id, lease.token, "null", client=pipe)
+            leasing(q).ack(lease.id, lease.token, "null", client=pipe)
         replies = pipe.execute()
         assert all(reply == "ok" for reply in replies), replies
     return len(result.leases), result.rate_wait_ms > 0

@@ -48,7 +48,8 @@ from bench.common import (  # noqa: E402
     scripts_at,
 )
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-groups:1"
 LEASE_MS = 600_000
@@ -72,15 +73,15 @@ def drain(q: Queue, n: int, batch: int) -> float:
     t0 = time.perf_counter()
     done = 0
     while done < n:
-        leases = q.claim(OWNER, min(batch, n - done), LEASE_MS).leases
+        leases = leasing(q).claim(OWNER, min(batch, n - done), LEASE_MS).leases
         if not leases:
             raise RuntimeError(f"{q.name}: nothing claimable after {done} jobs")
         if len(leases) == 1:
-            assert q.ack(leases[0].id, leases[0].token, "null") == "ok"
+            assert leasing(q).ack(leases[0].id, leases[0].token, "null") == "ok"
         else:
             pipe = q.redis.pipeline(transaction=False)
             for lease in leases:
-                q.ack(lease.id, lease.token, "null", client=pipe)
+                leasing(q).ack(lease.id, lease.token, "null", client=pipe)
             pipe.execute()
         done += len(leases)
     return n / (time.perf_counter() - t0)

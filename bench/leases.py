@@ -60,7 +60,7 @@ def redis_ms(r: Any) -> int:
 
 def measure(url: str, jobs: int, lease_ttl: float, window: float) -> dict[str, Any]:
     from forq import Queue
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     r = connect(url)
     r.flushdb()

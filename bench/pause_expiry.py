@@ -43,7 +43,8 @@ from bench.common import (  # noqa: E402
 )
 from bench.groups import drain  # noqa: E402
 from forq import Queue  # noqa: E402
-from forq.connection import connect  # noqa: E402
+from forq.store.connection import connect  # noqa: E402
+from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-pause:1"
 BEFORE = "8cf5160~1"  # the commit before lua/pause.lua (and then expiry) landed
@@ -100,9 +101,9 @@ def reaper_side(url: str, calls: int) -> dict[str, Any]:
     client.flushdb()
     q = Queue("bp" + uuid.uuid4().hex[:8], redis=client)
     q.enqueue_many([{"task": "bench.noop", "expires_in": "1h"} for _ in range(1000)])
-    empty = per_call(client, lambda: q.sweep_expired(OWNER), calls)
+    empty = per_call(client, lambda: leasing(q).sweep_expired(OWNER), calls)
     q.pause()
-    paused = per_call(client, lambda: q.claim(OWNER, 32, 60_000), calls)
+    paused = per_call(client, lambda: leasing(q).claim(OWNER, 32, 60_000), calls)
     q.resume()
     client.flushdb()
     n = 100 * 100
@@ -111,7 +112,7 @@ def reaper_side(url: str, calls: int) -> dict[str, Any]:
     while time.monotonic() < wait and client.zcount(q.keys.expiring, "-inf",
                                                     int(time.time() * 1000) - 50) < n:
         time.sleep(0.01)  # bench only: the 1 ms expiry passes
-    swept = per_call(client, lambda: q.sweep_expired(OWNER, limit=100), n // 100)
+    swept = per_call(client, lambda: leasing(q).sweep_expired(OWNER, limit=100), n // 100)
     assert q.stats()["dead"] == n, q.stats()
     client.flushdb()
     return {"sweep, nothing expired": empty, "claim of a paused queue": paused,

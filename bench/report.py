@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 from typing import Any
 
-from bench.findings import FINDINGS, FINDINGS_18
+# written by hand, appended to every rendering from its first "## " heading on
+FINDINGS_PATH = Path(__file__).resolve().parent / "FINDINGS.md"
 
 NAMES = {"forq": "forq (supervisor, concurrency 2)",
-         "forq-prefetch": "forq, `prefetch = {prefetch}` (README, \"Prefetch\")",
+         "forq-prefetch": "forq, `prefetch = {prefetch}` (docs/operations/supervisor.md, \"Prefetch\")",
          "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
          "dramatiq": "Dramatiq 2 processes × 1 thread"}
@@ -402,7 +404,7 @@ def render(res: dict[str, Any]) -> str:
     if "scale" in s:
         sc = s["scale"]
         out.append("## Scale: claim+ack at big backlogs\n")
-        out.append("Through the public lease API (`Queue.claim` then `Queue.ack`), one client: "
+        out.append("Through a supervisor's lease calls (`leasing(queue)`: `claim` then `ack`), one client: "
                    "*claim 1* is one claim and one ack per job (a supervisor with one free slot), "
                    "*claim 100* claims 100 and pipelines their acks. The backlog is refilled after "
                    "each measure, so it stays where it was.\n")
@@ -445,10 +447,18 @@ def render(res: dict[str, Any]) -> str:
         out.append(table(["system", "most frequent commands per job"], rows))
         out.append("")
 
-    out.append(FINDINGS_18)
-    out.append(FINDINGS)
+    out.append(findings())
     out.append(METHOD)
     return "\n".join(out)
+
+
+def findings(path: Path = FINDINGS_PATH) -> str:
+    """bench/FINDINGS.md's sections (its title and preface are for the file alone)."""
+    text = path.read_text()
+    start = text.find("\n## ")
+    if start < 0:
+        raise ValueError(f"{path}: no '## ' section to append to RESULTS.md")
+    return "\n" + text[start + 1:]
 
 
 METHOD = """

@@ -17,7 +17,8 @@ from typing import Any
 from bench.common import ForqSupervisor, log, median, wait_until, write_forq_config
 from bench.supervisor import _cpu_seconds, _tmpdir, remove_queue
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.supervisor.leases.calls import leasing
 
 OWNER = "bench-scale:1"
 LEASE_MS = 300_000
@@ -40,16 +41,16 @@ def claim_ack(q: Queue, n: int, batch: int) -> float:
     t0 = time.perf_counter()
     done = 0
     while done < n:
-        res = q.claim(OWNER, min(batch, n - done), LEASE_MS)
+        res = leasing(q).claim(OWNER, min(batch, n - done), LEASE_MS)
         if not res.leases:
             raise RuntimeError("backlog ran out")
         if len(res.leases) == 1:
             lease = res.leases[0]
-            assert q.ack(lease.id, lease.token, "null") == "ok"
+            assert leasing(q).ack(lease.id, lease.token, "null") == "ok"
         else:
             pipe = q.redis.pipeline(transaction=False)
             for lease in res.leases:
-                q.ack(lease.id, lease.token, "null", client=pipe)
+                leasing(q).ack(lease.id, lease.token, "null", client=pipe)
             pipe.execute()
         done += len(res.leases)
     return n / (time.perf_counter() - t0)

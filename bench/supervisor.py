@@ -69,7 +69,7 @@ from bench.common import (
     write_forq_config,
 )
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 
 TARGET_FORK_SHARE = 0.5
 TARGET_P50_MS = 5.0

@@ -23,6 +23,7 @@ from typing import Any
 from bench.common import REPO, RedisServer, command_calls, commands_per_job, free_port, log
 from bench.common import median as _median
 from bench.common import percentile as _percentile
+from forq.supervisor.leases.calls import leasing
 
 INDEX_LINES = ("    redis.call('ZADD', fkey, at, id)\n",
                "    redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)\n")
@@ -39,10 +40,10 @@ def fill(client: Any, name: str, pending: int, dead: int) -> dict[str, float]:
         n = min(5000, dead - base)
         q.enqueue_many([{"task": "bench.nop", "args": [base + i]} for i in range(n)])
         for _ in range(0, n, 1000):
-            leases = q.claim("bench:1", 1000, 600_000).leases
+            leases = leasing(q).claim("bench:1", 1000, 600_000).leases
             pipe = client.pipeline(transaction=False)
             for lease in leases:
-                q.fail(lease.id, lease.token, {"reason": "bench: dead on purpose"},
+                leasing(q).fail(lease.id, lease.token, {"reason": "bench: dead on purpose"},
                        mode="fatal", client=pipe)
             pipe.execute()
     took["dead_s"] = time.perf_counter() - start
@@ -75,11 +76,11 @@ def index_cost(client: Any, jobs: int, rounds: int = 5) -> dict[str, Any]:
     server's own clock, INFO commandstats, so a busy client machine matters less), the
     index commands' own share of it, and the commands Redis runs per ack with it."""
     from forq import Queue
-    from forq.scripts import source
+    from forq.store.scripts import source
 
     without = client.register_script(
         source("ack").replace(INDEX_LINES[0], "").replace(INDEX_LINES[1], ""))
-    assert without.script != source("ack"), "the index lines of _lib.lua changed"
+    assert without.script != source("ack"), "the index lines of lua/includes/finish.lua changed"
     usec: dict[str, list[float]] = {"with": [], "without": []}
     index_usec: list[float] = []  # the two index commands' own time per ack
     ack_usec: list[float] = []  # ... and the whole ack's, in the same acks
@@ -92,13 +93,13 @@ def index_cost(client: Any, jobs: int, rounds: int = 5) -> dict[str, Any]:
             q.enqueue_many([{"task": "bench.nop"} for _ in range(jobs)])
             leases = []
             while len(leases) < jobs:
-                leases += q.claim("bench:1", 1000, 600_000).leases
+                leases += leasing(q).claim("bench:1", 1000, 600_000).leases
             client.config_resetstat()
             for start in range(0, jobs, 500):
                 pipe = client.pipeline(transaction=False)
                 for lease in leases[start:start + 500]:
                     if variant == "with":
-                        q.ack(lease.id, lease.token, "null", client=pipe)
+                        leasing(q).ack(lease.id, lease.token, "null", client=pipe)
                     else:
                         without(keys=[q.keys.active, q.keys.pending, q.keys.scheduled],
                                 args=[q.keys.prefix, q.name, lease.id, lease.token, "null"],
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=20_000, help="for the index cost")
     args = parser.parse_args(argv)
-    from forq.connection import connect
+    from forq.store.connection import connect
 
     with RedisServer() as server:
         client = connect(server.url())

@@ -15,7 +15,10 @@ stale ack, a lease lost with no fault to explain it).
 Invariants (the issue's numbering):
  1. every told job reached a terminal state (lost = 0);
  2. no job in two states (final sets vs records, the monitor's snapshots, and each
-    history replayed through the state machine); no lease of a dead supervisor;
+    history replayed through the state machine, with the operator's changes: promoted
+    only from scheduled, rescheduled only from pending or scheduled, a priority changed
+    only before the job runs, requeued only from dead, and no claim before the run-at
+    the job last had); no lease of a dead supervisor;
  3. succeeded jobs ran to completion (the stored result names a completed execution
     of the lease that was current at the ack); every re-execution has a cause;
  4. idempotent jobs have exactly one completed execution (an extra one is excused
@@ -434,6 +437,7 @@ class Checker:
             "extra_in_redis": len([j for j in jobs if j not in ctx.told]),
             "states": dict(states),
             "kinds": dict(Counter(t.kind for t in ctx.told.values())),
+            "operator": dict(ctx.operator),  # jobs changed while they waited
             "executions": n_exec,
             "jobs_executed": with_exec,
             "re_executions": n_exec - with_exec,
@@ -552,17 +556,24 @@ class Checker:
         state = None if not truncated else "?"
         last_token = -1
         terminal = None
+        due = None  # the run-at (ms) the job waits for: no claim may come before it
         for h in history:
             ev = h.get("event")
-            if terminal is not None and ev != "enqueued":
+            if terminal is not None and ev not in ("enqueued", "requeued"):
                 problems.append(f"'{ev}' after '{terminal}' (a job finished twice / ran after finishing)")
             if ev == "enqueued":
                 if state is not None:
                     problems.append(f"enqueued again while {state}")
                 state = "scheduled" if h.get("run_at") else "pending"
+                due = h.get("run_at")
             elif ev == "claimed":
                 if state not in ("pending", "scheduled", "?"):
                     problems.append(f"claimed while {state}")
+                at = h.get("at")
+                if isinstance(due, (int, float)) and isinstance(at, (int, float)) \
+                        and at * 1000 + 1 < due:
+                    problems.append(f"claimed {due - at * 1000:.0f} ms before its run-at")
+                due = None
                 try:
                     token = int(h.get("token"))
                     if token <= last_token:
@@ -582,6 +593,23 @@ class Checker:
                 if state not in ("active", "?"):
                     problems.append(f"retry while {state}")
                 state = "scheduled"
+                due = h.get("run_at")
+            elif ev == "promoted":  # an operator ran a scheduled job now
+                if state not in ("scheduled", "?"):
+                    problems.append(f"promoted while {state}")
+                state, due = "pending", None
+            elif ev == "rescheduled":  # a new run-at: scheduled until then, or pending now
+                if state not in ("scheduled", "pending", "?"):
+                    problems.append(f"rescheduled while {state}")
+                due = h.get("run_at")
+                state = "scheduled" if due else "pending"
+            elif ev == "priority":  # changes no state, and only before the job runs
+                if state not in ("pending", "scheduled", "waiting", "?"):
+                    problems.append(f"priority changed while {state}")
+            elif ev == "requeued":  # an operator gave a dead job a fresh start
+                if state not in ("dead", "?"):
+                    problems.append(f"requeued while {state}")
+                state, terminal, due = "pending", None, None
             elif ev == "succeeded":
                 allowed = ("active", "pending", "?") if h.get("source") else ("active", "?")
                 if state not in allowed:

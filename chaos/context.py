@@ -48,6 +48,9 @@ class Settings:
     slow_ms: tuple[float, float] = (300.0, 3000.0)
     # the share of batches with a member that opens a batch of its own (current().batch)
     nested_batches: float = 0.3
+    soak: bool = False  # sample memory and fds and judge their slopes (chaos/soak.py)
+    sample_interval: float = 60.0
+    warmup: float = 0.0  # s of each process's life not judged (soak)
 
     @property
     def reclaim_bound(self) -> float:
@@ -114,6 +117,7 @@ class Context:
     production_done: threading.Event = field(default_factory=threading.Event)
     faults_done: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)  # harness problems (not invariants)
+    operator: dict[str, int] = field(default_factory=dict)  # what chaos/changes.py did
 
     def log(self, message: str) -> None:
         if not self.settings.quiet:

@@ -118,6 +118,12 @@ def quick(ms: float = 5, fail_times: int = 0, crash_times: int = 0, idem: bool =
                     crash_times=crash_times, idempotent=idem)
 
 
+@task("chaos.moved")
+def moved(ms: float = 5):
+    """A delayed job the operator thread changes while it waits (chaos/changes.py)."""
+    return _execute("moved", lambda: time.sleep(ms / 1000))
+
+
 @task("chaos.slow")
 def slow(ms: float = 1000, fail_times: int = 0, crash_times: int = 0, idem: bool = False):
     return _execute("slow", lambda: time.sleep(ms / 1000), fail_times=fail_times,

@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 from .context import QUEUE, Context
 from .producer import client

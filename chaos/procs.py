@@ -86,8 +86,8 @@ class SupervisorProc:
 
     def launcher(self) -> list[str]:
         """`forq run`, or the deliberately broken build (`chaos.broken`) when asked."""
-        if ("no-fencing" in self.env.get("FORQ_CHAOS_BREAK", "").split(",")
-                or self.env.get("FORQ_CHAOS_DEBUG") == "stall"):
+        built_in = {"no-fencing", "leak"} & set(self.env.get("FORQ_CHAOS_BREAK", "").split(","))
+        if built_in or self.env.get("FORQ_CHAOS_DEBUG") in ("stall", "tracemalloc"):
             return ["chaos.broken"]
         return ["forq.supervisor.cli"]
 
@@ -232,7 +232,7 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
                  reaper_interval: float, drain_timeout: float, concurrency: int,
                  queue: str, max_attempts: int, max_crashes: int,
                  job_cgroups: str = "auto", others: dict[str, int] | None = None,
-                 namespaces: bool = False, prefetch: int = 0) -> Path:
+                 namespaces: bool = False, prefetch: int = 0, defaults: str = "") -> Path:
     def ms(seconds: float) -> str:
         return f"{int(seconds * 1000)}ms"
 
@@ -240,7 +240,7 @@ def write_config(path: Path, *, name: str, redis_url: str, lease_ttl: float,
         path, redis_url, {queue: concurrency, **(others or {})}, imports=["chaos.handlers"], name=name,
         lease_ttl=ms(lease_ttl), reaper_interval=ms(reaper_interval),
         drain_timeout=ms(drain_timeout), memory_sample_interval="25ms",
-        max_attempts=max_attempts, max_crashes=max_crashes,
+        max_attempts=max_attempts, max_crashes=max_crashes, defaults=defaults,
         queue_extra=f"prefetch = {prefetch}\n" if prefetch else "",
         backoff='{ base = "100ms", factor = 2.0, max = "1s", jitter = 0.2 }',
         supervisor_extra=f'log_format = "text"\njob_cgroups = "{job_cgroups}"',

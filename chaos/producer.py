@@ -21,7 +21,7 @@ from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.26,
+    "quick": 0.22,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -33,6 +33,7 @@ MIX = {
     "steps": 0.04,  # three durable steps, some crashing between the second and the third
     "batch": 0.03,  # a batch of 2-5 members with on_complete and on_success callbacks
     "grouped": 0.05,  # one of GROUPS groups (group_concurrency 1): never two at once
+    "moved": 0.04,  # delayed; promoted, rescheduled, reprioritised while it waits (operator)
 }
 GROUPS = 6
 # what a batch's members do: each with the end its kind expects (some crash, some fail)
@@ -92,6 +93,14 @@ def build_job(rng: random.Random, seq: int, kind: str, max_attempts: int,
     elif kind == "grouped":
         task, kwargs["ms"] = "chaos.slow", round(rng.uniform(50, 600))
         options["group"] = f"g{rng.randrange(GROUPS)}"
+    elif kind == "moved":
+        task, kwargs["ms"] = "chaos.moved", round(rng.uniform(0, 20), 1)
+        options["delay"] = rng.choice(["1s", "3s", "6s", "10s"])
+        options["priority"] = rng.randint(-3, 3)
+        if rng.random() < 0.5:
+            options["lifo"] = True
+        if rng.random() < 0.3:
+            options["group"] = f"g{rng.randrange(GROUPS)}"
     elif kind == "steps":
         task = "chaos.steps"
         crash_times = rng.choice([0, 1, 1, 2, max_crashes])

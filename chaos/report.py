@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 REPORTS = Path(__file__).resolve().parent / "reports"
+LABEL = {"rss": "RSS"}  # a soak's series names
 
 
 def _ms(v: float | None) -> str:
@@ -72,6 +73,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"           {b['relayed']} with a member on another queue; relay "
                          f"(last member's end to callback) {_lat(b['relay_delay'])}")
     faults = st["faults"]
+    if st.get("operator"):
+        lines.append(f"operator   {_counts(st['operator'])} (jobs changed while they waited)")
     lines.append(f"faults     {sum(faults.values())}: {_counts(faults)}"
                  + (f"; skipped {_counts(st['faults_skipped'])}" if st["faults_skipped"] else "")
                  + f"; redis down {st['redis_outage_s']}s in all")
@@ -100,10 +103,65 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"           ! {ex[:150]}")
         if not inv["ok"] and inv["violations"] > len(shown):
             lines.append(f"           … {inv['violations'] - len(shown)} more in the JSON report")
+    if result.get("soak"):
+        lines += render_soak(result["soak"])
     for err in result.get("errors", []):
         lines.append(f"harness error: {err}")
     lines.append(f"report     {result['report_path']}")
     return "\n".join(lines)
+
+
+def amount(metric: str, v: float | None, sign: bool = False) -> str:
+    """A value of a soak's series for people: bytes in KiB/MiB/GiB, counts as counts."""
+    if v is None:
+        return "-"
+    plus = "+" if sign and v >= 0 else ""
+    if metric in ("rss", "used_memory"):
+        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if abs(v) >= size:
+                return f"{plus}{v / size:.1f} {unit}"
+        return f"{plus}{v:.0f} B"
+    if float(v).is_integer() or abs(v) >= 10:
+        return f"{plus}{v:.0f}"
+    return f"{plus}{v:.2f}"
+
+
+def render_soak(soak: dict[str, Any]) -> list[str]:
+    """The soak's part of the screen: one row per series (each process's RSS and fds,
+    Redis's memory and keys), its slope per minute and per hour, the slope's 95%
+    interval per hour, and the verdict."""
+    samples = soak["samples"]
+    span = samples[-1]["t"] - samples[0]["t"] if len(samples) > 1 else 0.0
+    tol = soak["tolerance"]
+    lines: list[str] = [
+        f"soak       {len(samples)} samples every {soak['interval']:g}s (low-water marks of 1 s "
+        f"readings) over {span:.0f}s; each process judged after its first {soak['warmup']:.0f}s",
+        "           a leak: the slope's whole 95% interval above "
+        + ", ".join(f"{amount(m, tol[m][0])}/h {LABEL.get(m, m)}" for m in ("rss", "fds"))
+        + ", and growth over",
+        "           the judged window certainly above "
+        + ", ".join(f"{amount(m, tol[m][1])} {LABEL.get(m, m)}" for m in ("rss", "fds")),
+        f"  {'series':<26} {'first → last':>21} {'per min':>10} {'per hour':>10} "
+        f"{'95% interval per hour':>24}  verdict"]
+    for row in soak["series"]:
+        m = row["metric"]
+        name = f"{row['name']} {LABEL.get(m, m)}"
+        if row.get("lifetimes", 1) > 1:
+            name += f" (pid {row['pid']})"
+        span_text = f"{amount(m, row['first'])} → {amount(m, row['last'])}"
+        ci = (f"{amount(m, row.get('low_per_hour'), True)} … "
+              f"{amount(m, row.get('high_per_hour'), True)}") if row["fit"] else "-"
+        lines.append(f"  {name:<26} {span_text:>21} {amount(m, row.get('per_min'), True):>10} "
+                     f"{amount(m, row.get('per_hour'), True):>10} {ci:>24}  {row['verdict']}")
+    per_job = soak["redis_per_job"]
+    if per_job.get("used_memory") is not None:
+        why = ("judged: retention bounds it" if soak["redis_bounded"]
+               else "not judged: no retention yet, records stay for result_ttl")
+        lines.append(f"  redis grows {amount('used_memory', per_job['used_memory'])} and "
+                     f"{per_job['keys'] or 0:.2f} keys per job told ({why})")
+    mark = "ok  " if soak["ok"] else "FAIL"
+    lines.append(f"  [{mark}] no slow leak" + ("" if soak["ok"] else " — " + "; ".join(soak["problems"])))
+    return lines
 
 
 def default_path(seed: int) -> Path:

@@ -20,7 +20,8 @@ from forq import Queue
 from forq.supervisor.cli import terminal
 from forq.units import UnitError, parse_duration
 
-from . import report
+from . import report, soak
+from .changes import Operator
 from .checker import check
 from .context import OTHER_CONCURRENCY, OTHER_QUEUE, QUEUE, Context, Settings, Told
 from .faults import KINDS, Injector
@@ -29,7 +30,7 @@ from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
 from .producer import Producer, client
 from .proxy import Proxy
 
-BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback")
+BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback", "leak")
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -38,8 +39,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         description="Run forq under load, kill things at random (seeded), and check that "
                     "nothing a producer was told is enqueued is ever lost. Exit 0 only if "
                     "every invariant holds.")
-    p.add_argument("--duration", default="75s",
-                   help="how long to produce jobs and inject faults: 75s (default), 30m for a soak")
+    p.add_argument("--duration", default=None,
+                   help="how long to produce jobs and inject faults: 75s (default; 2h with "
+                        "--soak)")
     p.add_argument("--supervisors", type=int, default=3, help="supervisor processes (default 3)")
     p.add_argument("--concurrency", type=int, default=6, help="children per supervisor (default 6)")
     p.add_argument("--jobs", type=int, default=None,
@@ -73,6 +75,17 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="a mixed fleet: the odd-numbered supervisors lease N jobs ahead of "
                         "their free slots ([[queue]].prefetch; default 0)")
+    p.add_argument("--soak", action="store_true",
+                   help="also look for slow leaks: sample Redis's memory and keys and every "
+                        "supervisor's and fork server's RSS and fds, fit a slope to each past "
+                        "a warm-up, fail on one that certainly grows; only faults that replace "
+                        f"no measured process unless --faults says ({','.join(soak.SOAK_FAULTS)})")
+    p.add_argument("--sample-interval", default="60s",
+                   help="--soak: time between samples (default 60s)")
+    p.add_argument("--warmup", default=None,
+                   help="--soak: the start of each process's life that is not judged (default: "
+                        "the longest of 3 samples, a quarter of the duration, two retention "
+                        "windows)")
     p.add_argument("--namespaces", action="store_true",
                    help="[sandbox].namespaces = true: every job in namespaces of its own "
                         "(needs root or user namespaces)")
@@ -107,6 +120,16 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(f"--slow-ms: expected MIN-MAX milliseconds such as 300-3000, got {a.slow_ms!r}")
     if not 0 <= a.prefetch <= 1000:
         p.error(f"--prefetch: expected 0 to 1000 ([[queue]].prefetch), got {a.prefetch}")
+    if "leak" in breaks and not a.soak:
+        p.error("--break leak: only a soak (--soak) looks for leaks")
+    duration = dur(a.duration or ("2h" if a.soak else "75s"), "--duration")
+    interval = dur(a.sample_interval, "--sample-interval")
+    if interval <= 0:
+        p.error("--sample-interval: must be more than 0")
+    warmup = (dur(a.warmup, "--warmup") if a.warmup is not None
+              else soak.default_warmup(duration, interval))
+    if a.soak and not faults:
+        faults = soak.SOAK_FAULTS
     if a.job_cgroups:
         from tests.vm import cgroup_v2_problem
 
@@ -115,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             p.error(f"--job-cgroups needs root on a cgroup v2 host ({problem}); run it in "
                     "the VM: python -m tests.vm -- python -m chaos --job-cgroups")
     return Settings(
-        duration=dur(a.duration, "--duration"), supervisors=a.supervisors,
+        duration=duration, supervisors=a.supervisors,
         concurrency=a.concurrency, jobs=a.jobs, rate=a.rate,
         seed=a.seed if a.seed is not None else int.from_bytes(os.urandom(3), "big"),
         lease_ttl=dur(a.lease_ttl, "--lease-ttl"),
@@ -125,16 +148,19 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
         quiet=a.quiet, job_cgroups=a.job_cgroups, namespaces=a.namespaces,
         prefetch=a.prefetch, slow_ms=(low, high),
-        nested_batches=a.nested_batches)
+        nested_batches=a.nested_batches, soak=a.soak, sample_interval=interval, warmup=warmup)
 
 
-def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...]) -> dict[str, str]:
+def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...],
+                   leaks: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("FORQ_REDIS_URL", "FORQ_REDIS_PASSWORD", "NOTIFY_SOCKET")}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["FORQ_CHAOS_EXEC_LOG"] = str(exec_log)
     env["FORQ_CHAOS_SUPERVISOR"] = name
     inside = [b for b in breaks if b in ("no-fencing", "double-run")]  # built into supervisors
+    if leaks:
+        inside.append("leak")
     if inside:
         env["FORQ_CHAOS_BREAK"] = ",".join(inside)
     else:
@@ -204,9 +230,12 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                            queue=QUEUE, others={OTHER_QUEUE: OTHER_CONCURRENCY},
                            max_attempts=s.max_attempts, max_crashes=s.max_crashes,
                            job_cgroups="required" if s.job_cgroups else "auto",
-                           namespaces=s.namespaces, prefetch=s.prefetch if i % 2 else 0)
+                           namespaces=s.namespaces, prefetch=s.prefetch if i % 2 else 0,
+                           defaults=soak.RETENTION_DEFAULTS if s.soak else "")
+        # the leaking build is one supervisor (chaos-2): the others show a flat control
+        leaks = "leak" in s.breaks and i == min(2, s.supervisors)
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",
-                                   supervisor_env(exec_log, name, s.breaks),
+                                   supervisor_env(exec_log, name, s.breaks, leaks),
                                    own_cgroup=s.job_cgroups, proxy=proxy))
     ctx = Context(s, workdir, exec_log, redis_proc, sups)
     wall0 = time.monotonic()
@@ -228,7 +257,11 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         producer = Producer(ctx)
         injector = Injector(ctx)
         probe = Probe(ctx)
-        threads = [monitor, producer, injector, probe]
+        operator = Operator(ctx)
+        threads = [monitor, producer, injector, probe, operator]
+        sampler = soak.Sampler(ctx, s.sample_interval) if s.soak else None
+        if sampler is not None:
+            threads.append(sampler)
         for t in threads:
             t.start()
         _follow(ctx, producer, s.duration, s.duration + s.settle + 60)
@@ -241,6 +274,13 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
         save_context(ctx, settle_s)
         checked = check(ctx)
         ok = checked["ok"] and not ctx.errors
+        if sampler is not None:
+            sampler.join(10)
+            checked["soak"] = soak.judge(
+                sampler.samples, interval=s.sample_interval, warmup=s.warmup,
+                expected=[f"{sp.name} {role}" for sp in sups
+                          for role in ("supervisor", "fork server")])
+            ok = ok and checked["soak"]["ok"]
         result = {
             "ok": ok, "settings": vars(s), "settle_s": settle_s, "started": ctx.started,
             "wall_s": time.monotonic() - wall0, **checked,
@@ -250,6 +290,7 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                             for sp in sups},
             "workdir": str(workdir) if (s.keep or not ok) else None,
         }
+        result["ok"] = ok  # not the checker's alone: a harness error or a leak fails it too
     except BaseException as exc:
         ctx.errors.append(f"{type(exc).__name__}: {exc}")
         raise
@@ -279,7 +320,7 @@ def save_context(ctx: Context, settle_s: float) -> None:
         "monitor_violations": ctx.monitor_violations,
         "unexpected_exits": ctx.unexpected_exits, "samples": ctx.samples[-50:],
         "sched": {str(k): v for k, v in ctx.sched.items()}, "cpu_pressure": ctx.cpu_pressure,
-        "errors": ctx.errors,
+        "errors": ctx.errors, "operator": ctx.operator,
         "supervisors": [{"name": sp.name, "config": str(sp.config), "log": str(sp.log_path),
                          "incarnations": [vars(i) for i in sp.incarnations]} for sp in ctx.supervisors],
     }
@@ -306,6 +347,7 @@ def recheck(workdir: Path) -> tuple[int, dict[str, Any]]:
     for name in ("faults", "redis_outages", "redis_slow", "monitor_violations", "unexpected_exits",
                  "samples", "cpu_pressure", "errors"):
         setattr(ctx, name, data.get(name, []))
+    ctx.operator = data.get("operator", {})
     ctx.sched = {int(k): v for k, v in data["sched"].items()}
     redis_proc.start()
     try:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         IncompatibleFormat,
         JobFailed,
         JobNotFound,
+        JobStateError,
         JobTimeout,
         NotReplicated,
         PayloadError,
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "ForqError": "errors", "IncompatibleFormat": "errors", "JobFailed": "errors",
-    "JobNotFound": "errors", "JobTimeout": "errors", "NotReplicated": "errors",
-    "PayloadError": "errors", "QueueFull": "errors",
+    "JobNotFound": "errors", "JobStateError": "errors", "JobTimeout": "errors",
+    "NotReplicated": "errors", "PayloadError": "errors", "QueueFull": "errors",
     "ACTIVE": "job", "CANCELLED": "job", "DEAD": "job", "PENDING": "job",
     "SCHEDULED": "job", "STATES": "job", "SUCCEEDED": "job", "Job": "job",
     "Queue": "queue", "find_job": "queue", "known_queues": "queue",
@@ -42,8 +43,8 @@ _LAZY = {
 __all__ = [
     "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES",
     "SUCCEEDED", "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound",
-    "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue", "QueueFull",
-    "current", "find_job", "known_queues", "task",
+    "JobStateError", "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue",
+    "QueueFull", "current", "find_job", "known_queues", "task",
 ]
 
 

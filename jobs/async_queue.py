@@ -1,6 +1,6 @@
 """The asyncio producer: `AsyncQueue`, the same calls as `Queue`, awaited.
 
-It runs the same plans (`forq.plans`) and transitions (`forq.transitions`) as the sync
+It runs the same plans (`forq.store.plans`) and transitions (`forq.store.transitions`) as the sync
 client, on ``redis.asyncio``; only sending differs. A FastAPI or aiohttp app holds one
 `AsyncQueue` (or one client shared by several) for its lifetime:
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -24,19 +24,26 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError
 
-from forq import batches, plans, topology
-from forq import transitions as tr
+from forq import batches
 from forq.batches import AsyncBatch
-from forq.batchspec import build_batch
-from forq.connection import add_password, client_options, redis_url
 from forq.errors import refused
 from forq.job import Job, settled
-from forq.keys import QueueKeys
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.pipelines import alone, queue_commands, regroup
-from forq.plans import Command
-from forq.scripts import noscript_resends, raise_first_error, source
-from forq.transitions import DeadBatchResult
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+)
+from forq.store import finder, plans, topology
+from forq.store import transitions as tr
+from forq.store.batchspec import build_batch
+from forq.store.connection import add_password, client_options, redis_url
+from forq.store.finder import BulkResult, FoundPage, JobFilter
+from forq.store.keys import QueueKeys
+from forq.store.pipelines import alone, queue_commands, regroup
+from forq.store.plans import Command
+from forq.store.scripts import noscript_resends, raise_first_error, source
+from forq.store.transitions import DeadBatchResult
 
 T = TypeVar("T")
 
@@ -44,7 +51,7 @@ T = TypeVar("T")
 def connect_async(url: str | None = None, *, password: str | None = None,
                   **kwargs: Any) -> aioredis.Redis:
     """A ``redis.asyncio`` client for redis://, rediss://, unix:// or redis+sentinel://
-    URLs, with the same defaults and password rules as `forq.connection.connect`.
+    URLs, with the same defaults and password rules as `forq.store.connection.connect`.
     Its connection pool opens connections on first use, in the running event loop."""
     url = redis_url(url)
     options = client_options(kwargs)
@@ -83,7 +90,7 @@ class AsyncScripts:
             return await client.execute_command(*self.evalsha(call))
 
     async def send(self, client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
-        """One round trip for a batch (see `forq.pipelines`); raises the first error."""
+        """One round trip for a batch (see `forq.store.pipelines`); raises the first error."""
         call = alone(commands)
         if call is not None:
             return [await self.run(client, call)]
@@ -247,11 +254,76 @@ class AsyncQueue:
         return [self._job(record, history)
                 for record, history in await self._run(plans.dead(self.keys, limit))]
 
+    # -- finding jobs, and acting on all of them (forq.store.finder) ---------------------
+
+    async def find(self, state: str = "pending", *, cursor: str | None = None, count: int = 100,
+             **filters: Any) -> FoundPage:
+        """One page of the jobs in `state` that pass the filters (task=, error= (a regular
+        expression), since=, before=, args_contains=, group=: see `JobFilter`), in the
+        order of the state's set, at most `count` in `page.jobs`. Pass `page.cursor` back
+        for the next page; None means the walk is over. A page is bounded work: it may
+        hold fewer than `count` jobs (even none) and a cursor when matches are sparse."""
+        filt = JobFilter(state, **filters)
+        page = await self._run(finder.find(self.keys, filt, cursor, count))
+        page.jobs = [self._job(record, []) for record in page.records]
+        return page
+
+    async def find_iter(self, state: str = "pending", *, limit: int | None = None,
+                  **filters: Any) -> AsyncIterator[AsyncJob]:
+        """Every job in `state` that passes the filters (as `find`), page by page, up to
+        `limit` jobs."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            page = await self.find(state, cursor=cursor, count=100, **filters)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    async def bulk(self, action: str, state: str, *, limit: int | None = None,
+             **filters: Any) -> BulkResult:
+        """Do `action` to every job in `state` that passes the filters (as `find`), up to
+        `limit`: "requeue" or "purge" (dead jobs), "cancel" (pending, scheduled, waiting
+        or active), "promote" (scheduled). Each job is one atomic call: a match that
+        changed before its turn (another state, its record trimmed) is skipped, counted
+        in `result.skipped`."""
+        return await self._run(finder.act(self.keys, JobFilter(state, **filters), action, limit))
+
     # -- operator actions ----------------------------------------------------------
 
     async def cancel(self, job_id: str) -> str:
         """"cancelled", "cancelling" (active), "missing", or its terminal state."""
         return tr.parse_cancel(await self._run(plans.script(tr.cancel_call(self.keys, job_id))))
+
+    async def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (await self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    async def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = plans.new_run_at(at, delay)
+        return (await self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    async def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (await self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     async def pause(self) -> bool:
         """Stop claiming from this queue on every supervisor (see `Queue.pause`)."""

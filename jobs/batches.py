@@ -2,7 +2,7 @@
 
 A batch's record lives in the slot of the queue it was opened on (`lua/batch.lua`);
 its callbacks are enqueued there, exactly once, by the transition that ends its last
-member (see ``links_ended`` in ``lua/_lib.lua``). These plans (`forq.plans`) are what
+member (see ``links_ended`` in ``lua/includes/finish.lua``). These plans (`forq.store.plans`) are what
 `Queue` and `AsyncQueue` send, so both open and read batches the same way.
 """
 
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from forq import keys as keyspace
-from forq import transitions as tr
-from forq.batchspec import BatchSpec
 from forq.errors import JobNotFound
-from forq.job import _loads
-from forq.keys import QueueKeys
-from forq.plans import Command, Plan
+from forq.job import loads_field
+from forq.store import keys as keyspace
+from forq.store import transitions as tr
+from forq.store.batchspec import BatchSpec
+from forq.store.keys import QueueKeys
+from forq.store.plans import Command, Plan
 
 if TYPE_CHECKING:
     from forq.async_queue import AsyncQueue
@@ -101,10 +101,10 @@ def read_batch(keys: QueueKeys, batch_id: str, members: bool = True) -> Plan[Bat
     for (q, member_id), (state, result, dead_reason, error) in zip(pairs, replies, strict=True):
         reason = dead_reason
         if reason is None and error:
-            err = _loads(error)
+            err = loads_field(error)
             reason = err.get("reason") if isinstance(err, dict) else None
         status.members.append(BatchMember(member_id, q, state or "",
-                                          _loads(result) if result else None, reason))
+                                          loads_field(result) if result else None, reason))
     return status
 
 

@@ -1,4 +1,11 @@
-"""Every default of a job's policy, in one place.
+"""Every key of a job's policy, with its default, in one place.
+
+Each `PolicyKey` is one row: the key as written (in `[defaults]`, a `[[queue]]`, a
+`[tasks."name"]` table, and for most as an enqueue option), the field a job stores, the
+kind of value, its default as a config would write it, its bounds and a line of doc.
+The supervisor's config reads these keys from the rows (supervisor/config/schema.py
+extends them with its readers), the producer's enqueue options come from them
+(forq.payload), and the reference page (docs/configuration.md) lists them.
 
 The supervisor's config starts from `JOB_POLICY` (`[defaults]` overrides it) and passes
 the effective policy to the claim script, which writes it into each job it leases;
@@ -9,19 +16,72 @@ tests/test_defaults.py, so the two cannot drift apart.
 
 from __future__ import annotations
 
-JOB_POLICY: dict[str, int | float] = {
-    "timeout_ms": 5 * 60 * 1000,
-    "memory_limit": 512 * 1024**2,
-    "max_attempts": 5,
-    "max_crashes": 3,
-    "result_ttl_ms": 24 * 3600 * 1000,
-    "idempotency_ttl_ms": 24 * 3600 * 1000,
-    "max_result_bytes": 1024**2,
-    "backoff_base_ms": 1000,
-    "backoff_factor": 2.0,
-    "backoff_max_ms": 10 * 60 * 1000,
-    "backoff_jitter": 0.2,
-}
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from forq.units import parse_duration, parse_size
+
+# where a policy key may be set: the three config tables, and per job by the producer
+DEFAULTS = "[defaults]"
+QUEUE = "[[queue]]"
+TASKS = '[tasks."name"]'
+ENQUEUE = "enqueue"
+EVERYWHERE = (DEFAULTS, QUEUE, TASKS, ENQUEUE)
+
+
+@dataclass(frozen=True)
+class PolicyKey:
+    """One key of a job's policy."""
+
+    name: str  # as written: "timeout", or "backoff.base" inside `backoff = {...}`
+    field: str  # what a job record stores: "timeout_ms"
+    kind: Literal["duration", "size", "integer", "number"]  # durations are stored in ms
+    default: str | int | float  # as a config writes it: "5m", "512MiB", 5
+    doc: str
+    minimum: float = 0
+    maximum: float = math.inf
+    positive: bool = False  # a duration that must be more than 0
+    scopes: tuple[str, ...] = EVERYWHERE
+
+    def stored(self, value: str | int | float | None = None) -> int | float:
+        """`value` (the default when None) in the unit a job record stores."""
+        value = self.default if value is None else value
+        if self.kind == "duration":
+            return int(round(parse_duration(value) * 1000))
+        if self.kind == "size":
+            return parse_size(value)
+        return int(value) if self.kind == "integer" else float(value)
+
+
+POLICY_KEYS: tuple[PolicyKey, ...] = (
+    PolicyKey("timeout", "timeout_ms", "duration", "5m",
+              "Wall-clock limit for one attempt.", positive=True),
+    PolicyKey("memory_limit", "memory_limit", "size", "512MiB",
+              "Memory of the job's process tree (RSS, or its cgroup's); 0: no limit."),
+    PolicyKey("max_attempts", "max_attempts", "integer", 5,
+              "Attempts (handler errors, timeouts) before the job is dead.", minimum=1),
+    PolicyKey("max_crashes", "max_crashes", "integer", 3,
+              "Crashes (segfault, OOM kill, lost lease) tolerated before the job is dead."),
+    PolicyKey("result_ttl", "result_ttl_ms", "duration", "1d",
+              "How long a result is kept (0 keeps none)."),
+    PolicyKey("idempotency_ttl", "idempotency_ttl_ms", "duration", "1d",
+              "An idempotent task's completed run is never repeated within this.",
+              positive=True, scopes=(DEFAULTS, QUEUE, TASKS)),
+    PolicyKey("max_result_bytes", "max_result_bytes", "size", "1MiB",
+              "A larger result is a failure, with that reason.", minimum=1),
+    PolicyKey("backoff.base", "backoff_base_ms", "duration", "1s",
+              "First retry delay; retry n waits `base * factor^(n-1)`, at most `max`."),
+    PolicyKey("backoff.factor", "backoff_factor", "number", 2.0,
+              "Each retry waits this many times longer than the one before.", minimum=1.0),
+    PolicyKey("backoff.max", "backoff_max_ms", "duration", "10m",
+              "The longest retry delay (not less than `base`)."),
+    PolicyKey("backoff.jitter", "backoff_jitter", "number", 0.2,
+              "Each delay moves at random by up to this fraction of itself.",
+              minimum=0.0, maximum=1.0),
+)
+
+JOB_POLICY: dict[str, int | float] = {key.field: key.stored() for key in POLICY_KEYS}
 
 TIMEOUT_MS = int(JOB_POLICY["timeout_ms"])
 MAX_CRASHES = int(JOB_POLICY["max_crashes"])

@@ -13,8 +13,8 @@ sends it once. Its id is chosen up front, so the view can return it before the c
 What this cannot promise: a process that dies (or a Redis that is unreachable) between
 the commit and the enqueue loses the job, because the intent lived only in memory.
 Where that matters, write the intent into the same transaction (an outbox row) and let
-a relay enqueue it with the row's id as ``job_id`` (see README, "Enqueue after
-commit", and examples/fastapi_app).
+a relay enqueue it with the row's id as ``job_id`` (see docs/guide/frameworks.md,
+"The outbox", and examples/fastapi_app).
 """
 
 from __future__ import annotations

@@ -15,6 +15,18 @@ class JobNotFound(ForqError, LookupError):
     """No job with this id exists (never enqueued, purged, or its record expired)."""
 
 
+class JobStateError(ForqError):
+    """The job is not in a state the action applies to (promote a running job, change
+    the priority of a finished one, …): nothing was changed."""
+
+    def __init__(self, job_id: str, queue: str, state: str, action: str, detail: str) -> None:
+        self.job_id = job_id
+        self.queue = queue
+        self.state = state
+        self.action = action
+        super().__init__(f"job {job_id} in queue {queue} is {state}: {detail}; nothing changed")
+
+
 class JobFailed(ForqError):
     """`Job.wait` found the job dead or cancelled instead of succeeded."""
 
@@ -77,8 +89,12 @@ class IncompatibleFormat(ForqError):
 
 def refused(exc: Exception) -> Exception:
     """A script's refusal of bad input (an error reply starting "forq: ", such as a
-    dependency on an unknown job) as a `PayloadError`; any other error unchanged."""
+    dependency on an unknown job) as a `PayloadError`; any other error unchanged. In a
+    pipeline (a Queue's first enqueue registers the queue in the same round trip)
+    redis-py prefixes the reply with "Command # N (...) of pipeline caused error: "."""
     text = str(exc)
+    if text.startswith("Command # ") and " of pipeline caused error: " in text:
+        text = text.split(" of pipeline caused error: ", 1)[1]
     if text.startswith("forq: "):
         return PayloadError(text[len("forq: "):])
     return exc

@@ -1,8 +1,9 @@
 """The fleet as any tool sees it: the supervisors alive now and the schedules they run.
 
 Supervisors publish both in Redis (`forq.supervisor.redis_io.roster` and `.scheduler`
-write them); `forq workers`, `forq schedules` and `forq web` read them here, from any
-machine, without a supervisor's config. Liveness is judged by Redis time only.
+write them); `forq supervisors`, `forq schedules` and `forq web` read them here, from
+any machine, without a supervisor's config (`code_status`: the handler code each
+serves). Liveness is judged by Redis time only.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 
 import redis
 
-from forq.keys import SCHEDULE_DEFS, SCHEDULES, SUPERVISORS
+from forq.store.keys import SUPERVISORS
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
-SCHEDULE_STALE_AFTER = 600.0  # a definition no supervisor re-published for this long is stale
-SCHEDULE_FORGET_AFTER = 7 * 86400.0  # ... and after this long it is dropped
+CODE_MAX = 200  # characters of a code name read from a heartbeat (a version is <= 64)
 
 
 def redis_now(client: redis.Redis) -> float:
@@ -52,61 +52,47 @@ def live_supervisors(client: redis.Redis) -> list[dict[str, Any]]:
     return sorted(alive, key=lambda r: r.get("name", ""))
 
 
-def _last_fired(raw: str | None) -> tuple[float | None, str | None]:
-    """The scheduler's record of a schedule's last tick; (None, None) if absent or unreadable."""
-    if raw is None:
-        return None, None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None, None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), None
-    if not isinstance(value, dict):
-        return None, None
-    last = value.get("last")
-    last = float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None
-    job = value.get("job")
-    return last, (str(job) if job is not None else None)
+def code_status(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a supervisor's heartbeat record says of its handler code, checked (any
+    writer of the Redis could have written it): `code` ("VERSION+FINGERPRINT", "" when
+    not known), `retiring` (each old fork server still finishing jobs in older code:
+    pid, jobs, code) and `reload_error` (the last reload refused: at (seconds, or None),
+    error, module; None when the last reload applied)."""
+    code = record.get("code")
+    retiring = []
+    olds = record.get("code_retiring")
+    for old in olds if isinstance(olds, list) else []:
+        if not isinstance(old, Mapping):
+            continue
+        pid, jobs, old_code = old.get("pid"), old.get("jobs"), old.get("code")
+        if type(pid) is int and type(jobs) is int and jobs >= 0:
+            retiring.append({"pid": pid, "jobs": jobs,
+                             "code": old_code[:CODE_MAX] if isinstance(old_code, str) else ""})
+    refused = record.get("reload_error")
+    reload_error = None
+    if isinstance(refused, Mapping):
+        error, module = refused.get("error"), refused.get("module")
+        reload_error = {"at": _number(refused.get("at")),
+                        "error": error[:1000] if isinstance(error, str) else "",
+                        "module": module[:300] if isinstance(module, str) else ""}
+    return {"code": code[:CODE_MAX] if isinstance(code, str) else "", "retiring": retiring,
+            "reload_error": reload_error}
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def schedule_rows(client: redis.Redis, now: float,
+def schedule_rows(client: redis.Redis, now: float | None = None,
                   defs: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every schedule with its last and next fire, for `forq schedules` and `forq web`:
-    those of `defs` when given (a config file's, `scheduler.config_defs`), else those
-    the supervisors published (each with ``stale`` when no supervisor re-published it
-    lately)."""
-    if defs is not None:
-        names = list(defs)
-    else:
-        defs, forget = {}, []
-        for key, raw in client.hgetall(SCHEDULE_DEFS).items():
-            name = str(key)
-            try:
-                value = json.loads(raw)
-            except ValueError:
-                value = None
-            seen = _number(value.get("seen")) if isinstance(value, dict) else None
-            if seen is None or now - seen > SCHEDULE_FORGET_AFTER:
-                forget.append(name)  # unreadable (not a supervisor's) or long gone
-                continue
-            defs[name] = value
-        if forget:
-            client.hdel(SCHEDULE_DEFS, *forget)
-        names = sorted(defs)
-    raw_last = client.hmget(SCHEDULES, names) if names else []
-    rows = []
-    for name, value in zip(names, raw_last, strict=True):
-        d = defs[name]
-        last, job_id = _last_fired(str(value) if value is not None else None)
-        seen = _number(d.get("seen")) or now
-        rows.append({"name": name, "cron": str(d.get("cron", "")),
-                     "timezone": str(d.get("timezone") or "UTC"),
-                     "queue": str(d.get("queue", "")), "task": str(d.get("task", "")),
-                     "last_fired": last, "last_job": job_id, "next_fire": _number(d.get("next")),
-                     "stale": now - seen > SCHEDULE_STALE_AFTER})
-    return rows
+    the run-time ones (`forq.schedules`), and those of `defs` when given (a config
+    file's, `scheduler.config_defs`), else those the supervisors published (each with
+    ``stale`` when no supervisor re-published it lately). `now` is unused: Redis's
+    clock decides."""
+    from forq.schedules import rows
+    from forq.store.pipelines import run_plan
+    from forq.store.scripts import Scripts
+
+    found: list[dict[str, Any]] = run_plan(client, Scripts(client), rows(defs))
+    return found

@@ -46,7 +46,8 @@ _INT_FIELDS = (
 STEP_PREFIX = "step:"  # a durable step's field in the job hash (lua/step.lua)
 
 
-def _loads(text: str | None) -> Any:
+def loads_field(text: str | None) -> Any:
+    """A JSON field of a job record as Python; the raw text if it is not JSON."""
     if text is None or text == "":
         return None
     try:
@@ -82,7 +83,7 @@ class Job:
                     pass
         entries = []
         for raw in history:
-            entry = _loads(raw)
+            entry = loads_field(raw)
             if isinstance(entry, dict) and "at" in entry:
                 entry["at"] = entry["at"] / 1000.0
             entries.append(entry)
@@ -105,11 +106,11 @@ class Job:
 
     @property
     def args(self) -> list[Any]:
-        return _loads(self.fields.get("args")) or []
+        return loads_field(self.fields.get("args")) or []
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return _loads(self.fields.get("kwargs")) or {}
+        return loads_field(self.fields.get("kwargs")) or {}
 
     @property
     def attempts(self) -> int:
@@ -121,11 +122,11 @@ class Job:
 
     @property
     def result(self) -> Any:
-        return _loads(self.fields.get("result"))
+        return loads_field(self.fields.get("result"))
 
     @property
     def error(self) -> Any:
-        return _loads(self.fields.get("error"))
+        return loads_field(self.fields.get("error"))
 
     @property
     def output(self) -> str:
@@ -158,7 +159,7 @@ class Job:
         found = []
         for name, raw in self.fields.items():
             if isinstance(name, str) and name.startswith(STEP_PREFIX):
-                entry = _loads(raw)
+                entry = loads_field(raw)
                 if not isinstance(entry, dict):
                     entry = {"result": entry}
                 found.append((name[len(STEP_PREFIX):], entry))
@@ -188,7 +189,7 @@ class Job:
     @property
     def depends_on(self) -> list[str]:
         """The jobs it waits on or waited on (``depends_on``), [] for none."""
-        return _loads(self.fields.get("depends_on")) or []
+        return loads_field(self.fields.get("depends_on")) or []
 
     @property
     def waiting_on(self) -> int:
@@ -220,7 +221,7 @@ class Job:
             "history": self.history,
         }
         for name in ("priority", "enqueued_at", "run_at", "started_at", "finished_at",
-                     "owner", "key", "parent", "batch", "batch_queue", "child_batch"):
+                     "owner", "code", "key", "parent", "batch", "batch_queue", "child_batch"):
             if name in self.fields:
                 out[name] = self.fields[name]
         if "depends_on" in self.fields:

@@ -7,24 +7,30 @@ worker. Errors name the offending argument so the producer can fix the call.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from forq.defaults import ENQUEUE, POLICY_KEYS, PolicyKey
 from forq.errors import PayloadError
 from forq.tracing import current_traceparent, valid_traceparent
-from forq.units import UnitError, parse_duration, parse_size
+from forq.units import UnitError, parse_duration
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double
 MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 
+# a job policy key set per job (a forq.defaults row with the enqueue scope), as
+# its option ("backoff" for backoff.base, …) and as the field a spec stores
+PER_JOB_POLICY = tuple(key for key in POLICY_KEYS if ENQUEUE in key.scopes)
+BACKOFF_PARTS = tuple(key.name.partition(".")[2] for key in PER_JOB_POLICY
+                      if key.name.startswith("backoff."))
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
-    "max_attempts", "max_crashes", "timeout", "memory_limit", "result_ttl",
-    "max_result_bytes", "backoff", "idempotent", "group", "expires_in", "expire_at",
-    "depends_on", "allow_failure",
+    "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure", "lifo",
+    *(key.name.partition(".")[0] for key in PER_JOB_POLICY),
 })
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
 
@@ -85,6 +91,14 @@ def group_problem(group: Any) -> str:
     return ""
 
 
+def checked_priority(priority: Any, where: str = "") -> int:
+    """A job priority: an integer in [-PRIORITY_LIMIT, PRIORITY_LIMIT] (higher first)."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_LIMIT:
+        raise PayloadError(f"{where}priority must be an integer in [-{PRIORITY_LIMIT}, "
+                           f"{PRIORITY_LIMIT}], got {priority!r}"[:300])
+    return priority
+
+
 def _expiry(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
     """expires_in (a duration, from Redis's clock at enqueue) or expire_at (a datetime or
     Unix seconds): a job not started by then never runs (dead, "expired before start").
@@ -127,6 +141,50 @@ def _ms(value: Any, where: str) -> int:
         raise PayloadError(str(exc)) from None
 
 
+def _policy_value(task: str, key: PolicyKey, value: Any) -> int | float:
+    """One per-job policy option, stored as its row says and within its row's bounds
+    (the same bounds a config has), or a PayloadError naming it."""
+    where = f"task {task!r}: {key.name}"
+    if key.kind in ("integer", "number") and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+            or (key.kind == "integer" and not isinstance(value, int))):
+        raise PayloadError(f"{where} must be {'an integer' if key.kind == 'integer' else 'a number'}"
+                           f", got {value!r}")
+    try:
+        stored = key.stored(value)
+    except UnitError as exc:
+        raise PayloadError(f"{where}: {exc}") from None
+    shown = value if key.kind in ("integer", "number") else stored
+    if key.positive and stored <= 0:
+        raise PayloadError(f"{where} must be more than 0, got {value!r}")
+    if not key.minimum <= shown <= key.maximum or shown != shown:  # NaN fails both
+        bounds = (f"from {key.minimum:g} to {key.maximum:g}" if key.maximum != math.inf
+                  else f"at least {key.minimum:g}")
+        raise PayloadError(f"{where} must be {bounds}, got {value!r}")
+    return stored
+
+
+def _policy(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
+    """The per-job policy options (forq.defaults rows with the enqueue scope) into `spec`."""
+    backoff = options.get("backoff")
+    if backoff is not None:
+        if not isinstance(backoff, Mapping):
+            raise PayloadError(f"task {task!r}: backoff must be a mapping of "
+                               f"{'/'.join(BACKOFF_PARTS)}, got {type(backoff).__name__}")
+        unknown = sorted(str(k) for k in backoff if k not in BACKOFF_PARTS)
+        if unknown:
+            raise PayloadError(f"task {task!r}: backoff has unknown key(s) {', '.join(unknown)}"
+                               f" (known: {', '.join(BACKOFF_PARTS)})")
+    for key in PER_JOB_POLICY:
+        option, _, part = key.name.partition(".")
+        if part:
+            value = backoff.get(part) if backoff is not None else None
+        else:
+            value = options.get(option)
+        if value is not None:
+            spec[key.field] = _policy_value(task, key, value)
+
+
 def build_spec(
     task: str,
     options: Mapping[str, Any],
@@ -156,13 +214,9 @@ def build_spec(
         "args": args_json,
         "kwargs": kwargs_json,
     }
-    priority = options.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_LIMIT:
-        raise PayloadError(
-            f"task {task!r}: priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}], "
-            f"got {priority!r}"
-        )
-    spec["priority"] = priority
+    spec["priority"] = checked_priority(options.get("priority", 0), f"task {task!r}: ")
+    if options.get("lifo"):
+        spec["lifo"] = 1  # the head of its priority when it becomes pending, not the tail
     if options.get("delay") is not None:
         spec["delay_ms"] = max(0, _ms(options["delay"], "delay"))
     if options.get("run_at") is not None:
@@ -180,34 +234,7 @@ def build_spec(
         spec["key"] = key
         if options.get("unique_for") is not None:
             spec["unique_ms"] = _ms(options["unique_for"], "unique_for")
-    for name in ("max_attempts", "max_crashes"):
-        value = options.get(name)
-        if value is not None:
-            if not isinstance(value, int) or value < 1:
-                raise PayloadError(f"task {task!r}: {name} must be an integer >= 1, got {value!r}")
-            spec[name] = value
-    if options.get("timeout") is not None:
-        spec["timeout_ms"] = _ms(options["timeout"], "timeout")
-    if options.get("result_ttl") is not None:
-        spec["result_ttl_ms"] = _ms(options["result_ttl"], "result_ttl")
-    for name in ("memory_limit", "max_result_bytes"):
-        if options.get(name) is not None:
-            try:
-                spec[name] = parse_size(options[name], where=name)
-            except UnitError as exc:
-                raise PayloadError(f"task {task!r}: {exc}") from None
-    backoff = options.get("backoff")
-    if backoff is not None:
-        if not isinstance(backoff, Mapping):
-            raise PayloadError(f"task {task!r}: backoff must be a mapping of base/factor/max/jitter")
-        if "base" in backoff:
-            spec["backoff_base_ms"] = _ms(backoff["base"], "backoff.base")
-        if "max" in backoff:
-            spec["backoff_max_ms"] = _ms(backoff["max"], "backoff.max")
-        if "factor" in backoff:
-            spec["backoff_factor"] = float(backoff["factor"])
-        if "jitter" in backoff:
-            spec["backoff_jitter"] = float(backoff["jitter"])
+    _policy(task, options, spec)
     if options.get("idempotent"):
         spec["idempotent"] = 1
     if options.get("group") is not None:
@@ -256,12 +283,10 @@ _NUM = (int, float)
 SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "id": (str,), "task": (str,), "args": (str,), "kwargs": (str,), "queue": (str,),
     "parent": (str,), "priority": _INT, "delay_ms": _INT, "run_at_ms": _INT, "key": (str,),
-    "unique_ms": _INT, "max_attempts": _INT, "max_crashes": _INT, "timeout_ms": _INT,
-    "result_ttl_ms": _INT, "memory_limit": _INT, "max_result_bytes": _INT,
-    "backoff_base_ms": _INT, "backoff_max_ms": _INT, "backoff_factor": _NUM,
-    "backoff_jitter": _NUM, "idempotent": _INT, "traceparent": (str,), "group": (str,),
+    "unique_ms": _INT, "idempotent": _INT, "traceparent": (str,), "group": (str,),
     "expires_in_ms": _INT, "expire_at_ms": _INT,
-    "batch": (str,), "batch_queue": (str,),
+    "batch": (str,), "batch_queue": (str,), "lifo": _INT,
+    **{key.field: _NUM if key.kind == "number" else _INT for key in PER_JOB_POLICY},
 }
 MAX_NAME = 200  # task names, queue names and idempotency keys
 _QUEUE_NAME_BAD = frozenset("{}: \t\r\n")
@@ -297,6 +322,8 @@ def _check_shape(spec: Any, required: tuple[str, ...]) -> str:
     for name in ("max_attempts", "max_crashes"):
         if name in spec and spec[name] < 1:
             return f"{name} must be >= 1"
+    if spec.get("lifo", 1) != 1:
+        return "lifo must be 1 when given"
     try:
         args, kwargs = json.loads(spec["args"]), json.loads(spec["kwargs"])
     except (ValueError, RecursionError):

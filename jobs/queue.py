@@ -1,31 +1,37 @@
-"""The queue API: what producers and operators call. The lease transitions the
-supervisor calls are methods of `Queue` too, written in `forq.leasecalls`.
+"""The queue API: what producers and operators call. The lease transitions only a
+supervisor sends (claim, extend, ack, …) are not here: `forq.supervisor.leases.calls`.
 
 Every state change is one Lua script call (see ``lua/``), built and parsed by
-`forq.transitions`; this module sends them, alone or batched into pipelines.
+`forq.store.transitions`; this module sends them, alone or batched into pipelines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import redis
 
-from forq import batches, dataformat, plans, topology
-from forq import keys as keyspace
-from forq import transitions as tr
+from forq import batches
 from forq.batches import Batch
-from forq.batchspec import build_batch
-from forq.connection import connect
 from forq.errors import JobNotFound, QueueFull, refused
 from forq.job import Job
-from forq.leasecalls import LeaseTransitions
-from forq.payload import DEFAULT_MAX_PAYLOAD_BYTES, batch_specs, call_spec
-from forq.pipelines import run_plan
-from forq.policy import fill
-from forq.scripts import Scripts
-from forq.transitions import (  # re-exported: the supervisor and tests import them from here
+from forq.payload import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    batch_specs,
+    call_spec,
+    checked_priority,
+)
+from forq.store import dataformat, finder, plans, topology
+from forq.store import keys as keyspace
+from forq.store import transitions as tr
+from forq.store.batchspec import build_batch
+from forq.store.connection import connect
+from forq.store.finder import BulkResult, FoundPage, JobFilter
+from forq.store.pipelines import run_plan
+from forq.store.policy import fill
+from forq.store.scripts import Scripts
+from forq.store.transitions import (  # re-exported: the supervisor and tests import them from here
     ENQUEUE_BATCH,
     RECLAIM_BATCH,
     ClaimResult,
@@ -43,7 +49,7 @@ T = TypeVar("T")
 RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
 
 
-class Queue(LeaseTransitions):
+class Queue:
     """One named queue on one Redis.
 
     >>> q = Queue("emails", url="redis://127.0.0.1:6379/0")
@@ -70,7 +76,6 @@ class Queue(LeaseTransitions):
         # durable enqueues (WAIT): None = the client's setting (topology.set_durability)
         self.min_replicas = min_replicas
         self.wait_timeout = wait_timeout
-        self._claim_policy = ""  # the policy JSON of the last claim, for parse_claim
         self._policies: dict[str, dict[str, str]] = {}  # sha -> stored policy (immutable)
 
     # -- producing ---------------------------------------------------------------
@@ -85,7 +90,9 @@ class Queue(LeaseTransitions):
         job_id, max_attempts, max_crashes, timeout, memory_limit, result_ttl,
         max_result_bytes, backoff={base, factor, max, jitter}, idempotent, group (a
         key such as "customer-42": at most the queue's group_concurrency jobs of one
-        group run at once, 1 unless set, see `set_limits`; other groups keep flowing).
+        group run at once, 1 unless set, see `set_limits`; other groups keep flowing),
+        lifo=True (when it becomes pending it goes to the head of its priority, newest
+        first, instead of the tail).
         durable=True waits until at least one replica (or the queue's min_replicas)
         holds the job, else raises `NotReplicated`; durable=False never waits.
         """
@@ -152,6 +159,15 @@ class Queue(LeaseTransitions):
             queued += 1
         return queued
 
+    def _stored_policy(self, sha: str) -> dict[str, str]:
+        """The policy a claim stored under `sha` (named by content: cached for good)."""
+        if sha not in self._policies:
+            flat = self.redis.hgetall(self.keys.policy(sha))
+            if not flat:
+                return {}
+            self._policies[sha] = {str(k): str(v) for k, v in flat.items()}
+        return self._policies[sha]
+
     def _run(self, plan: plans.Plan[T]) -> T:
         return run_plan(self.redis, self.scripts, plan)
 
@@ -173,12 +189,77 @@ class Queue(LeaseTransitions):
         return [Job.from_record(self, record, history)
                 for record, history in self._run(plans.dead(self.keys, limit))]
 
+    # -- finding jobs, and acting on all of them (forq.store.finder) ---------------------
+
+    def find(self, state: str = "pending", *, cursor: str | None = None, count: int = 100,
+             **filters: Any) -> FoundPage:
+        """One page of the jobs in `state` that pass the filters (task=, error= (a regular
+        expression), since=, before=, args_contains=, group=: see `JobFilter`), in the
+        order of the state's set, at most `count` in `page.jobs`. Pass `page.cursor` back
+        for the next page; None means the walk is over. A page is bounded work: it may
+        hold fewer than `count` jobs (even none) and a cursor when matches are sparse."""
+        filt = JobFilter(state, **filters)
+        page = self._run(finder.find(self.keys, filt, cursor, count))
+        page.jobs = [Job.from_record(self, record, []) for record in page.records]
+        return page
+
+    def find_iter(self, state: str = "pending", *, limit: int | None = None,
+                  **filters: Any) -> Iterator[Job]:
+        """Every job in `state` that passes the filters (as `find`), page by page, up to
+        `limit` jobs."""
+        cursor: str | None = None
+        seen = 0
+        while True:
+            page = self.find(state, cursor=cursor, count=100, **filters)
+            for job in page.jobs:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield job
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    def bulk(self, action: str, state: str, *, limit: int | None = None,
+             **filters: Any) -> BulkResult:
+        """Do `action` to every job in `state` that passes the filters (as `find`), up to
+        `limit`: "requeue" or "purge" (dead jobs), "cancel" (pending, scheduled, waiting
+        or active), "promote" (scheduled). Each job is one atomic call: a match that
+        changed before its turn (another state, its record trimmed) is skipped, counted
+        in `result.skipped`."""
+        return self._run(finder.act(self.keys, JobFilter(state, **filters), action, limit))
+
     # -- operator actions ----------------------------------------------------------
 
     def cancel(self, job_id: str) -> str:
         """Cancel a job: "cancelled", "cancelling" (active; its supervisor stops it within
         one lease-extension period), "missing", or the terminal state it already had."""
         return tr.parse_cancel(self.scripts.run(tr.cancel_call(self.keys, job_id)))
+
+    def promote(self, job_id: str) -> str:
+        """Run a scheduled job now (a delayed one, or a retry waiting out its backoff): it
+        becomes pending at the tail of its priority. Returns "pending"; `JobStateError`
+        when the job is not scheduled, `JobNotFound` when there is none."""
+        return (self._run(plans.change(self.keys, tr.promote_call(self.keys, job_id),
+                                            job_id))).state
+
+    def reschedule(self, job_id: str, at: Any = None, *, delay: Any = None) -> str:
+        """Give a pending or scheduled job a new run-at: `at` (a datetime or Unix seconds)
+        or `delay` (a duration from now, by Redis's clock). A time not in the future runs
+        it now. Returns its state then ("scheduled" or "pending"); `JobStateError` when it
+        is in another state (a waiting job runs when its dependencies end) or its expiry
+        before start would come first."""
+        ms, relative = plans.new_run_at(at, delay)
+        return (self._run(plans.change(
+            self.keys, tr.reschedule_call(self.keys, job_id, ms, relative), job_id))).state
+
+    def set_priority(self, job_id: str, priority: int) -> str:
+        """Change the priority of a pending, scheduled or waiting job (higher runs first):
+        a pending one moves to the tail of its new priority at once. Returns its state;
+        `JobStateError` when it is running or finished."""
+        priority = checked_priority(priority)
+        return (self._run(plans.change(
+            self.keys, tr.set_priority_call(self.keys, job_id, priority), job_id))).state
 
     def requeue_dead(self, ids: Sequence[str] | None = None, *, limit: int = 10000) -> tuple[int, list[str]]:
         """Requeue the given dead jobs (or all, up to `limit`). Returns (count, ids not dead)."""

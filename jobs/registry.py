@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from forq.batchspec import build_batch
 from forq.channel import Channel
 from forq.errors import PayloadError
 from forq.payload import build_spec
+from forq.store.batchspec import build_batch
 
 
 class NonRetryable(Exception):

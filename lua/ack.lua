@@ -21,7 +21,13 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
+--@include includes/counts
+--@include includes/wake
+--@include includes/enqueue_job
+--@include includes/succeed
 
 local prefix, queue = ARGV[1], ARGV[2]
 local answers = {}

@@ -2,7 +2,7 @@
 --[[
   batch: open a batch (fan-out / fan-in) and enqueue its members that live in this
   queue, in one step. Its callbacks are enqueued, exactly once, by the transition that
-  ends its last member (ack, fail, reclaim, cancel: see links_ended in _lib). Opened by
+  ends its last member (ack, fail, reclaim, cancel: see links_ended in includes/finish). Opened by
   a producer (`Queue.batch`), or by a running job from its handler, fenced by that
   job's lease token: the job then counts as a member until it ends, so a batch inside
   a batch's member ends that member only once the inner batch is done. Members on other
@@ -29,7 +29,14 @@
   opened before: nothing changes) or "lost" (the opener's token is stale: nothing
   changes); enqueued, how many member jobs were added.
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
+--@include includes/counts
+--@include includes/wake
+--@include includes/enqueue_job
+--@include includes/batches
+--@include includes/depends_on
 
 local prefix, queue, bid = ARGV[1], ARGV[2], ARGV[3]
 local opener, token = ARGV[5], ARGV[6]

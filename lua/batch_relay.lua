@@ -14,7 +14,8 @@
   (the callbacks of a batch whose last member's end this delivers)
   Returns how many of the ends were counted (the others had been before).
 ]]
---@include _lib
+--@include includes/time
+--@include includes/batches
 
 local prefix = ARGV[1]
 local at = now_ms()

@@ -7,16 +7,25 @@
   KEYS[2]  forq:{q}:scheduled   zset
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  job id
+  ARGV[3]  "" (any state), or the state the job must be in: in another, nothing changes
+           and the reply is that state (a bulk cancel of the scheduled jobs leaves one
+           that started meanwhile alone)
 
   Returns "cancelled" | "cancelling" (active; its supervisor will stop it) |
           "missing" | the terminal state it already has ("succeeded", "dead", "cancelled")
+          | with ARGV[3], the state it is in when that is another
   Transitions: pending -> cancelled, scheduled -> cancelled, waiting -> cancelled
   Transitions: waiting -> pending, waiting -> scheduled, waiting -> dead
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/counts
+--@include includes/groups
+--@include includes/finish
 
 local pending_key, scheduled_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]
@@ -24,6 +33,7 @@ local jkey = job_key(prefix, id)
 local f = redis.call('HMGET', jkey, 'state', 'group')
 local state = f[1]
 if not state then return 'missing' end
+if ARGV[3] and ARGV[3] ~= '' and state ~= ARGV[3] then return state end
 local at = now_ms()
 if state == 'pending' or state == 'scheduled' or state == 'waiting' then
   if f[2] and state == 'pending' then

@@ -5,7 +5,7 @@
   KEYS[2]  forq:{q}:scheduled   zset (run-at ms)
   KEYS[3]  forq:{q}:active      zset (lease deadline ms)
   KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, the
-                                group limits (see _groups.lua), and paused (pause.lua:
+                                group limits (see includes/groups), and paused (pause.lua:
                                 lease nothing while it is set)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
@@ -14,9 +14,12 @@
   ARGV[4]  lease ttl (ms)
   ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "": the
            limits for what the producer left unset. Stored once as the hash
-           forq:{q}:policy:<sha1 of ARGV[5]> (see policy_key in _lib); a job's first
+           forq:{q}:policy:<sha1 of ARGV[5]> (see includes/policy); a job's first
            claim names it in the job's `policy` field and copies just `result_ttl_ms`,
            which every ack needs, into the job; fail and reclaim read the rest from it
+  ARGV[6]  (optional) the handler code the jobs will run ("VERSION+FINGERPRINT", see
+           supervisor/fork/fingerprint.py): set as each leased job's `code` field ("" when
+           unknown) and, when not "", named in its `claimed` history entry
 
   Returns {next_due_ms, wait_ms, pending_left, held, now_ms, job1, job2, ...}
     next_due_ms   earliest scheduled run-at or group token (group rate), or -1
@@ -26,7 +29,7 @@
     now_ms        Redis time of this claim, to turn next_due_ms into a delay
     jobN          the leased job's record as a flat HGETALL list (includes token)
     (the policy's limits are not in it: the caller has the policy)
-  Grouped jobs (see _groups.lua) are taken from the ready groups, in score order with
+  Grouped jobs (see includes/groups) are taken from the ready groups, in score order with
   the head of `pending`: a group at its limit is not in the ready set, so it never
   holds back another group or an ungrouped job.
   A paused queue answers {-1, 0, pending, 0, now_ms} and changes nothing (no promotion
@@ -45,13 +48,21 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/policy
+--@include includes/groups
+--@include includes/pending
+--@include includes/succeed
+--@include includes/expire_unstarted
 
 local pending_key, scheduled_key, active_key, limits_key, bucket_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, owner = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
+local code = ARGV[6]
 local at = now_ms()
 -- the global limits, shared by every supervisor through this hash (used in step 2); a
 -- paused queue leases nothing, known from the same HMGET
@@ -74,9 +85,9 @@ if next_due >= 0 and next_due <= at then
   for _, id in ipairs(due) do
     local jkey = job_key(prefix, id)
     redis.call('ZREM', scheduled_key, id)
-    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group')
+    local f = redis.call('HMGET', jkey, 'id', 'priority', 'group', 'lifo')
     if f[1] then
-      local score = pending_score(prefix, tonumber(f[2]) or 0)
+      local score = pending_score(prefix, tonumber(f[2]) or 0, f[4])
       redis.call('HSET', jkey, 'state', 'pending', 'score', score)
       to_pending(prefix, id, score, f[3], at)
       if f[3] then grouped = true end -- maybe the queue's first: take it in this claim
@@ -216,7 +227,8 @@ if count_popped > 0 then
   end
   -- a history entry without a table to encode: only the owner needs JSON quoting
   local claimed = '{"event":"claimed","at":' .. at_s .. ',"owner":' .. cjson.encode(owner)
-    .. ',"token":'
+  if code and code ~= '' then claimed = claimed .. ',"code":' .. cjson.encode(code) end
+  claimed = claimed .. ',"token":'
   for i = 1, count_popped do
     local id = popped[2 * i - 1]
     local jkey = job_key(prefix, id)
@@ -249,6 +261,10 @@ if count_popped > 0 then
       local token_s = tostring(token)
       local set = {'state', 'active', 'owner', owner, 'token', token_s,
                    'lease_deadline', deadline, 'started_at', at_s}
+      if code then
+        set[#set + 1] = 'code'
+        set[#set + 1] = code
+      end
       if policy and not fields['policy'] then
         set[#set + 1] = 'policy'
         set[#set + 1] = policy_sha

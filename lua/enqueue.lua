@@ -31,7 +31,11 @@
   (a job with depends_on waits, unless its parents ended already: then it is released,
   or dead at once when one failed)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/counts
+--@include includes/wake
+--@include includes/enqueue_job
+--@include includes/depends_on
 
 local prefix, queue = ARGV[1], ARGV[2]
 -- a dependency on an unknown job refuses the whole call, before anything is written

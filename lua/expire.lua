@@ -12,7 +12,10 @@
   Returns "ok", or "lost" when the token is stale (nothing changes).
   Transitions: none
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
+--@include includes/history
 
 local active_key = KEYS[1]
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]

@@ -17,7 +17,9 @@
   token in the same atomic step, so extension and reclaim never both win.
   Transitions: none
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
 
 local active_key = KEYS[1]
 local prefix = ARGV[1]

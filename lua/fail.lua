@@ -23,7 +23,15 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
+--@include includes/history
+--@include includes/counts
+--@include includes/wake
+--@include includes/policy
+--@include includes/groups
+--@include includes/finish
 
 local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]

@@ -12,7 +12,8 @@
   Returns "ok", or "lost" when the token is stale (nothing changes).
   Transitions: none
 ]]
---@include _lib
+--@include includes/job
+--@include includes/fencing
 
 local prefix, id, token, output = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)

@@ -9,6 +9,6 @@
   Returns 1 when this call paused the queue, 0 when it was paused already (unchanged).
   Transitions: none
 ]]
---@include _lib
+--@include includes/time
 
 return redis.call('HSETNX', KEYS[1], 'paused', now_ms())

@@ -13,7 +13,9 @@
 
   Transitions: none
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
 
 local prefix = ARGV[1]
 local at = now_ms()

@@ -8,7 +8,8 @@
   Returns {purged_count, missing_id1, ...}: ids given that were not dead are listed.
   Transitions: dead -> [*]
 ]]
---@include _lib
+--@include includes/job
+--@include includes/dead_letter
 
 local dead_key = KEYS[1]
 local prefix, mode = ARGV[1], ARGV[2]

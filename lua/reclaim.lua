@@ -23,7 +23,17 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/counts
+--@include includes/wake
+--@include includes/policy
+--@include includes/groups
+--@include includes/pending
+--@include includes/finish
+--@include includes/succeed
+--@include includes/cancel_active
 
 local active_key, pending_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]

@@ -17,7 +17,13 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
+--@include includes/history
+--@include includes/wake
+--@include includes/pending
+--@include includes/cancel_active
 
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)

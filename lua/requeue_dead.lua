@@ -9,7 +9,12 @@
   Returns {requeued_count, missing_id1, ...}: ids given that were not dead are listed.
   Transitions: dead -> pending
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/history
+--@include includes/wake
+--@include includes/dead_letter
+--@include includes/pending
 
 local dead_key, pending_key = KEYS[1], KEYS[2]
 local prefix, mode = ARGV[1], ARGV[2]
@@ -19,8 +24,8 @@ local n, missing = 0, {}
 for _, id in ipairs(ids) do
   local jkey = job_key(prefix, id)
   if redis.call('ZREM', dead_key, id) == 1 and redis.call('EXISTS', jkey) == 1 then
-    local f = redis.call('HMGET', jkey, 'priority', 'group')
-    local score = pending_score(prefix, tonumber(f[1]) or 0)
+    local f = redis.call('HMGET', jkey, 'priority', 'group', 'lifo')
+    local score = pending_score(prefix, tonumber(f[1]) or 0, f[3])
     redis.call('HSET', jkey, 'state', 'pending', 'score', score, 'attempts', 0, 'crashes', 0)
     redis.call('HDEL', jkey, 'dead_reason', 'finished_at', 'expire_at') -- runs, late or not
     redis.call('PERSIST', jkey)

@@ -8,7 +8,7 @@
   Returns 1 when this call resumed the queue, 0 when it was not paused (no wake).
   Transitions: none
 ]]
---@include _lib
+--@include includes/wake
 
 local resumed = redis.call('HDEL', KEYS[1], 'paused')
 if resumed == 1 then wake(ARGV[1], 0) end

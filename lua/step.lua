@@ -18,7 +18,9 @@
 
   Transitions: none
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/fencing
 
 local prefix, id, token, name, result = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local jkey = job_key(prefix, id)

@@ -22,7 +22,10 @@
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
 ]]
---@include _lib
+--@include includes/time
+--@include includes/job
+--@include includes/groups
+--@include includes/expire_unstarted
 
 local expiring_key, pending_key, scheduled_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, limit, sweeper = ARGV[1], tonumber(ARGV[2]), ARGV[3]

@@ -6,7 +6,7 @@ loop; each subpackage's docstring is its own map.
 
 | subpackage | duty |
 | --- | --- |
-| `loop/` | the event loop, timers, wake-ups, drain, sd_notify, heartbeat, logs |
+| `loop/` | the event loop, timers, wake-ups, drain, reload, sd_notify, heartbeat, logs |
 | `redis_io/` | the one round trip a turn: claims, reports, steps, reaper, relay, cron, roster, Redis and shard health |
 | `leases/` | the leases held: keeper, renewal, fencing, prefetch |
 | `children/` | each job's child: launch, spawn, watch, classify its end, its output |

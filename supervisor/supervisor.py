@@ -6,7 +6,8 @@ free slots (in the same round trip as the finished children's reports),
 `Children.start` has the `Spawner` fork its child, `LeaseRenewal` keeps its lease (the
 `Fencer` kills the child if the lease is lost), `LimitPolice` enforces its time and
 memory limits, `Children.ended` classifies its end (`outcomes.classify`) and the
-`Reporter` tells Redis. `Drain` is what SIGTERM does; SIGHUP reloads the config.
+`Reporter` tells Redis. `Drain` is what SIGTERM does; `Reload` what SIGHUP does (the
+config and the handler code).
 
 The collaborators, each in its own module: `EventLoop` (one selector, timers, signals),
 `RedisHealth` (backoff after a Redis error), `Wakeups` (when to claim: pub/sub, timers,
@@ -28,13 +29,13 @@ import socket
 import redis
 
 from forq import Queue
-from forq.connection import connect, describe
 from forq.defaults import MAX_CRASHES
+from forq.store.connection import connect, describe
+from forq.store.topology import fail_fast, is_cluster
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.spawner import Spawner
 from forq.supervisor.children.table import Children
 from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
-from forq.supervisor.config.redis_table import keep_redis_url
 from forq.supervisor.fork.client import ForkServerFatal
 from forq.supervisor.isolation import cgroups, protections
 from forq.supervisor.leases.fencing import Fencer
@@ -46,6 +47,7 @@ from forq.supervisor.loop.drain import Drain
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.loop.heartbeat import INTERVAL as HEARTBEAT_INTERVAL
 from forq.supervisor.loop.heartbeat import Heartbeat
+from forq.supervisor.loop.reload import Reload, renamed_hint
 from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
 from forq.supervisor.observe import tracing
@@ -64,7 +66,6 @@ from forq.supervisor.redis_io.roundtrip import RoundTrip
 from forq.supervisor.redis_io.scheduler import Scheduler
 from forq.supervisor.redis_io.shard_health import ShardHealth
 from forq.supervisor.redis_io.shards import ping_home
-from forq.topology import fail_fast, is_cluster
 
 log = logging.getLogger("forq.supervisor")
 
@@ -86,7 +87,7 @@ class Supervisor:
         self.queues: dict[str, Queue] = {}
         self.outbox: list[Pending] = []
         self.want_claim = True
-        self.metrics = Metrics(lambda: status.read_depths(self.redis, self._served()),
+        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served()),
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
         self.heartbeat = Heartbeat(self)
@@ -126,11 +127,12 @@ class Supervisor:
                                                          self.leases.token).answered,
             shards=self.shards if self.sharded else None, held=self.children)
         self.drain = Drain(self.loop, self.children, self.spawner, self.wakeups, self.notifier)
+        self.reloads = Reload(self)
         # [redis].min_replicas: a WAIT must end before the socket times out
         wait_ms = int(min(config.redis_wait_timeout, timeout * 0.8) * 1000)
         self.reporter = self.make_reporter(config.redis_min_replicas, wait_ms)
         self.claimer = Claimer(self.id, self._queue_for, self.children, self.leases,
-                               self.wakeups, self.health, self.shards)
+                               self.wakeups, self.health, self.shards, code=self.code)
         self.settings = ShardSettings(self.redis, self._queue_for, self.shards,
                                       self.claimer.unsettled)
         self.reaper = Reaper(self.id, self._queue_for, self.metrics, self._wake)
@@ -141,7 +143,7 @@ class Supervisor:
             reaper=self.reaper, settings=self.settings, leases=self.leases,
             health=self.health, shards=self.shards, sharded=self.sharded,
             on_answer=self._redis_worked)
-        self._apply_config(config)
+        self.apply_config(config)
 
     # seams: a deliberately broken build (chaos/broken.py) overrides these two
     def make_fencer(self) -> Fencer:
@@ -153,7 +155,7 @@ class Supervisor:
 
     # -- configuration -------------------------------------------------------------
 
-    def _apply_config(self, config: Config) -> None:
+    def apply_config(self, config: Config) -> None:
         self.config = config
         self.launcher.config = config
         for qc in config.queues:
@@ -165,7 +167,7 @@ class Supervisor:
             self.metrics.declare_queue(qc.name, qc.concurrency)
         self.children.configure(config.queues)
 
-    def _served(self) -> list[str]:
+    def served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]
 
     def _queue_for(self, name: str) -> Queue:
@@ -173,7 +175,7 @@ class Supervisor:
             self.queues[name] = Queue(name, redis=self.redis)
         return self.queues[name]
 
-    def _push_limits(self) -> None:
+    def push_limits(self) -> None:
         if self.sharded:
             self.settings.push_each(self.config.queues)
             return
@@ -182,40 +184,10 @@ class Supervisor:
         except (redis.RedisError, OSError) as exc:
             self.health.failed("limits", exc)
 
-    def reload(self) -> None:
-        """SIGHUP (`systemctl reload`): systemd hears RELOADING=1 now and READY=1 once
-        the new config applies, or was refused and the old one stays."""
-        self.notifier.reloading()
-        try:
-            self._reload()
-        finally:
-            self.notifier.ready(self.heartbeat.status())
-
-    def _reload(self) -> None:
-        try:
-            config = load_config(self.config.path)
-        except ConfigError as exc:
-            log.error("reload refused, keeping the old config: %s", exc)
-            return
-        config = keep_redis_url(self.config, config)
-        try:
-            self.spawner.configure(config.fork_server, Launcher.fork_server_launch(config))
-        except ForkServerFatal as exc:
-            log.error("reload refused, keeping the old config: the new fork server did not "
-                      "start: %s%s", exc, renamed_hint(exc.module))
-            return
-        self._apply_config(config)
-        try:
-            tracing.configure(config.tracing)
-        except tracing.TracingUnavailable as exc:
-            log.error("reload: %s; job spans off", exc)
-        self.scheduler.replace(config.schedules)
-        self._push_limits()
-        if not self.drain.active:
-            self.wakeups.subscribe(self._served())
-        self.want_claim = True
-        log.info("reloaded %s: queues %s", config.path,
-                 ", ".join(f"{q.name}×{q.concurrency}" for q in config.queues))
+    def code(self) -> str:
+        """The handler code the jobs started now run: `[supervisor].version` and the
+        fingerprint its fork server reported (`fork/fingerprint.py`)."""
+        return self.spawner.code
 
     # -- start and stop ---------------------------------------------------------------
 
@@ -280,11 +252,11 @@ class Supervisor:
                                            self.config.path, describe(self.config.redis_url)):
             self._shutdown()
             return 2
-        self._push_limits()
-        self.wakeups.subscribe(self._served())
+        self.push_limits()
+        self.wakeups.subscribe(self.served())
         self.loop.timers.every(self.config.lease_ttl / 3, self.renewal.extend)
         self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
-            self.redis, self._served(), self.health, self.relay,
+            self.redis, self.served(), self.health, self.relay,
             self.shards if self.sharded else None))
         self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
         self.loop.timers.every(HEARTBEAT_INTERVAL, self.heartbeat.beat)
@@ -304,7 +276,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
-            self.reload()
+            self.reloads.signal()
             return
         self.drain.signal(signum, self.config.drain_timeout, self.heartbeat.status())
 
@@ -355,16 +327,6 @@ class Supervisor:
         result = self.trip.run(outbox, claiming, self.config)
         self.outbox = result.outbox + self.outbox
         self.want_claim = self.want_claim or result.claim_again
-
-
-def renamed_hint(module: str) -> str:
-    """What an import of one of forq's old top-level names (before 0.2) is called now."""
-    top = module.split(".", 1)[0]
-    if top in ("jobs", "supervisor", "forq_lua"):
-        new = {"jobs": "forq", "supervisor": "forq.supervisor", "forq_lua": "forq.lua"}[top]
-        return (f" (forq installs one package, `forq`, since 0.2: `{top}` is now `{new}`, "
-                f"e.g. jobs.examples is forq.examples; see the README, \"Upgrading\")")
-    return ""
 
 
 def run_supervisor(config_path: str, log_format: str | None = None,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import DEFAULT_TEST_URL, RedisServer, delete_queue, reachable
 from forq.testing.supervisor import SupervisorProcess, write_config
 

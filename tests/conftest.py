@@ -10,10 +10,19 @@ import pytest
 import redis as redis_lib
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from forq.testing.redis import delete_queue
+from tests import layout
 
 pytest_plugins = ["forq.testing.pytest_plugin"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A module added since `make` linked forq's editable install is not importable as
+    forq.* yet: say so once, with the command that relinks, not as ImportErrors."""
+    message = layout.stale_message()
+    if message:
+        pytest.exit(message, returncode=2)
 
 
 @pytest.fixture(scope="session")

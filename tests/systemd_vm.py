@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tests import vm
@@ -63,6 +64,9 @@ ln -sf /dev/null $R/etc/tmpfiles.d/tmp.conf
 for unit in {masked}; do ln -sf /dev/null $R/etc/systemd/system/$unit; done
 cp {checkout}/systemd/forq.service {checkout}/systemd/forq@.service $R/etc/systemd/system/
 chroot $R useradd --system --home-dir /var/lib/forq --shell /usr/sbin/nologin forq
+# Redis must be able to write its snapshot (the host's /var/lib/redis may be root's):
+# a failed background save makes it refuse every write (stop-writes-on-bgsave-error)
+chroot $R chown redis:redis /var/lib/redis 2>/dev/null || true
 mkdir -p $R/etc/forq
 cat > $R/etc/systemd/system/forq-vm-test.target <<'EOF'
 [Unit]
@@ -121,8 +125,9 @@ def _venv_from(tree: Path) -> Path:
     if (venv / "ready").exists():
         return venv
     vm.CACHE.mkdir(exist_ok=True)
-    for old in vm.CACHE.glob("venv-*"):
-        shutil.rmtree(old, ignore_errors=True)
+    for old in vm.CACHE.glob("venv-*"):  # another checkout's run may still use a recent one
+        if time.time() - old.stat().st_mtime > 6 * 3600:
+            shutil.rmtree(old, ignore_errors=True)
     build = Path(f"{venv}.partial")
     shutil.rmtree(build, ignore_errors=True)
     try:

@@ -16,7 +16,8 @@ import pytest
 
 from forq import AsyncJob, AsyncQueue, JobFailed, JobNotFound, JobTimeout, NotReplicated, Queue
 from forq.errors import PayloadError
-from forq.transitions import ENQUEUE_BATCH
+from forq.store.transitions import ENQUEUE_BATCH
+from forq.supervisor.leases.calls import leasing
 from tests.redis_server import DEFAULT_TEST_URL
 
 OWNER = "async-test"
@@ -80,12 +81,12 @@ def test_get_wait_and_failures(queue):
     async def body(aq):
         ok, bad, slow = (await aq.enqueue("t.ok"), await aq.enqueue("t.bad"),
                          await aq.enqueue("t.slow"))
-        leases = {lease.id: lease for lease in queue.claim(OWNER, 3, LONG).leases}
+        leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, LONG).leases}
 
         async def finish() -> None:
             await asyncio.sleep(0.05)  # let the waiters start polling first
-            queue.ack(ok.id, leases[ok.id].token, json.dumps({"sent": 3}))
-            queue.fail(bad.id, leases[bad.id].token, {"message": "no such mailbox"},
+            leasing(queue).ack(ok.id, leases[ok.id].token, json.dumps({"sent": 3}))
+            leasing(queue).fail(bad.id, leases[bad.id].token, {"message": "no such mailbox"},
                        mode="fatal")
 
         waited = await asyncio.gather(ok.wait(timeout=5), aq.wait(bad.id, timeout=5),
@@ -105,8 +106,8 @@ def test_get_wait_and_failures(queue):
 def test_stats_dead_requeue_purge_cancel(queue):
     async def body(aq):
         a, b, c, d = [await aq.enqueue("t.x", i) for i in range(4)]
-        for lease in queue.claim(OWNER, 3, LONG).leases:
-            queue.fail(lease.id, lease.token, {"message": "bad"}, mode="fatal")
+        for lease in leasing(queue).claim(OWNER, 3, LONG).leases:
+            leasing(queue).fail(lease.id, lease.token, {"message": "bad"}, mode="fatal")
         stats = await aq.stats()
         assert (stats["dead"], stats["pending"]) == (3, 1)
         dead = await aq.dead()

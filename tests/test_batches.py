@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from forq import JobNotFound, PayloadError, Queue
-from forq import transitions as tr
+from forq.store import transitions as tr
+from forq.supervisor.leases.calls import leasing
 from forq.testing.redis import delete_queue
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, write_config
@@ -39,16 +40,16 @@ def run_all(q: Queue, outcome: Any = lambda lease: "ok") -> list[str]:
     "ok" (ack), "fatal" (dead), "retry" (a failed attempt). Returns the ids claimed."""
     ids = []
     while True:
-        claim = q.claim("test-sup", 50, 30000)
+        claim = leasing(q).claim("test-sup", 50, 30000)
         if not claim.leases:
             return ids
         for lease in claim.leases:
             ids.append(lease.id)
             how = outcome(lease)
             if how == "ok":
-                assert q.ack(lease.id, lease.token, json.dumps(lease.id)) == "ok"
+                assert leasing(q).ack(lease.id, lease.token, json.dumps(lease.id)) == "ok"
             else:
-                q.fail(lease.id, lease.token, {"message": "no"}, how)
+                leasing(q).fail(lease.id, lease.token, {"message": "no"}, how)
 
 
 def callbacks_of(q: Queue, batch_id: str) -> set[str]:
@@ -64,13 +65,13 @@ def test_on_success_and_on_complete_when_every_member_succeeds(queue):
     batch = queue.batch([{"task": "t", "args": [i]} for i in range(5)],
                         on_success="cb.ok", on_complete={"task": "cb.done", "kwargs": {"x": 1}})
     assert batch.status().state == "open"
-    claim = queue.claim("test-sup", 10, 30000)
+    claim = leasing(queue).claim("test-sup", 10, 30000)
     assert sorted(lease.id for lease in claim.leases) == sorted(batch.member_ids)
     for lease in claim.leases[:-1]:
-        queue.ack(lease.id, lease.token, "1")
+        leasing(queue).ack(lease.id, lease.token, "1")
         assert callbacks_of(queue, batch.id) == set()  # not before the last member ends
     last = claim.leases[-1]
-    queue.ack(last.id, last.token, "2")
+    leasing(queue).ack(last.id, last.token, "2")
     assert callbacks_of(queue, batch.id) == {"on_success", "on_complete"}
     done = queue.get(f"{batch.id}-on_complete")
     assert done.kwargs == {"x": 1, "batch_id": batch.id}
@@ -111,9 +112,9 @@ def test_a_retried_member_counts_only_when_it_ends(queue):
 def test_crashes_count_when_the_reclaim_sends_the_member_to_dead(queue):
     batch = queue.batch([{"task": "t", "max_crashes": 2}], on_complete="cb.done")
     for crash in range(2):
-        lease = queue.claim("test-sup", 1, 30000).leases[0]
-        queue.expire(lease.id, lease.token, "killed by SIGKILL")
-        moved = queue.reclaim("test-sup")
+        lease = leasing(queue).claim("test-sup", 1, 30000).leases[0]
+        leasing(queue).expire(lease.id, lease.token, "killed by SIGKILL")
+        moved = leasing(queue).reclaim("test-sup")
         assert moved.ids == [lease.id]
         assert (callbacks_of(queue, batch.id) == set()) == (crash == 0)
     assert queue.get(batch.member_ids[0]).state == "dead"
@@ -246,6 +247,10 @@ def test_bad_dependencies_are_refused_and_nothing_is_written(queue, other):
     elsewhere = other.enqueue("t")
     with pytest.raises(PayloadError, match=f"no job {elsewhere.id} in queue {queue.name}"):
         queue.enqueue("t", depends_on=[elsewhere])
+    # a new client's first enqueue registers the queue in the same pipeline
+    fresh = Queue(queue.name, redis=queue.redis)
+    with pytest.raises(PayloadError, match=r"^depends_on of job .*: no job nope in queue"):
+        fresh.enqueue("t", depends_on=["nope"])
     with pytest.raises(PayloadError, match="depends_on must be a list of job ids"):
         queue.enqueue("t", depends_on=known.id)
     with pytest.raises(PayloadError, match="depends_on is empty"):

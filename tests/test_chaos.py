@@ -117,6 +117,46 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     assert len(early) >= 2, batches  # the first two batches (examples are in batch order)
 
 
+@needs_redis
+@pytest.mark.timeout(300)
+def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat(tmp_path: Path) -> None:
+    """A 165 s soak sampled every 5 s in which chaos-2 is built to leak (`--break leak`:
+    an fd and 256 KiB every 10th ack it sends: about 45 fds and 11 MiB a minute at this
+    load). Its two series must be called a leak and fail the run, and no other process's:
+    the others are the control."""
+    code, result, out = run_chaos(
+        tmp_path, "--soak", "--duration", "165s", "--sample-interval", "5s", "--rate", "20",
+        "--seed", "5", "--break", "leak", "--settle", "30s", timeout=260)
+    assert code == 1, out
+    soak = result["soak"]
+    assert not soak["ok"] and not result["ok"]
+    assert soak["leaks"] == ["chaos-2 supervisor rss", "chaos-2 supervisor fds"], out
+    rows = [r for r in soak["series"] if r["name"] != "redis"]
+    assert {r["name"] for r in rows} == {f"chaos-{i} {role}" for i in (1, 2, 3)
+                                         for role in ("supervisor", "fork server")}
+    for row in rows:
+        assert row["fit"] is not None and row["n"] >= 15, row
+        if row["name"] != "chaos-2 supervisor":
+            assert row["verdict"] in ("flat", "small", "unclear"), (row, out)
+    leaky = {r["metric"]: r for r in rows if r["name"] == "chaos-2 supervisor"}
+    assert leaky["fds"]["low_per_hour"] > 300, leaky["fds"]
+    assert leaky["rss"]["low_per_hour"] > 60 * (1 << 20), leaky["rss"]
+    # every sample holds every process, and Redis's growth is a figure per job told
+    assert len(soak["samples"]) >= 30
+    assert all(len(s["procs"]) == 6 for s in soak["samples"])
+    assert 200 < soak["redis_per_job"]["used_memory"] < 20_000, soak["redis_per_job"]
+    # a soak is a chaos run: nothing told was lost (the timing invariants belong to the
+    # short run's test; on a loaded host two long runs are twice the exposure)
+    assert invariant(result, 1)["ok"], out
+    # the one-screen summary: the verdict first, the soak's part in 24 lines
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("forq chaos — FAIL"), out
+    soak_lines = lines[next(i for i, line in enumerate(lines) if line.startswith("soak ")):]
+    assert soak_lines[-1].startswith("report ")
+    assert soak_lines[-2].startswith("  [FAIL] no slow leak — chaos-2 supervisor RSS grows +")
+    assert len(soak_lines) <= 24, soak_lines
+
+
 # -- the checker's pieces, without processes ------------------------------------------------
 
 
@@ -148,6 +188,43 @@ def test_replay_names_a_double_success_and_a_stale_claim() -> None:
     assert any("claimed while succeeded" in p for p in problems), problems
     assert any("token 4 not after 5" in p for p in problems), problems
     assert any("history ends active, record says succeeded" in p for p in problems), problems
+
+
+def test_replay_follows_the_operator_s_changes() -> None:
+    h = [{"event": "enqueued", "at": 1000, "run_at": 5000},
+         {"event": "priority", "at": 1001, "from": 0, "to": 3},
+         {"event": "rescheduled", "at": 1002, "run_at": 1004, "was_due": 5000},
+         {"event": "claimed", "at": 1004, "owner": "h:1", "token": 5},
+         {"event": "retry", "at": 1005, "run_at": 9000},
+         {"event": "promoted", "at": 1006, "was_due": 9000},
+         {"event": "claimed", "at": 1007, "owner": "h:1", "token": 6},
+         {"event": "dead", "at": 1008, "reason": "x"},
+         {"event": "requeued", "at": 1009},
+         {"event": "rescheduled", "at": 1010, "run_at": 1011},
+         {"event": "rescheduled", "at": 1010, "was_due": 1011},  # to now: pending
+         {"event": "claimed", "at": 1010, "owner": "h:1", "token": 7},
+         {"event": "succeeded", "at": 1011}]
+    assert Checker.replay(job(h)) == []
+
+
+def test_replay_names_a_change_where_it_does_not_apply_and_an_early_claim() -> None:
+    h = [{"event": "enqueued", "at": 1000, "run_at": 1003},
+         {"event": "claimed", "at": 1001, "owner": "h:1", "token": 5},
+         {"event": "promoted", "at": 1002},
+         {"event": "priority", "at": 1002},
+         {"event": "succeeded", "at": 1003},
+         {"event": "rescheduled", "at": 1004, "run_at": 1005}]
+    problems = Checker.replay(job(h))
+    assert any("claimed 2 ms before its run-at" in p for p in problems), problems
+    assert any("promoted while active" in p for p in problems), problems
+    assert any("'rescheduled' after 'succeeded'" in p for p in problems), problems
+    h = [{"event": "enqueued", "at": 1000},
+         {"event": "claimed", "at": 1001, "owner": "h:1", "token": 5},
+         {"event": "priority", "at": 1002},
+         {"event": "requeued", "at": 1003}]
+    problems = Checker.replay(job(h, state="pending"))
+    assert any("priority changed while active" in p for p in problems), problems
+    assert any("requeued while active" in p for p in problems), problems
 
 
 def test_claims_end_at_the_next_lease_ending_event() -> None:
@@ -324,3 +401,93 @@ def test_a_prefetch_out_of_range_is_one_line_naming_the_option(value: str, capsy
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == f"python -m chaos: error: --prefetch: expected 0 to 1000 ([[queue]].prefetch), got {value}"
+
+
+# -- the soak: slopes and verdicts, on fabricated series -----------------------------------
+
+
+def noisy(slope_per_min: float, n: int = 40, every: float = 5.0, noise: float = 3.0,
+          level: float = 50.0, seed: int = 1) -> tuple[list[float], list[float]]:
+    import random
+
+    rng = random.Random(seed)
+    ts = [i * every for i in range(n)]
+    return ts, [level + slope_per_min * t / 60 + rng.gauss(0, noise) for t in ts]
+
+
+def test_trend_calls_steady_growth_a_leak_and_noise_flat() -> None:
+    from chaos.trend import fit, verdict
+
+    # fds going up and down with the children in flight: 40 samples over 195 s
+    for seed in range(20):
+        f = fit(*noisy(0.0, seed=seed))
+        assert f is not None and verdict(f, 1 / 3600, 3.0) != "leak", (seed, f)
+    # 10 fds a minute under the same noise
+    f = fit(*noisy(10.0))
+    assert f is not None and verdict(f, 1 / 3600, 3.0) == "leak", f
+    assert 8 < f.slope * 60 < 12 and f.low < f.slope < f.high
+    # certain growth that is too small over the window: 1 fd in 195 s
+    f = fit(*noisy(60 / 195, noise=0.0))
+    assert f is not None and verdict(f, 1 / 3600, 3.0) == "small", f
+    assert verdict(f, 1 / 60, 3.0) == "flat"  # within a tolerance of 1 a minute
+    assert verdict(fit([0, 1, 2], [1, 2, 3]), 0.0, 0.0) == "too few samples"
+
+
+def test_trend_widens_the_interval_for_a_wandering_series() -> None:
+    """A series that wanders slowly (each sample 0.9 of the last plus noise) has no
+    trend, but an interval for independent samples calls about a third of them a leak."""
+    import random
+
+    from chaos.trend import fit, verdict
+
+    leaks = 0
+    for seed in range(100):
+        rng = random.Random(seed)
+        ys, y = [], 0.0
+        for _ in range(40):
+            y = 0.9 * y + rng.gauss(0, 1)
+            ys.append(y)
+        f = fit([i * 5.0 for i in range(40)], ys)
+        assert f is not None and f.r1 > 0
+        leaks += verdict(f, 0.0, 0.0) == "leak"
+    assert leaks <= 12, leaks  # 9 here; 35 with an interval for independent samples
+
+
+def soak_sample(t: float, told: int, procs: dict[str, tuple[int, int, int]],
+                redis: tuple[int, int] | None = (1 << 20, 100)) -> dict:
+    return {"t": t, "told": told, "procs": {name: {"pid": pid, "start": pid * 10, "rss": rss,
+                                                   "fds": fds}
+                                            for name, (pid, rss, fds) in procs.items()},
+            "redis": {"used_memory": redis[0], "keys": redis[1]} if redis else None}
+
+
+def test_soak_judges_each_process_by_itself_and_needs_every_one_measured() -> None:
+    from chaos.soak import judge
+
+    mib = 1 << 20
+    samples = []
+    for i in range(60):
+        t = 1000.0 + 5 * i
+        # chaos-1's supervisor is replaced at sample 30 (a fresh, smaller RSS): two flat
+        # series, not one that fell; its fork server keeps an fd every sample
+        sup = (11, 40 * mib, 20) if i < 30 else (12, 30 * mib, 20)
+        samples.append(soak_sample(t, 20 * i, {"chaos-1 supervisor": sup,
+                                               "chaos-1 fork server": (13, 20 * mib, 7 + i)},
+                                   redis=None if i == 40 else (mib + 2000 * 20 * i, 2 * 20 * i)))
+    soak = judge(samples, interval=5.0, warmup=20.0,
+                 expected=["chaos-1 supervisor", "chaos-1 fork server", "chaos-2 supervisor"])
+    rows = {(r["name"], r["metric"], r["pid"]): r for r in soak["series"]}
+    assert rows["chaos-1 supervisor", "rss", 11]["verdict"] == "flat"
+    assert rows["chaos-1 supervisor", "rss", 12]["verdict"] == "flat"
+    assert rows["chaos-1 supervisor", "rss", 12]["n"] == 26  # its own warm-up skipped
+    assert rows["chaos-1 fork server", "fds", 13]["verdict"] == "leak"
+    assert round(rows["chaos-1 fork server", "fds", 13]["per_min"]) == 12
+    assert rows["chaos-1 fork server", "rss", 13]["verdict"] == "flat"
+    assert soak["leaks"] == ["chaos-1 fork server fds"]
+    # a process never measured fails the soak: it cannot pass by measuring nothing
+    assert any(p.startswith("chaos-2 supervisor: too few samples") for p in soak["problems"])
+    assert not soak["ok"]
+    # Redis without retention: its growth per job told, not a verdict
+    assert rows["redis", "used_memory", None]["verdict"] == "not judged"
+    assert round(soak["redis_per_job"]["used_memory"]) == 2000
+    assert round(soak["redis_per_job"]["keys"], 2) == 2.0

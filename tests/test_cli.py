@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.keys import SCHEDULES as SCHEDULES_KEY
-from forq.supervisor.cli.stats import CLEAR
+from forq.store.keys import SCHEDULES as SCHEDULES_KEY
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster
 from tests.redis_server import free_port
 
@@ -97,8 +97,8 @@ def closed_port_url() -> str:
 
 def make_dead(queue: Queue, n: int, message: str = "boom") -> list[str]:
     ids = [queue.enqueue("tests.fails", i).id for i in range(n)]
-    for lease in queue.claim(OWNER, n, LONG).leases:
-        outcome = queue.fail(lease.id, lease.token, {"type": "ValueError", "message": message,
+    for lease in leasing(queue).claim(OWNER, n, LONG).leases:
+        outcome = leasing(queue).fail(lease.id, lease.token, {"type": "ValueError", "message": message,
                                                      "traceback": "Traceback...\nValueError"},
                              mode="fatal")
         assert outcome.outcome == "dead"
@@ -144,6 +144,133 @@ def test_enqueue_refuses_bad_input_in_one_line(forq, queue):
         one_line_error(proc, 2, needle)
         assert proc.stdout == ""
     assert queue.stats()["pending"] == 0
+
+
+def test_enqueue_takes_every_option_of_the_api(forq, queue):
+    out = ok_json(forq(
+        "enqueue", "examples.add", "-q", queue.name, "--json", "--args", "[1]",
+        "--kwargs", '{"b": 2}', "--priority", "-3", "--run-at", "2099-01-01T00:00:00Z",
+        "--expire-at", "4102444800.5", "--key", "k-2", "--unique-for", "1h",
+        "--job-id", "cli-all-options", "--max-attempts", "4", "--max-crashes", "2",
+        "--timeout", "90s", "--memory-limit", "64MiB", "--result-ttl", "10m",
+        "--max-result-bytes", "2KiB", "--backoff", '{"base": "1s", "factor": 3, "max": "1m", '
+        '"jitter": 0.5}', "--idempotent", "--group", "g-1", "--no-durable"))
+    assert out == {"id": "cli-all-options", "queue": queue.name, "task": "examples.add",
+                   "status": "scheduled"}
+    fields = queue.redis.hgetall(queue.keys.job("cli-all-options"))
+    assert {k: fields.get(k) for k in (
+        "priority", "run_at", "expire_at", "key", "max_attempts", "max_crashes", "timeout_ms",
+        "memory_limit", "result_ttl_ms", "max_result_bytes", "backoff_base_ms",
+        "backoff_factor", "backoff_max_ms", "backoff_jitter", "idempotent", "group")} == {
+        "priority": "-3", "run_at": "4070908800000", "expire_at": "4102444800500",
+        "key": "k-2", "max_attempts": "4", "max_crashes": "2", "timeout_ms": "90000",
+        "memory_limit": str(64 << 20), "result_ttl_ms": "600000", "max_result_bytes": "2048",
+        "backoff_base_ms": "1000", "backoff_factor": "3", "backoff_max_ms": "60000",
+        "backoff_jitter": "0.5", "idempotent": "1", "group": "g-1"}
+    job = queue.get("cli-all-options")
+    assert (job.args, job.kwargs, job.state) == ([1], {"b": 2}, "scheduled")
+
+
+def test_enqueue_depends_on_and_durable(forq, queue):
+    parents = [ok(forq("enqueue", "examples.add", "-q", queue.name)).strip() for _ in range(2)]
+    child = ok_json(forq("enqueue", "examples.add", "-q", queue.name, "--json",
+                         "--depends-on", parents[0], "--depends-on", parents[1],
+                         "--allow-failure"))
+    assert child["status"] == "waiting"
+    fields = queue.redis.hgetall(queue.keys.job(child["id"]))
+    assert json.loads(fields["depends_on"]) == parents and fields["allow_failure"] == "1"
+    # no replica here: the job is on the master, and the command says it was not replicated
+    durable = forq("enqueue", "examples.add", "-q", queue.name, "--durable")
+    one_line_error(durable, 1, "not replicated")
+
+
+def test_enqueue_many_from_a_file_or_stdin(forq, queue, tmp_path):
+    jobs = [{"task": "examples.add", "args": [i, 1], "priority": i} for i in range(3)]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    ids = ok(forq("enqueue", "-q", queue.name, "--jobs", str(tmp_path / "jobs.json"))).split()
+    assert [queue.get(i).args for i in ids] == [[0, 1], [1, 1], [2, 1]]
+    proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "enqueue", "-q",
+                           queue.name, "--jobs", "-", "--json"], input=json.dumps(jobs[:2]),
+                          env=forq._env(None, True), cwd=ROOT, capture_output=True, text=True,
+                          timeout=20)
+    described = ok_json(proc)
+    assert [(d["task"], d["status"], d["queue"]) for d in described] == [
+        ("examples.add", "pending", queue.name)] * 2
+    assert queue.stats()["pending"] == 5
+
+
+def test_enqueue_a_batch_with_callbacks(forq, queue, tmp_path):
+    (tmp_path / "jobs.json").write_text(json.dumps([{"task": "examples.add", "args": [1, 2]},
+                                                    {"task": "examples.add", "args": [3, 4]}]))
+    out = ok_json(forq("enqueue", "-q", queue.name, "--jobs", str(tmp_path / "jobs.json"),
+                       "--batch", "--batch-id", "cli-batch", "--on-success", "examples.add",
+                       "--on-complete", '{"task": "examples.add", "args": [9], "priority": 2}',
+                       "--json"))
+    assert out == {"batch": "cli-batch", "queue": queue.name,
+                   "members": ["cli-batch-1", "cli-batch-2"]}
+    assert ok(forq("enqueue", "-q", queue.name, "--jobs", str(tmp_path / "jobs.json"),
+                   "--batch")).strip() != "cli-batch"  # a new one, with its own id
+    status = ok_json(forq("batch", "cli-batch", "--json"))
+    assert (status["total"], sorted(status["callbacks"])) == (2, ["on_complete", "on_success"])
+
+
+def test_enqueue_refuses_every_bad_option_in_one_line(forq, queue, tmp_path):
+    files = {"missing": tmp_path / "missing.json", "bad": tmp_path / "bad.json",
+             "object": tmp_path / "object.json", "strings": tmp_path / "strings.json",
+             "unknown": tmp_path / "unknown.json", "empty": tmp_path / "empty.json"}
+    files["bad"].write_text("[{")
+    files["object"].write_text('{"task": "examples.add"}')
+    files["strings"].write_text('["examples.add"]')
+    files["unknown"].write_text('[{"task": "examples.add"}, {"task": "t", "colour": "red"}]')
+    files["empty"].write_text("[]")
+    one = ["enqueue", "examples.add", "-q", queue.name]
+    many = ["enqueue", "-q", queue.name, "--jobs"]
+    cases = [
+        ([*one, "--run-at", "tomorrow"], "--run-at: expected a date and time"),
+        ([*one, "--expire-at", "nan"], "--expire-at"),
+        ([*one, "--unique-for", "soon", "--key", "k"], "--unique-for"),
+        ([*one, "--timeout", "fast"], "--timeout"),
+        ([*one, "--result-ttl=-1s"], "--result-ttl"),
+        ([*one, "--memory-limit", "lots"], "--memory-limit"),
+        ([*one, "--max-result-bytes", "1M"], "--max-result-bytes"),
+        ([*one, "--max-attempts", "0"], "max_attempts must be at least 1"),
+        ([*one, "--timeout", "0"], "timeout must be more than 0"),
+        ([*one, "--max-attempts", "many"], "--max-attempts"),
+        ([*one, "--max-crashes", "-1"], "max_crashes"),
+        ([*one, "--priority", "5000"], "priority"),
+        ([*one, "--backoff", "[1]"], "--backoff must be a JSON object"),
+        ([*one, "--backoff", "{"], "--backoff is not valid JSON"),
+        ([*one, "--backoff", '{"factor": "x"}'], "backoff.factor"),
+        ([*one, "--backoff", '{"bse": "1s"}'], "unknown key(s) bse"),
+        ([*one, "--depends-on", "nope"], "no job nope in queue"),
+        ([*one, "--depends-on", ""], "depends_on[0]"),
+        ([*one, "--allow-failure"], "allow_failure needs depends_on"),
+        ([*one, "--job-id", ""], "--job-id must not be empty"),
+        ([*one, "--key", ""], "--key must not be empty"),
+        ([*one, "--expires-in", "1h", "--expire-at", "4102444800"], "not both"),
+        ([*one, "--group", "x" * 300], "group"),
+        ([*one, "--batch"], "--batch needs --jobs"),
+        ([*one, "--on-success", "t"], "--on-success needs --jobs"),
+        ([*one, "--jobs", str(files["empty"])], "a TASK or --jobs, not both"),
+        ([*many, str(files["missing"])], "--jobs: cannot read"),
+        ([*many, str(files["bad"])], "not valid JSON"),
+        ([*many, str(files["object"])], "must be a JSON array of jobs"),
+        ([*many, str(files["strings"])], "jobs[0] must be an object"),
+        ([*many, str(files["unknown"])], "jobs[1]: task 't': unknown option(s) colour"),
+        ([*many, str(files["empty"])], "no jobs in it"),
+        ([*many, str(files["empty"]), "--max-attempts", "3"], "--max-attempts is an option"),
+        ([*many, str(files["empty"]), "--on-complete", "t"], "--on-complete needs --batch"),
+        ([*many, str(files["empty"]), "--batch"], "batch: jobs is empty"),
+        ([*many, str(files["unknown"]), "--batch"], "jobs[1]"),
+        ([*many, str(files["unknown"]), "--batch", "--durable"], "--durable"),
+        ([*many, str(files["unknown"]), "--batch", "--on-success", "{"], "--on-success is not"),
+        ([*many, str(files["unknown"]), "--batch", "--batch-id", "b" * 201], "batch_id"),
+    ]
+    for (argv, needle), proc in zip(cases, forq.many(*(argv for argv, _ in cases)), strict=True):
+        line = one_line_error(proc, 2, needle)
+        assert proc.stdout == "", (argv, line)
+    stats = queue.stats()
+    assert stats["pending"] == stats["scheduled"] == 0
 
 
 # -- Redis selection and unreachable Redis --------------------------------------------
@@ -195,8 +322,8 @@ def test_stats_table_and_json(forq, queue):
     make_dead(queue, 1)
     queue.enqueue("examples.add")
     queue.enqueue("examples.add", delay="1h")
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, "3")
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, "3")
     queue.enqueue("examples.add")
 
     every, only, text = forq.many(["stats", "--json"], ["stats", "--json", "-q", queue.name],
@@ -226,22 +353,27 @@ def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.timeout(20)
-def test_stats_watch_redraws_in_place_until_ctrl_c(redis_url, queue):
+def test_stats_watch_in_a_pipe_prints_plain_frames_until_ctrl_c(redis_url, queue):
+    """Not a terminal: frame after frame of the plain table, no escape codes (a log of
+    `forq stats --watch > file` reads as text)."""
     queue.enqueue("examples.add")
     proc = _watch(redis_url, "-q", queue.name, "--interval", "50ms")
     try:
-        frames = 0
-        while frames < 2:
+        seen = []
+        while sum(line.startswith("forq stats ") for line in seen) < 3:
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
-            if line.startswith(CLEAR):
-                frames += 1
+            seen.append(line)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    text = "".join(seen) + out
+    assert "\x1b" not in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(queue.name)]
+    assert len(rows) >= 2 and all(row[:2] == [queue.name, "1"] for row in rows), text
 
 
 @pytest.mark.timeout(20)
@@ -269,8 +401,8 @@ def test_stats_watch_bad_interval(forq):
 
 def test_job_json_shape_and_history(forq, queue):
     job_id = queue.enqueue("examples.add", 1, 2).id
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, json.dumps(3))
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, json.dumps(3))
     as_json, as_text = forq.many(["job", job_id, "--json"], ["job", job_id])
     data = ok_json(as_json)
     for key in ("id", "queue", "task", "state", "attempts", "crashes", "history", "result",
@@ -355,9 +487,9 @@ def test_dead_requeue_and_purge_all(forq, queue):
     assert "requeued 3" in ok(forq("dead", "requeue", "-q", queue.name, "--all"))
     assert queue.stats()["pending"] == 3 and queue.stats()["dead"] == 0
 
-    leases = queue.claim(OWNER, 3, LONG).leases
+    leases = leasing(queue).claim(OWNER, 3, LONG).leases
     for lease in leases:
-        queue.fail(lease.id, lease.token, {"message": "x"}, mode="fatal")
+        leasing(queue).fail(lease.id, lease.token, {"message": "x"}, mode="fatal")
     ids = [lease.id for lease in leases]
     data = ok_json(forq("dead", "purge", "-q", queue.name, "--all", "--json"))
     assert data == {"queue": queue.name, "purged": 3, "not_dead": []}
@@ -384,16 +516,17 @@ def test_dead_requeue_and_purge_refuse_without_ids_or_all(forq, queue):
     assert queue.stats()["dead"] == 1
 
 
-# -- workers --------------------------------------------------------------------------
+# -- supervisors ----------------------------------------------------------------------
 
 
-def test_workers_lists_live_supervisors(forq, r, queue):
+def test_supervisors_lists_live_supervisors(forq, r, queue):
     sid = "cli-test-" + uuid.uuid4().hex[:8]
     registry = Roster(r, sid)
     registry.beat({"name": sid, "host": "box-1", "pid": 4242, "queues": [queue.name],
                    "busy": 2, "slots": 4, "draining": False})
     try:
-        as_json, as_text = forq.many(["workers", "--json"], ["workers"])
+        as_json, as_text, alias = forq.many(["supervisors", "--json"], ["supervisors"],
+                                            ["workers"])
         records = ok_json(as_json)
         mine = next(rec for rec in records if rec.get("id") == sid)
         assert (mine["name"], mine["host"], mine["pid"], mine["busy"], mine["slots"]) == (
@@ -402,10 +535,43 @@ def test_workers_lists_live_supervisors(forq, r, queue):
         text = ok(as_text)
         line = next(row for row in text.splitlines() if row.startswith(sid))
         assert "box-1" in line and "4242" in line and "2/4" in line and queue.name in line
-        assert text.splitlines()[0].split()[:6] == ["name", "host", "pid", "version", "queues",
-                                                    "busy"]
+        assert text.splitlines()[0].split()[:7] == ["name", "host", "pid", "forq", "code",
+                                                    "queues", "busy"]
+        assert "?" in line.split()  # it said nothing of its code: not known
+        # `forq workers`, the older name: the same table (heartbeat ages aside)
+        same = ok(alias).splitlines()
+        assert same[0] == text.splitlines()[0] and any(row.startswith(sid) for row in same)
     finally:
         registry.leave()
+
+
+def test_supervisors_shows_the_code_each_serves_and_survives_garbled_records(forq, r, queue):
+    """The code column and its notes (an old fork server finishing jobs, a refused
+    reload); a record someone else wrote into the roster is shown as far as it reads."""
+    sid, junk = ("cli-code-" + uuid.uuid4().hex[:8] for _ in range(2))
+    good, bad = Roster(r, sid), Roster(r, junk)
+    good.beat({"name": sid, "queues": [queue.name], "code": "v7+0123456789ab",
+               "code_retiring": [{"code": "v6+ba9876543210", "pid": 77, "jobs": 2}],
+               "reload_error": {"at": 1_700_000_000.0, "module": "app.tasks",
+                                "error": "cannot import handler module app.tasks: "
+                                         "SyntaxError: invalid syntax (tasks.py, line 3)"}})
+    bad.beat({"name": junk, "code": {"x": 1}, "code_retiring": ["x", {"pid": "1", "jobs": 1},
+                                                                 {"pid": 1, "jobs": -4}],
+              "reload_error": [1, 2]})
+    try:
+        text = ok(forq("supervisors"))
+        line = next(row for row in text.splitlines() if row.startswith(sid))
+        assert "v7+0123456789ab (+2 on old) (reload refused)" in line, text
+        assert f"{sid}: old fork server 77 finishing 2 job(s) in code v6+ba9876543210" in text
+        refused = next(row for row in text.splitlines() if "reload refused at" in row)
+        assert refused.startswith(f"{sid}: reload refused at ") and "SyntaxError" in refused
+        assert refused.endswith("still serving code v7+0123456789ab"), refused
+        junk_line = next(row for row in text.splitlines() if row.startswith(junk))
+        assert " ? " in junk_line and "old" not in junk_line, junk_line
+        assert not [row for row in text.splitlines() if row.startswith(f"{junk}:")], text
+    finally:
+        good.leave()
+        bad.leave()
 
 
 # -- schedules ------------------------------------------------------------------------
@@ -471,7 +637,7 @@ def test_cancel_pending_active_and_finished(forq, queue):
     assert queue.get(pending).state == "cancelled"
 
     active = queue.enqueue("examples.add").id
-    assert queue.claim(OWNER, 1, LONG).leases[0].id == active
+    assert leasing(queue).claim(OWNER, 1, LONG).leases[0].id == active
     data = ok_json(forq("cancel", active, "--json"))
     assert data == {"id": active, "queue": queue.name, "outcome": "cancelling", "state": "active"}
     assert "cancel_requested" in queue.get(active).fields
@@ -480,8 +646,8 @@ def test_cancel_pending_active_and_finished(forq, queue):
     again = ok_json(forq("cancel", pending, "--json"))
     assert again["outcome"] == "cancelled"
     done = queue.enqueue("examples.add").id
-    lease = queue.claim(OWNER, 1, LONG).leases[0]
-    queue.ack(lease.id, lease.token, "1")
+    lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
+    leasing(queue).ack(lease.id, lease.token, "1")
     assert "already succeeded" in ok(forq("cancel", done))
 
 

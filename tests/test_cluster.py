@@ -28,11 +28,12 @@ import redis as redis_lib
 from redis.crc import key_slot
 
 from forq import Queue
-from forq.connection import connect
 from forq.payload import build_spec
-from forq.scripts import TRANSITIONS
+from forq.store.connection import connect
+from forq.store.scripts import TRANSITIONS
+from forq.store.topology import ForqCluster, is_cluster, parse_url
+from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.redis_io.relay import BatchRelay
-from forq.topology import ForqCluster, is_cluster, parse_url
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config
@@ -125,7 +126,7 @@ def test_cluster_urls_give_a_cluster_client(cluster: LocalCluster):
         parse_url("redis+cluster://a:1/3")
     # a pipeline counts what it holds, as the supervisor's reports rely on
     pipe = client.pipeline(transaction=False)
-    Queue("anywhere", redis=client).claim(OWNER, 1, LONG, client=pipe)
+    leasing(Queue("anywhere", redis=client)).claim(OWNER, 1, LONG, client=pipe)
     pipe.zcard("forq:{elsewhere}:pending")
     assert len(pipe.command_stack) == 2
     pipe.execute()
@@ -212,68 +213,68 @@ def workout(queues: list[Queue], rc) -> None:
         ])
     pipe = rc.pipeline(transaction=False)
     for q in queues:
-        q.claim(OWNER, 4, LONG, client=pipe)
-    claims = [q.parse_claim(reply) for q, reply in zip(queues, pipe.execute(), strict=True)]
+        leasing(q).claim(OWNER, 4, LONG, client=pipe)
+    claims = [leasing(q).parse_claim(reply) for q, reply in zip(queues, pipe.execute(), strict=True)]
     by_task = [{lease.job.task: lease for lease in c.leases} for c in claims]
     assert all(set(tasks) == {"t.a", "t.b", "t.d", "t.e"} for tasks in by_task), by_task
 
     pipe = rc.pipeline(transaction=False)
     for q, leases in zip(queues, by_task, strict=True):
-        q.extend([(lease.id, lease.token) for lease in leases.values()], LONG, client=pipe)
+        leasing(q).extend([(lease.id, lease.token) for lease in leases.values()], LONG, client=pipe)
     for reply in pipe.execute():
-        assert Queue.parse_extend(reply)[:2] == ([], [])
+        assert LeaseCalls.parse_extend(reply)[:2] == ([], [])
 
     pipe = rc.pipeline(transaction=False)
     for q, leases in zip(queues, by_task, strict=True):
         b, a, d, e = (leases[t] for t in ("t.b", "t.a", "t.d", "t.e"))
         follow = build_spec("t.follow", {"job_id": f"{b.id}-1"})
-        q.ack(b.id, b.token, '"done"', [follow], client=pipe)
-        q.ack(b.id, "stale-token", '"again"', client=pipe)
-        q.fail(a.id, a.token, {"message": "boom"}, client=pipe)
-        q.fail(d.id, d.token, {"message": "boom"}, client=pipe)
-        q.expire(e.id, e.token, "SIGKILL", client=pipe)
-        q.reclaim(OWNER, 3, client=pipe)
+        leasing(q).ack(b.id, b.token, '"done"', [follow], client=pipe)
+        leasing(q).ack(b.id, "stale-token", '"again"', client=pipe)
+        leasing(q).fail(a.id, a.token, {"message": "boom"}, client=pipe)
+        leasing(q).fail(d.id, d.token, {"message": "boom"}, client=pipe)
+        leasing(q).expire(e.id, e.token, "SIGKILL", client=pipe)
+        leasing(q).reclaim(OWNER, 3, client=pipe)
     replies = pipe.execute()
     for i in range(len(queues)):
         ack, stale, fail_a, fail_d, expired, reclaimed = replies[6 * i:6 * i + 6]
         assert (ack, stale, expired) == ("ok", "lost", "ok")
-        assert Queue.parse_fail(fail_a).outcome == "retry"
-        assert Queue.parse_fail(fail_d).outcome == "dead"
-        assert Queue.parse_reclaim(reclaimed)[0] == 1
+        assert LeaseCalls.parse_fail(fail_a).outcome == "retry"
+        assert LeaseCalls.parse_fail(fail_d).outcome == "dead"
+        assert LeaseCalls.parse_reclaim(reclaimed)[0] == 1
 
     for q, leases in zip(queues, by_task, strict=True):
-        again = q.claim(OWNER, 5, LONG)
+        again = leasing(q).claim(OWNER, 5, LONG)
         assert {lease.job.task for lease in again.leases} == {"t.e", "t.follow"}
         for lease in again.leases:
-            assert q.set_output(lease.id, lease.token, "printed\n") == "ok"
-            assert q.record_progress([(lease.id, lease.token, 0.5, "half")]) == ["ok"]
-            assert q.record_step(lease.id, lease.token, "s1", '{"a":1}') == "ok"
-            assert q.release(lease.id, lease.token, "drain") == "ok"
+            assert leasing(q).set_output(lease.id, lease.token, "printed\n") == "ok"
+            assert leasing(q).record_progress([(lease.id, lease.token, 0.5, "half")]) == ["ok"]
+            assert leasing(q).record_step(lease.id, lease.token, "s1", '{"a":1}') == "ok"
+            assert leasing(q).release(lease.id, lease.token, "drain") == "ok"
         assert q.cancel(next(iter(q.redis.zrange(q.keys.scheduled, 0, 0)))) == "cancelled"
         dead_id = leases["t.d"].id
         assert q.requeue_dead([dead_id]) == (1, [])
         q.set_limits(rate=(1000, 1), max_in_flight=10)
-        lease = next(x for x in q.claim(OWNER, 5, LONG).leases if x.id == dead_id)
-        q.record_done(dead_id, '"r"', 60_000)
-        assert q.fail(dead_id, lease.token, {"message": "x"}, mode="fatal").outcome == "dead"
+        lease = next(x for x in leasing(q).claim(OWNER, 5, LONG).leases if x.id == dead_id)
+        leasing(q).record_done(dead_id, '"r"', 60_000)
+        assert leasing(q).fail(dead_id, lease.token, {"message": "x"}, mode="fatal").outcome == "dead"
         assert q.purge_dead() == (1, [])
         q.set_limits(rate=None, max_in_flight=None)
         assert q.stats()["succeeded"] == 1
-        assert q.pause() and q.claim(OWNER, 5, LONG).leases == []
+        assert q.pause() and leasing(q).claim(OWNER, 5, LONG).leases == []
         assert q.resume()
-        assert q.sweep_expired(OWNER) == []
+        assert leasing(q).sweep_expired(OWNER) == []
         # groups: their keys carry the group key after the queue's tag, braces and all
         q.set_limits(group_concurrency=1, group_rate=(1000, 1))
         q.enqueue_many([{"task": "t.g", "group": "{elsewhere}"}] * 2)
-        grouped = [x for x in q.claim(OWNER, 10, LONG).leases if x.job.task == "t.g"]
-        assert len(grouped) == 1 and q.ack(grouped[0].id, grouped[0].token, "1") == "ok"
+        grouped = [x for x in leasing(q).claim(OWNER, 10, LONG).leases if x.job.task == "t.g"]
+        assert len(grouped) == 1 and leasing(q).ack(grouped[0].id, grouped[0].token, "1") == "ok"
         q.set_limits(group_concurrency=None, group_rate=None)
 
     # a batch on one shard with a member on another: its end crosses by the relay
     home, away = queues[0], queues[1]
     batch = home.batch([{"task": "t.m", "queue": away.name}], on_complete="t.cb")
-    member = next(x for x in away.claim(OWNER, 10, LONG).leases if x.id == batch.member_ids[0])
-    assert away.ack(member.id, member.token, "1") == "ok"
+    member = next(x for x in leasing(away).claim(OWNER, 10, LONG).leases if x.id == batch.member_ids[0])
+    assert leasing(away).ack(member.id, member.token, "1") == "ok"
     relay = BatchRelay(lambda name: next(q for q in queues if q.name == name))
     pipe = rc.pipeline(transaction=False)
     relay.send(pipe, [away.name])
@@ -343,18 +344,18 @@ def test_noscript_in_a_cluster_pipeline_reloads_and_runs_each_call_once(cluster,
             node.client().script_flush()
         pipe = rc.pipeline(transaction=False)
         for q in queues:
-            q.claim(OWNER, 2, LONG, client=pipe)
+            leasing(q).claim(OWNER, 2, LONG, client=pipe)
             pipe.execute_command("WAIT", 0, 100, target_nodes=rc.get_node_from_key(q.keys.pending))
         replies = pipe.execute()
         for i, q in enumerate(queues):
-            assert len(q.parse_claim(replies[2 * i]).leases) == 2
+            assert len(leasing(q).parse_claim(replies[2 * i]).leases) == 2
             assert replies[2 * i + 1] == 0  # the WAIT after it, re-sent after the reload
             stats = q.stats()
             assert (stats["active"], stats["pending"]) == (2, 1)  # the claim ran once
         # a direct call (not pipelined) reloads through redis-py's Script
         for node in cluster.nodes:
             node.client().script_flush()
-        assert len(queues[0].claim(OWNER, 5, LONG).leases) == 1
+        assert len(leasing(queues[0]).claim(OWNER, 5, LONG).leases) == 1
         # a real error is still raised, annotated, after the reload
         pipe = rc.pipeline(transaction=False)
         pipe.zcard(queues[1].keys.pending)

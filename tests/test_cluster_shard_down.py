@@ -23,8 +23,8 @@ import pytest
 from redis.crc import key_slot
 
 from forq import Queue
-from forq.connection import connect
-from forq.keys import FORMAT as FORMAT_KEY
+from forq.store.connection import connect
+from forq.store.keys import FORMAT as FORMAT_KEY
 from tests.cluster_server import LocalCluster
 from tests.helpers import wait_for
 from tests.redis_server import free_port

@@ -123,6 +123,7 @@ def test_minimal_config_gets_every_default(tmp_path):
     assert config.address_space_factor == 4.0
     assert config.log_format == "text"
     assert config.job_cgroups == "auto"
+    assert config.version == ""
     assert config.queues == [QueueConfig(name="q", concurrency=1)]
     assert config.queues[0].nice == 10 and config.queues[0].priority == 0
     assert config.queues[0].prefetch == 0  # no job is leased ahead of a free slot
@@ -586,6 +587,12 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
             '[supervisor].log_format: expected one of "text", "json", got "xml"',
         ),
         (
+            '[supervisor]\nversion = "1.0+local"\n' + QUEUE,
+            "[supervisor].version: expected up to 64 letters, digits, '.', '_', ':', '~' or "
+            "'-'",
+        ),
+        ("[supervisor]\nversion = 3\n" + QUEUE, "[supervisor].version: expected up to 64"),
+        (
             '[supervisor]\njob_cgroups = true\n' + QUEUE,
             '[supervisor].job_cgroups: expected one of "auto", "required", "off", got true',
         ),
@@ -742,6 +749,12 @@ def test_queue_concurrency_message_matches_the_design(tmp_path):
 )
 def test_error_messages(tmp_path, text, expected):
     assert error(tmp_path, text).startswith(expected)
+
+
+def test_version_labels_the_handler_code(tmp_path):
+    assert load(tmp_path, '[supervisor]\nversion = "2024.06.1-rc1"\n' + QUEUE).version == \
+        "2024.06.1-rc1"
+    assert load(tmp_path, '[supervisor]\nversion = "g1a2b3c4"\n' + QUEUE).version == "g1a2b3c4"
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
-"""The data format in Redis (forq.dataformat): written on first use, raised by a newer
+"""The data format in Redis (forq.store.dataformat): written on first use, raised by a newer
 forq, and refused, with a clear message and nothing changed, by a forq too old for it."""
 
 from __future__ import annotations
 
 import pytest
 
-from forq import IncompatibleFormat, Queue, dataformat
-from forq.connection import connect
-from forq.keys import FORMAT as FORMAT_KEY
+from forq import IncompatibleFormat, Queue
+from forq.store import dataformat
+from forq.store.connection import connect
+from forq.store.keys import FORMAT as FORMAT_KEY
 from tests.redis_server import RedisServer
 from tests.supervisors import SupervisorProcess, write_config
 

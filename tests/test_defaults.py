@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from forq.defaults import JOB_POLICY
-from forq.scripts import TRANSITIONS, source
+from forq.defaults import ENQUEUE, JOB_POLICY, POLICY_KEYS
+from forq.store.scripts import TRANSITIONS, source
 from forq.supervisor.config.load import BUILTIN_POLICY
 
 # a script's fallback for a job field it finds missing: num_field(jkey, 'name', default),
@@ -34,6 +34,17 @@ def test_every_lua_fallback_is_the_default_of_forq_defaults():
     assert ttl and int(ttl.group(1)) == JOB_POLICY["result_ttl_ms"]
     # the test reads real fallbacks (it fails if the pattern stops matching them)
     assert {"max_attempts", "backoff_base_ms", "backoff_max_ms", "backoff_jitter"} <= set(found)
+
+
+def test_the_enqueue_script_stores_every_policy_key_a_producer_may_set():
+    """A policy row with the enqueue scope is an option of enqueue (forq.payload) and a
+    field the enqueue script copies into the job: the Lua list must name each one."""
+    listed = re.search(r"local OPTION_FIELDS = \{([^}]*)\}", source("enqueue"))
+    assert listed
+    fields = set(re.findall(r"'(\w+)'", listed.group(1)))
+    per_job = {key.field for key in POLICY_KEYS if ENQUEUE in key.scopes}
+    assert per_job <= fields
+    assert (set(JOB_POLICY) - per_job) & fields == set()  # idempotency_ttl: config only
 
 
 def test_the_config_starts_from_forq_defaults():

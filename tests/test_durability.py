@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from forq import NotReplicated, Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.store.topology import set_durability
 from forq.supervisor.config.load import ConfigError, load_config
-from forq.topology import set_durability
 from tests.cluster_server import ReplicatedRedis
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, write_config

@@ -17,6 +17,7 @@ import redis as redis_lib
 from forq import Queue
 from forq.errors import PayloadError
 from forq.job import Job
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
 
@@ -88,13 +89,13 @@ def test_claim_moves_an_expired_job_to_dead_and_leases_the_rest(queue: Queue):
     plain = queue.enqueue("t.plain")
     past_expiry(queue, late)
 
-    claim = queue.claim(OWNER, 1, LONG)  # reaches the expired job first (priority)
+    claim = leasing(queue).claim(OWNER, 1, LONG)  # reaches the expired job first (priority)
     assert claim.leases == []
     assert claim.rate_wait_ms == 1 and claim.pending_left == 2  # claim again at once
     assert_expired(queue, late)
     assert queue.stats()["totals"]["expired"] == 1
 
-    claim = queue.claim(OWNER, 5, LONG)
+    claim = leasing(queue).claim(OWNER, 5, LONG)
     assert sorted(lease.id for lease in claim.leases) == sorted([fresh.id, plain.id])
     assert claim.rate_wait_ms == 0
     assert queue.redis.zcard(queue.keys.expiring) == 0  # started: out of the index
@@ -102,20 +103,20 @@ def test_claim_moves_an_expired_job_to_dead_and_leases_the_rest(queue: Queue):
 
 def test_a_started_job_is_never_expired(queue: Queue):
     job = queue.enqueue("t.a", expires_in="100ms")
-    (lease,) = queue.claim(OWNER, 1, LONG).leases
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
     past_expiry(queue, job)
-    assert queue.release(lease.id, lease.token, "drain") == "ok"  # back to pending
-    assert queue.sweep_expired(OWNER) == []
-    (again,) = queue.claim(OWNER, 1, LONG).leases  # a second start, past its expiry
+    assert leasing(queue).release(lease.id, lease.token, "drain") == "ok"  # back to pending
+    assert leasing(queue).sweep_expired(OWNER) == []
+    (again,) = leasing(queue).claim(OWNER, 1, LONG).leases  # a second start, past its expiry
     assert again.id == job.id
 
 
 def test_requeued_expired_job_runs(queue: Queue):
     job = queue.enqueue("t.a", expires_in="30ms")
     past_expiry(queue, job)
-    assert queue.sweep_expired(OWNER) == [job.id]
+    assert leasing(queue).sweep_expired(OWNER) == [job.id]
     assert queue.requeue_dead([job.id]) == (1, [])
-    (lease,) = queue.claim(OWNER, 1, LONG).leases
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
     assert lease.id == job.id and "expire_at" not in lease.job.fields
 
 
@@ -132,7 +133,7 @@ def test_sweep_takes_expired_jobs_from_pending_scheduled_and_groups(queue: Queue
     assert (queue.stats()["pending"], queue.stats()["scheduled"]) == (3, 1)
     past_expiry(queue, pending, grouped, scheduled)
 
-    swept = queue.sweep_expired(OWNER)
+    swept = leasing(queue).sweep_expired(OWNER)
     assert sorted(swept) == sorted([pending.id, grouped.id, scheduled.id])
     for job in (pending, grouped, scheduled):
         assert_expired(queue, job)
@@ -140,17 +141,17 @@ def test_sweep_takes_expired_jobs_from_pending_scheduled_and_groups(queue: Queue
     stats = queue.stats()
     assert (stats["pending"], stats["scheduled"], stats["dead"]) == (1, 0, 3)
     assert queue.redis.zrange(queue.keys.expiring, 0, -1) == [keep.id]
-    assert queue.sweep_expired(OWNER) == []
-    (lease,) = queue.claim(OWNER, 5, LONG).leases
+    assert leasing(queue).sweep_expired(OWNER) == []
+    (lease,) = leasing(queue).claim(OWNER, 5, LONG).leases
     assert lease.id == keep.id
 
 
 def test_sweep_is_bounded_per_call(queue: Queue):
     jobs = queue.enqueue_many([{"task": "t.a", "expires_in": "30ms"} for _ in range(7)])
     past_expiry(queue, *jobs)
-    assert len(queue.sweep_expired(OWNER, limit=3)) == 3
-    assert len(queue.sweep_expired(OWNER, limit=3)) == 3
-    assert len(queue.sweep_expired(OWNER, limit=3)) == 1
+    assert len(leasing(queue).sweep_expired(OWNER, limit=3)) == 3
+    assert len(leasing(queue).sweep_expired(OWNER, limit=3)) == 3
+    assert len(leasing(queue).sweep_expired(OWNER, limit=3)) == 1
     assert queue.stats()["dead"] == 7
 
 

@@ -35,6 +35,7 @@ from forq import JobFailed, Queue, examples, registry
 from forq.errors import JobNotFound
 from forq.job import Job
 from forq.supervisor.config.load import ScheduleConfig
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.scheduler import SCHEDULES, Scheduler
 from tests import helpers
 from tests import tasks as _tasks  # noqa: F401 — registers tests.fanout for the ghost runs
@@ -429,10 +430,10 @@ def test_max_in_flight_across_three_supervisors_sampled_continuously(tmp_path, r
 def test_idempotent_ack_lost_then_reclaimed_is_succeeded_not_rerun(queue, r):
     """At the API level, deterministically: claimed, completion recorded, ack lost."""
     jid = queue.enqueue("t.charge", idempotent=True).id
-    (lease,) = queue.claim("ghost:1", 1, 50).leases  # a 50 ms lease nobody extends
-    queue.record_done(jid, json.dumps({"charged": 10}), 60_000)
+    (lease,) = leasing(queue).claim("ghost:1", 1, 50).leases  # a 50 ms lease nobody extends
+    leasing(queue).record_done(jid, json.dumps({"charged": 10}), 60_000)
     # the ack never comes; once the lease has expired the reaper finds the completion
-    reply = wait_for(lambda: (rep := queue.reclaim("reaper"))[3] and rep, timeout=5)
+    reply = wait_for(lambda: (rep := leasing(queue).reclaim("reaper"))[3] and rep, timeout=5)
     assert reply == (0, 0, 1, [jid])
     job = queue.get(jid)
     assert job.state == "succeeded" and job.result == {"charged": 10}
@@ -440,8 +441,8 @@ def test_idempotent_ack_lost_then_reclaimed_is_succeeded_not_rerun(queue, r):
     assert events(job) == ["enqueued", "claimed", "succeeded"]
     assert job.history[-1]["source"] == "completion recorded before"
     # never handed out again, and the late ack of the first run changes nothing
-    assert queue.claim("ghost:2", 10, 60_000).leases == []
-    assert queue.ack(jid, lease.token, "1") == "lost"
+    assert leasing(queue).claim("ghost:2", 10, 60_000).leases == []
+    assert leasing(queue).ack(jid, lease.token, "1") == "lost"
     assert queue.get(jid).result == {"charged": 10}
 
 
@@ -457,15 +458,15 @@ def test_completion_record_keeps_the_followups_a_lost_ack_carried(queue, r):
     """The same-queue follow-ups travel in the ack. When the ack is lost, the completion
     record brings them: whichever of claim or reclaim finds it enqueues them, once."""
     lost_ack, released = (j.id for j in queue.enqueue_many([{"task": "t.parent"}] * 2))
-    leases = {lease.id: lease for lease in queue.claim("ghost:1", 2, 50).leases}
-    queue.record_done(lost_ack, '"A"', 60_000, followups=followups_of(lost_ack, queue, 1, 2))
-    queue.record_done(released, '"B"', 60_000, followups=followups_of(released, queue, 3))
+    leases = {lease.id: lease for lease in leasing(queue).claim("ghost:1", 2, 50).leases}
+    leasing(queue).record_done(lost_ack, '"A"', 60_000, followups=followups_of(lost_ack, queue, 1, 2))
+    leasing(queue).record_done(released, '"B"', 60_000, followups=followups_of(released, queue, 3))
     # one lease goes back to pending (a drain) before its ack: the next claim finds the
     # record, succeeds it instead of leasing it, and enqueues its follow-up
-    assert queue.release(released, leases[released].token) == "ok"
-    assert queue.claim("ghost:2", 10, 60_000).leases == []
+    assert leasing(queue).release(released, leases[released].token) == "ok"
+    assert leasing(queue).claim("ghost:2", 10, 60_000).leases == []
     # the other's ack is lost: once its lease expires the reaper does the same
-    wait_for(lambda: queue.reclaim("reaper")[2], timeout=5, message="the reclaim")
+    wait_for(lambda: leasing(queue).reclaim("reaper")[2], timeout=5, message="the reclaim")
     for jid, result, children in ((lost_ack, "A", 2), (released, "B", 1)):
         job = queue.get(jid)
         assert job.state == "succeeded" and job.result == result
@@ -476,11 +477,11 @@ def test_completion_record_keeps_the_followups_a_lost_ack_carried(queue, r):
             assert child.fields["parent"] == jid and events(child) == ["enqueued"]
     assert r.zcard(queue.keys.pending) == 3
     # found again (another reclaim, a late duplicate of the record): nothing added
-    assert queue.reclaim("reaper") == (0, 0, 0, [])
-    assert queue.ack(lost_ack, leases[lost_ack].token, '"A"',
+    assert leasing(queue).reclaim("reaper") == (0, 0, 0, [])
+    assert leasing(queue).ack(lost_ack, leases[lost_ack].token, '"A"',
                      followups_of(lost_ack, queue, 1, 2)) == "lost"
     assert r.zcard(queue.keys.pending) == 3
-    leased = sorted(lease.id for lease in queue.claim("ghost:3", 10, 60_000).leases)
+    leased = sorted(lease.id for lease in leasing(queue).claim("ghost:3", 10, 60_000).leases)
     assert leased == sorted([f"{lost_ack}-1", f"{lost_ack}-2", f"{released}-1"])
 
 
@@ -515,10 +516,10 @@ def test_idempotent_ack_lost_is_acked_by_a_supervisors_reaper_and_its_followup_k
     runs = tmp_path / "runs"
     jid = queue.enqueue("tests.touch", str(runs), idempotent=True).id
     vid = queue.enqueue("examples.vote", "item-7", "ada").id
-    for job_id, (lease, ) in ((jid, queue.claim("ghost:1", 1, 100).leases),
-                             (vid, queue.claim("ghost:1", 1, 100).leases)):
+    for job_id, (lease, ) in ((jid, leasing(queue).claim("ghost:1", 1, 100).leases),
+                             (vid, leasing(queue).claim("ghost:1", 1, 100).leases)):
         assert lease.id == job_id
-    queue.record_done(jid, json.dumps(4242), 60_000)
+    leasing(queue).record_done(jid, json.dumps(4242), 60_000)
     # what the dead supervisor's child did: run the handler, collecting its follow-ups
     ctx = registry.JobContext(vid, queue.name, "examples.vote")
     registry.set_current(ctx)
@@ -526,7 +527,7 @@ def test_idempotent_ack_lost_is_acked_by_a_supervisors_reaper_and_its_followup_k
         result = examples.vote("item-7", "ada")
     finally:
         registry.set_current(None)
-    queue.record_done(vid, json.dumps(result), 60_000, followups=ctx.followups)
+    leasing(queue).record_done(vid, json.dumps(result), 60_000, followups=ctx.followups)
     (sup,) = supervisors(tmp_path, redis_url, {queue.name: 2})
     with running(sup):
         job = wait_job(queue, jid, sups=[sup])
@@ -614,7 +615,7 @@ def test_followups_never_duplicated_when_the_parent_runs_again(tmp_path, redis_u
     runs = tmp_path / "runs"
     other = make_queue()
     pid = queue.enqueue("tests.fanout", str(runs), other.name).id
-    (lease,) = queue.claim("ghost:1", 1, 100).leases
+    (lease,) = leasing(queue).claim("ghost:1", 1, 100).leases
     ctx = registry.JobContext(pid, queue.name, "tests.fanout")
     registry.set_current(ctx)
     try:
@@ -630,7 +631,7 @@ def test_followups_never_duplicated_when_the_parent_runs_again(tmp_path, redis_u
         there = wait_job(other, f"{pid}-1", sups=[sup])
         here = wait_job(queue, f"{pid}-2", sups=[sup])
         # a second ack of the first run, arriving late, is fenced off: nothing changes
-        assert queue.ack(pid, lease.token, "null", ctx.followups) == "lost"
+        assert leasing(queue).ack(pid, lease.token, "null", ctx.followups) == "lost"
     assert parent.state == "succeeded" and parent.crashes == 1  # reclaimed, run again
     assert there.state == here.state == "succeeded"
     assert executions(runs) == Counter({pid: 2, f"{pid}-1": 1, f"{pid}-2": 1})

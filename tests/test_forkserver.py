@@ -125,6 +125,8 @@ def test_reload_with_new_imports_replaces_the_fork_server_and_keeps_running_jobs
         write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
                      imports=("forq.examples", "tests.tasks", "json"))
         sup.signal(signal.SIGHUP)
+        # it serves once it has imported the handler modules: the reload is done then
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
         new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
                        message="a new fork server")[0]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == new
@@ -230,6 +232,11 @@ def test_a_fork_server_that_keeps_dying_is_given_up(tmp_path, redis_url, queue):
                  in sup.log(), timeout=10, message="the supervisor to give up")
         assert not [p for p in fork_servers_of(sup.pid) if p not in killed]
         assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == sup.pid
+        # an operator's reload starts afresh: a fork server serves again
+        sup.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
+        (server,) = fork_servers_of(sup.pid)
+        assert queue.enqueue("tests.lineage").wait(timeout=10)["ppid"] == server
     finally:
         sup.stop()
     assert "Traceback" not in sup.log()
@@ -412,6 +419,8 @@ def test_a_retired_fork_server_lets_its_spares_go_at_once(tmp_path, redis_url, q
         write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2}, drain_timeout="2s",
                      imports=("forq.examples", "tests.tasks", "json"))
         sup.signal(signal.SIGHUP)
+        # it serves once it has imported the handler modules: the reload is done then
+        wait_for(lambda: "reloaded" in sup.log(), timeout=20, message="the reload")
         new = wait_for(lambda: [p for p in fork_servers_of(sup.pid) if p != old], timeout=10,
                        message="a new fork server")[0]
         # the old one stays for its running job, without spares

@@ -1,5 +1,5 @@
 """A machine without redis-server: `make demo` and `make test` stop with one line that
-names the package to install (README, "Redis on a fresh machine"), never a traceback."""
+names the package to install (docs/getting-started.md, "Redis on a fresh machine"), never a traceback."""
 
 from __future__ import annotations
 

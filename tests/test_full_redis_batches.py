@@ -10,9 +10,9 @@ redis-server: the first changes its maxmemory.
 A follow-up bound for another queue had the same fault (enqueue.lua refused, the ack
 landed): it is written first too.
 
-Found with it: a job outside any batch that opened one never counted in it (finish in
-lua/_lib.lua acted on a job's links only for a batch member or a parent of
-dependents), so that batch's callback never came.
+Found with it: a job outside any batch that opened one never counted in it (finish,
+now in lua/includes/finish.lua, acted on a job's links only for a batch member or a
+parent of dependents), so that batch's callback never came.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, children_of, write_config

@@ -14,6 +14,7 @@ import pytest
 
 from forq import PayloadError, Queue
 from forq.payload import MAX_GROUP_BYTES, check_followup
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for
 
 OWNER = "host-a:100"
@@ -26,11 +27,11 @@ def redis_ms(r) -> int:
 
 
 def claim_ids(queue: Queue, n: int = 10, ttl: int = LONG) -> list[str]:
-    return [lease.id for lease in queue.claim(OWNER, n, ttl).leases]
+    return [lease.id for lease in leasing(queue).claim(OWNER, n, ttl).leases]
 
 
 def claim(queue: Queue, n: int = 10, ttl: int = LONG):
-    return queue.claim(OWNER, n, ttl).leases
+    return leasing(queue).claim(OWNER, n, ttl).leases
 
 
 def running(queue: Queue) -> dict[str, str]:
@@ -85,7 +86,7 @@ def test_a_saturated_group_does_not_block_others(queue):
 def test_ack_frees_the_slot_and_the_next_job_of_the_group_runs(queue):
     a = enqueue_in(queue, "a", 2)
     (lease,) = claim(queue)
-    assert queue.ack(lease.id, lease.token, "null") == "ok"
+    assert leasing(queue).ack(lease.id, lease.token, "null") == "ok"
     assert running(queue) == {}
     assert claim_ids(queue) == [a[1]]
 
@@ -95,7 +96,7 @@ def test_batched_ack_frees_each_jobs_slot(queue):
     a = enqueue_in(queue, "a", 4)
     leases = claim(queue)
     assert [le.id for le in leases] == a[:2]
-    assert queue.ack_many([(le.id, le.token, "1", ()) for le in leases]) == ["ok", "ok"]
+    assert leasing(queue).ack_many([(le.id, le.token, "1", ()) for le in leases]) == ["ok", "ok"]
     assert claim_ids(queue) == a[2:]
 
 
@@ -104,7 +105,7 @@ def test_batched_ack_frees_each_jobs_slot(queue):
 def test_every_fail_outcome_frees_the_slot(queue, mode, outcome):
     a = enqueue_in(queue, "a", 2)
     (lease,) = claim(queue)
-    assert queue.fail(lease.id, lease.token, {"message": "x"}, mode).outcome == outcome
+    assert leasing(queue).fail(lease.id, lease.token, {"message": "x"}, mode).outcome == outcome
     assert running(queue) == {}
     assert claim_ids(queue) == [a[1]]
 
@@ -112,7 +113,7 @@ def test_every_fail_outcome_frees_the_slot(queue, mode, outcome):
 def test_retry_comes_back_into_its_group(queue, r):
     a = enqueue_in(queue, "a", 1, backoff={"base": "1ms", "jitter": 0})
     (lease,) = claim(queue)
-    run_at = queue.fail(lease.id, lease.token, {"message": "x"}).run_at_ms
+    run_at = leasing(queue).fail(lease.id, lease.token, {"message": "x"}).run_at_ms
     other = enqueue_in(queue, "a", 1)
     assert claim_ids(queue) == other  # the retry waits out its backoff
     wait_for(lambda: redis_ms(r) > run_at, timeout=5)
@@ -124,7 +125,7 @@ def test_retry_comes_back_into_its_group(queue, r):
 def test_release_puts_the_job_back_at_the_head_of_its_group(queue):
     a = enqueue_in(queue, "a", 2)
     (lease,) = claim(queue)
-    assert queue.release(lease.id, lease.token) == "ok"
+    assert leasing(queue).release(lease.id, lease.token) == "ok"
     assert running(queue) == {}
     assert claim_ids(queue) == [a[0]]
 
@@ -134,7 +135,7 @@ def test_reclaim_frees_the_slot_of_an_expired_lease(queue, r):
     (lease,) = claim(queue, ttl=1)
     deadline = redis_ms(r) + 5
     wait_for(lambda: redis_ms(r) > deadline, timeout=5)
-    assert queue.reclaim("reaper").to_pending == 1
+    assert leasing(queue).reclaim("reaper").to_pending == 1
     assert running(queue) == {}
     assert claim_ids(queue) == [a[0]]  # back at its group's head
 
@@ -142,8 +143,8 @@ def test_reclaim_frees_the_slot_of_an_expired_lease(queue, r):
 def test_reclaim_to_dead_frees_the_slot(queue, r):
     a = enqueue_in(queue, "a", 2, max_crashes=1)
     (lease,) = claim(queue, ttl=1)
-    assert queue.expire(lease.id, lease.token, "SIGKILL") == "ok"
-    assert queue.reclaim("reaper").to_dead == 1
+    assert leasing(queue).expire(lease.id, lease.token, "SIGKILL") == "ok"
+    assert leasing(queue).reclaim("reaper").to_dead == 1
     assert running(queue) == {}
     assert claim_ids(queue) == [a[1]]
 
@@ -154,13 +155,13 @@ def test_cancel_pending_and_active_grouped_jobs(queue, r):
     assert group_pending(queue) == 2
     (lease,) = claim(queue)
     assert queue.cancel(lease.id) == "cancelling"
-    assert queue.fail(lease.id, lease.token, {"message": "cancelled"}, "cancel").outcome \
+    assert leasing(queue).fail(lease.id, lease.token, {"message": "cancelled"}, "cancel").outcome \
         == "cancelled"
     assert claim_ids(queue) == [a[2]]
     assert queue.cancel(a[2]) == "cancelling"
     # a drain's release of a cancel-requested job finishes it as cancelled: slot freed
     lease2 = queue.get(a[2])
-    assert queue.release(a[2], lease2.fields["token"]) == "ok"
+    assert leasing(queue).release(a[2], lease2.fields["token"]) == "ok"
     assert queue.get(a[2]).state == "cancelled"
     assert running(queue) == {}
     assert group_pending(queue) == 0
@@ -178,7 +179,7 @@ def test_cancel_of_the_head_moves_the_groups_place(queue, r):
 def test_requeue_dead_goes_back_into_the_group(queue, r):
     a = enqueue_in(queue, "a", 1)
     (lease,) = claim(queue)
-    queue.fail(lease.id, lease.token, {"message": "x"}, "fatal")
+    leasing(queue).fail(lease.id, lease.token, {"message": "x"}, "fatal")
     assert queue.requeue_dead([a[0]])[0] == 1
     assert r.zscore(queue.keys.group_pending("a"), a[0]) is not None
     assert claim_ids(queue) == a
@@ -187,8 +188,8 @@ def test_requeue_dead_goes_back_into_the_group(queue, r):
 def test_idempotent_job_recorded_done_frees_its_slot_at_claim(queue):
     a = enqueue_in(queue, "a", 2, idempotent=True)
     (lease,) = claim(queue, ttl=1)
-    queue.record_done(lease.id, "7", 60_000)
-    queue.release(lease.id, lease.token)  # the ack was lost; a drain gave it back
+    leasing(queue).record_done(lease.id, "7", 60_000)
+    leasing(queue).release(lease.id, lease.token)  # the ack was lost; a drain gave it back
     # the claim finds a[0] done and succeeds it (its group's slot taken and freed, and
     # the supervisors woken); the group's next job goes to the next claim
     assert claim_ids(queue) == []
@@ -218,7 +219,7 @@ def test_raised_limit_applies_when_a_slot_frees(queue):
     a = enqueue_in(queue, "a", 4)
     (lease,) = claim(queue)
     queue.set_limits(group_concurrency=3)
-    queue.ack(lease.id, lease.token, "null")
+    leasing(queue).ack(lease.id, lease.token, "null")
     assert claim_ids(queue) == a[1:4]
 
 
@@ -226,7 +227,7 @@ def test_group_rate_limit(queue, r):
     queue.set_limits(group_concurrency=100, group_rate=(1, 0.2))  # 5/s per group
     a = enqueue_in(queue, "a", 3)
     b = enqueue_in(queue, "b", 1)
-    result = queue.claim(OWNER, 10, LONG)
+    result = leasing(queue).claim(OWNER, 10, LONG)
     assert [le.id for le in result.leases] == [a[0], b[0]]  # one token each
     assert r.zrange(queue.keys.groups_wait, 0, -1) == ["a"]
     # the claim says when group a's next token comes
@@ -242,7 +243,7 @@ def test_group_wakes_supervisors_when_its_slot_frees(queue, r):
     sub = r.pubsub(ignore_subscribe_messages=True)
     sub.subscribe(queue.keys.wake)
     wait_for(lambda: sub.get_message(timeout=0.1) is None, timeout=5)
-    queue.ack(lease.id, lease.token, "null")
+    leasing(queue).ack(lease.id, lease.token, "null")
     message = sub.get_message(timeout=5)
     sub.close()
     assert message and message["data"] == "0"
@@ -251,7 +252,7 @@ def test_group_wakes_supervisors_when_its_slot_frees(queue, r):
 def test_plain_queue_never_touches_group_keys(queue, r):
     enqueue_in(queue, None, 3)
     for lease in claim(queue):
-        queue.ack(lease.id, lease.token, "null")
+        leasing(queue).ack(lease.id, lease.token, "null")
     assert not list(r.scan_iter(match=f"forq:{{{queue.name}}}:g*"))
     assert "grouped" not in r.hgetall(queue.keys.limits)
 
@@ -263,7 +264,7 @@ def test_many_groups_drain_with_no_slot_left(queue, r):
         leases = claim(queue, 32)
         assert leases
         assert len({queue.get(le.id).fields["group"] for le in leases}) == len(leases)
-        queue.ack_many([(le.id, le.token, "null", ()) for le in leases])
+        leasing(queue).ack_many([(le.id, le.token, "null", ()) for le in leases])
         done += len(leases)
     assert running(queue) == {}
     assert ready(queue) == []
@@ -294,7 +295,7 @@ def test_group_at_the_cap_and_odd_characters_work(queue):
         job = queue.enqueue("t.task", group=group)
         (lease,) = claim(queue)
         assert lease.id == job.id and lease.job.fields["group"] == group
-        queue.ack(lease.id, lease.token, "null")
+        leasing(queue).ack(lease.id, lease.token, "null")
     assert running(queue) == {}
 
 
@@ -323,7 +324,7 @@ def test_group_is_in_the_record_and_in_json(queue):
 def test_removed_group_rate_lets_a_waiting_group_go(queue, r):
     queue.set_limits(group_concurrency=10, group_rate=(1, 0.3))
     a = enqueue_in(queue, "a", 3)
-    result = queue.claim(OWNER, 10, LONG)
+    result = leasing(queue).claim(OWNER, 10, LONG)
     assert [le.id for le in result.leases] == a[:1]
     assert r.zrange(queue.keys.groups_wait, 0, -1) == ["a"]
     queue.set_limits(group_rate=None)

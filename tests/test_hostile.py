@@ -1,5 +1,5 @@
 """Hostile handlers: a job's child is untrusted, and nothing it does may harm the
-supervisor or another job (the threat model in the README, "Hostile handlers").
+supervisor or another job (the threat table in docs/sandbox.md).
 
 Each test runs a real supervisor and handlers written to do harm (tests/hostile.py)."""
 
@@ -22,6 +22,7 @@ import pytest
 
 from forq import Queue
 from forq.supervisor.fork.messages import MessageReader, encode
+from forq.supervisor.leases.calls import leasing
 from forq.testing.redis import RedisServer
 from forq.testing.system_python import Unavailable, venv_python
 from tests.helpers import wait_for, wait_job
@@ -837,13 +838,22 @@ def test_without_namespaces_require_refuses_a_config_a_run_as_job_could_read(
     assert f"names private_config, which is off: {config} readable by nobody" in proc.stderr
 
 
-def test_the_readmes_redis_acl_recipe_serves_a_supervisor(tmp_path):
-    """README, "Hostile handlers": an ACL user for supervisors, the default user off."""
+def _docs_acl_recipe() -> list[list[str]]:
+    """The ACL commands of docs/sandbox.md, "Not covered", as that page shows them."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "sandbox.md").read_text()
+    commands = [line.split() for line in text.splitlines() if line.startswith("ACL SETUSER")]
+    assert len(commands) == 2, "docs/sandbox.md: the ACL recipe is two ACL SETUSER lines"
+    return commands
+
+
+def test_the_docs_redis_acl_recipe_serves_a_supervisor(tmp_path):
+    """docs/sandbox.md's recipe, run as written: an ACL user for supervisors, the
+    default user off; a supervisor serves with it, and a job cannot log in."""
     with RedisServer() as server:
         admin = Queue("acl", url=server.url).redis
-        admin.execute_command("ACL", "SETUSER", "forq-supervisor", "on", ">sup-pw", "~forq:*",
-                              "&forq:*", "+@all", "-@dangerous", "+info")
-        admin.execute_command("ACL", "SETUSER", "default", "off")
+        for command in _docs_acl_recipe():
+            admin.execute_command(*(word.replace("SUPERVISOR-PASSWORD", "sup-pw")
+                                    for word in command))
         url = f"redis://forq-supervisor@127.0.0.1:{server.port}/0"
         config = write_config(tmp_path / "forq.toml", url, {"acl": 1})
         sup = SupervisorProcess(config, env={"FORQ_REDIS_PASSWORD": "sup-pw"}).start()
@@ -859,8 +869,8 @@ def test_the_readmes_redis_acl_recipe_serves_a_supervisor(tmp_path):
 def test_output_is_kept_only_while_the_lease_is_held(queue):
     """lua/output.lua is fenced like a transition: a stale supervisor writes nothing."""
     job = queue.enqueue("tests.echo")
-    [lease] = queue.claim("me", 1, 60_000).leases
-    assert queue.set_output(job.id, "stale-token", "forged\n") == "lost"
+    [lease] = leasing(queue).claim("me", 1, 60_000).leases
+    assert leasing(queue).set_output(job.id, "stale-token", "forged\n") == "lost"
     assert queue.get(job.id).output == ""
-    assert queue.set_output(job.id, lease.token, "printed\n") == "ok"
+    assert leasing(queue).set_output(job.id, lease.token, "printed\n") == "ok"
     assert queue.get(job.id).output == "printed\n"

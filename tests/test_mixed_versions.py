@@ -1,9 +1,10 @@
 """A rolling upgrade: the previous version of forq and this one on the same Redis, jobs
 flowing both ways, each version running its own scripts (EVALSHA of its own text).
 
-"The previous version" is the commit before the one that added forq.dataformat, taken
-from git (`git archive`) and staged in forq's installed layout (tests/typecheck.py's
-mapping): what a machine not yet upgraded runs.
+"The previous version" is the commit before the one that added forq.dataformat (now
+forq.store.dataformat), taken from git (`git archive`) and staged in forq's installed
+layout (pyproject.toml's package-dir, tests/layout.py): what a machine not yet upgraded
+runs.
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.connection import connect
-from forq.scripts import _INCLUDE, source
+from forq.store.connection import connect
+from forq.store.scripts import expand, source
+from tests.layout import folders
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, write_config
-from tests.typecheck import LAYOUT
 
 PROBE = """
 import json, sys
 from forq import Queue
-from forq.connection import connect
+from forq.connection import connect  # the previous version's name for it
 q = Queue(sys.argv[2], redis=connect(sys.argv[1]))
 job = q.enqueue("examples.add", 20, 22)
 print(json.dumps({"file": __import__("forq").__file__, "result": job.wait(timeout=60)}))
@@ -51,7 +52,7 @@ def previous_version(dest: Path) -> str:
     tree = dest / "tree"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(tree, filter="data")
-    for target, folder in LAYOUT.items():
+    for target, folder in folders().items():
         if (tree / folder).is_dir():
             shutil.copytree(tree / folder, dest / "site" / target, dirs_exist_ok=True)
     return f"{commits[-1]}^"
@@ -88,8 +89,7 @@ def test_the_previous_version_and_this_one_share_a_redis(tmp_path):
         # each under the SHA1 of its own text; where they are the same, they are shared
         lua = old / "tree" / "lua"
         for name in ("enqueue", "claim", "ack"):
-            theirs_text = _INCLUDE.sub(lambda m: (lua / f"{m.group(1)}.lua").read_text(),
-                                       (lua / f"{name}.lua").read_text())
+            theirs_text = expand(name, lambda path: (lua / f"{path}.lua").read_text())
             ours = r.register_script(source(name)).sha
             theirs = r.register_script(theirs_text).sha
             assert (ours == theirs) == (theirs_text == source(name))

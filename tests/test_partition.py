@@ -12,7 +12,7 @@ import pytest
 
 from chaos.proxy import BLACKHOLE, PASS, Proxy
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import SupervisorProcess, write_config

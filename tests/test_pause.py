@@ -15,6 +15,7 @@ import redis as redis_lib
 
 from forq import AsyncQueue, Queue
 from forq.supervisor.config.load import ConfigError, load_config
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
 
@@ -40,7 +41,7 @@ def test_a_paused_queue_leases_nothing_and_promotes_nothing(queue: Queue):
     assert queue.pause() is False  # already paused: unchanged
     assert queue.is_paused() and queue.stats()["paused"] is True
 
-    claim = queue.claim(OWNER, 10, LONG)
+    claim = leasing(queue).claim(OWNER, 10, LONG)
     assert claim.leases == [] and claim.pending_left == 1
     assert claim.next_due_ms == -1  # no timer armed for a queue that leases nothing
     assert queue.redis.zcard(queue.keys.scheduled) == 1  # due, but not promoted
@@ -48,16 +49,16 @@ def test_a_paused_queue_leases_nothing_and_promotes_nothing(queue: Queue):
     assert queue.resume() is True
     assert queue.resume() is False
     assert not queue.is_paused() and queue.stats()["paused"] is False
-    claim = queue.claim(OWNER, 10, LONG)
+    claim = leasing(queue).claim(OWNER, 10, LONG)
     assert sorted(lease.job.task for lease in claim.leases) == ["t.a", "t.later"]
 
 
 def test_pause_keeps_running_leases(queue: Queue):
     queue.enqueue("t.a")
-    (lease,) = queue.claim(OWNER, 1, LONG).leases
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
     queue.pause()
-    assert queue.extend([(lease.id, lease.token)], LONG).lost == []
-    assert queue.ack(lease.id, lease.token, '"done"') == "ok"
+    assert leasing(queue).extend([(lease.id, lease.token)], LONG).lost == []
+    assert leasing(queue).ack(lease.id, lease.token, '"done"') == "ok"
     assert queue.get(lease.id).state == "succeeded"
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for
 
 LONG = 60_000
@@ -123,16 +124,16 @@ def test_extend_racing_reclaim_never_both_win(queue, redis_url):
     def extend(n: int) -> list[str]:
         for _ in range(delays[n]):  # spread the extension over the lease's last moments
             extender.redis.ping()
-        lost, _cancelled, _now = extender.extend([(jid, tokens[n])], LONG)
+        lost, _cancelled, _now = leasing(extender).extend([(jid, tokens[n])], LONG)
         extender_done.set()
         return lost
 
     def reclaim(n: int) -> list[str]:
         moved: list[str] = []
         while not moved and not extender_done.is_set():
-            moved = reaper.reclaim("reaper")[3]
+            moved = leasing(reaper).reclaim("reaper")[3]
         if not moved:
-            moved = reaper.reclaim("reaper")[3]
+            moved = leasing(reaper).reclaim("reaper")[3]
         return moved
 
     extender_done = threading.Event()
@@ -142,7 +143,7 @@ def test_extend_racing_reclaim_never_both_win(queue, redis_url):
     try:
         for n in range(rounds):
             extender_done.clear()
-            lease = queue.claim("sup", 1, 1 + n % 3).leases[0]
+            lease = leasing(queue).claim("sup", 1, 1 + n % 3).leases[0]
             assert lease.id == jid
             tokens[n] = lease.token
             lost, moved = duel.play(n)
@@ -156,7 +157,7 @@ def test_extend_racing_reclaim_never_both_win(queue, redis_url):
                 assert where == ["active"], (n, where)
                 assert f["state"] == "active" and f["token"] == lease.token
                 assert int(f["lease_deadline"]) > redis_ms(queue.redis) + LONG // 2
-                assert queue.release(jid, lease.token) == "ok"
+                assert leasing(queue).release(jid, lease.token) == "ok"
             else:
                 wins["reclaim"] += 1
                 crashes += 1
@@ -187,22 +188,22 @@ def test_ack_racing_reclaim_never_both_win(queue, redis_url):
     def ack(n: int) -> str:
         for _ in range(delays[n]):
             acker.redis.ping()
-        reply = acker.ack(*leases[n], '"ok"')
+        reply = leasing(acker).ack(*leases[n], '"ok"')
         acker_done.set()
         return reply
 
     def reclaim(n: int) -> list[str]:
         moved: list[str] = []
         while not moved and not acker_done.is_set():
-            moved = reaper.reclaim("reaper")[3]
-        return moved or reaper.reclaim("reaper")[3]
+            moved = leasing(reaper).reclaim("reaper")[3]
+        return moved or leasing(reaper).reclaim("reaper")[3]
 
     duel = Duel(ack, reclaim)
     outcome = {"ack": 0, "reclaim": 0}
     try:
         for n in range(rounds):
             acker_done.clear()
-            lease = queue.claim("sup", 1, 1 + n % 3).leases[0]
+            lease = leasing(queue).claim("sup", 1, 1 + n % 3).leases[0]
             leases[n] = (lease.id, lease.token)
             reply, moved = duel.play(n)
             assert (reply == "ok") != (moved == [lease.id]), (n, reply, moved)
@@ -236,7 +237,7 @@ def test_concurrent_claimers_never_lease_a_job_twice(queue, redis_url, claimers)
 
         def run() -> None:
             while True:
-                result = q.claim(f"sup-{i}", rng.randint(1, 40), LONG)
+                result = leasing(q).claim(f"sup-{i}", rng.randint(1, 40), LONG)
                 got[i] += [(lease.id, lease.token) for lease in result.leases]
                 if not result.leases and result.pending_left == 0:
                     return
@@ -266,7 +267,7 @@ def test_concurrent_reapers_reclaim_each_lease_exactly_once(queue, redis_url):
     ids = [j.id for j in queue.enqueue_many({"task": "t.x"} for _ in range(n))]
     deadline = 0
     while True:
-        leases = queue.claim("sup", 500, 1).leases
+        leases = leasing(queue).claim("sup", 500, 1).leases
         if not leases:
             break
         deadline = max(deadline, *(int(lease.job.fields["lease_deadline"]) for lease in leases))
@@ -281,7 +282,7 @@ def test_concurrent_reapers_reclaim_each_lease_exactly_once(queue, redis_url):
 
         def run() -> None:
             while True:
-                to_pending, to_dead, completed, got = q.reclaim(f"reaper-{i}",
+                to_pending, to_dead, completed, got = leasing(q).reclaim(f"reaper-{i}",
                                                                  limit=rng.randint(5, 80))
                 if not got:
                     return
@@ -325,14 +326,14 @@ def test_crash_loops_end_in_dead_with_exact_counts(queue, redis_url):
 
         def run() -> None:
             while not stop.is_set():
-                leases = q.claim(f"sup-{i}", rng.randint(1, 20), rng.randint(1, 5)).leases
+                leases = leasing(q).claim(f"sup-{i}", rng.randint(1, 20), rng.randint(1, 5)).leases
                 if not leases:
                     stop.wait(0.0005)  # idle: let the reapers catch up
                     continue
                 for lease in leases:
                     claims[i].append(lease.id)
                     if rng.random() < 0.6:
-                        reply = q.expire(lease.id, lease.token, f"killed by SIGKILL (sup-{i})")
+                        reply = leasing(q).expire(lease.id, lease.token, f"killed by SIGKILL (sup-{i})")
                         # a reaper may already have taken the lapsed lease
                         assert reply in ("ok", "lost")
         return run
@@ -342,7 +343,7 @@ def test_crash_loops_end_in_dead_with_exact_counts(queue, redis_url):
 
         def run() -> None:
             while not stop.is_set():
-                if not q.reclaim(f"reaper-{i}", default_max_crashes=99, limit=50)[3]:
+                if not leasing(q).reclaim(f"reaper-{i}", default_max_crashes=99, limit=50)[3]:
                     stop.wait(0.0005)
         return run
 

@@ -1,4 +1,4 @@
-"""The sans-IO layer (`forq.transitions`) against the scripts' own headers, in-process.
+"""The sans-IO layer (`forq.store.transitions`) against the scripts' own headers, in-process.
 
 Each call builder must send as many KEYS as its script's header names, and at least
 the fixed ARGV it names (the variadic tail, ``ARGV[n..]``, may be empty). The parsers
@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-from forq import transitions as tr
-from forq.keys import QueueKeys
-from forq.scripts import source
+from forq.store import finder
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
+from forq.store.scripts import source
 
 KEYS = QueueKeys("calls")
 
@@ -38,7 +39,14 @@ CALLS = {
     "batch": tr.batch_call(KEYS, "b", {"total": 1, "members": [["calls", "b-1"]]},
                            [{"id": "b-1", "task": "t"}]),
     "batch_relay": tr.batch_relay_call(KEYS, [("b", "b-1", True)]),
+    "promote": tr.promote_call(KEYS, "a"),
+    "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
+    "set_priority": tr.set_priority_call(KEYS, "a", 5),
+    "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
+    "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
+    "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
 }
+GLOBAL = {"schedule_define", "schedule_fired"}  # one global key each, not a queue's
 
 
 def _header_counts(name: str) -> tuple[int, int, bool]:
@@ -62,7 +70,10 @@ def test_call_matches_its_script_header(name):
     assert len(call.keys) == keys, f"{name}: header names {keys} KEYS"
     assert len(call.args) >= fixed if variadic else len(call.args) == fixed, \
         f"{name}: header names {fixed} fixed ARGV (variadic: {variadic}), call has {call.args}"
-    assert all(key.startswith(KEYS.prefix) for key in call.keys)  # one cluster slot
+    if name in GLOBAL:
+        assert len(call.keys) == 1  # one cluster slot
+    else:
+        assert all(key.startswith(KEYS.prefix) for key in call.keys)  # one cluster slot
 
 
 def test_enqueue_calls_are_batched():
@@ -88,5 +99,16 @@ def test_parsers_read_the_documented_replies():
     assert tr.parse_progress(["ok", "lost"]) == ["ok", "lost"]
     assert tr.parse_batch(["opened", 3]) == ("opened", 3)
     assert tr.parse_batch_relay(2) == 2
+    assert tr.parse_changed_job(["promoted", "pending"]) == ("promoted", "pending", "", 0)
+    assert tr.parse_changed_job(["rescheduled", "scheduled", 99]).run_at_ms == 99
+    assert tr.parse_changed_job(["refused", "active", "state"]).why == "state"
+    assert tr.parse_changed_job(["refused", "dead"]) == ("refused", "dead", "state", 0)
+    assert tr.parse_changed_job(["missing", ""]).outcome == "missing"
+    records, cursor, examined, gone = finder.parse_find(
+        ["5", "b", 0, 3, 1, ["a", "4", "t.x", None, "1000"]])
+    assert records == [{"id": "a", "score": "4", "task": "t.x", "enqueued_at": "1000"}]
+    assert (cursor, examined, gone) == ("5|b", 3, 1)
+    assert finder.parse_find(["5", "b", 1, 3, 0])[1] is None  # done: no cursor
+    assert tr.parse_schedule_define(["exists", 4]) == ("exists", 4)
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

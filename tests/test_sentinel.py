@@ -24,8 +24,8 @@ import pytest
 import redis as redis_lib
 
 from forq import AsyncQueue, ForqError, Queue
-from forq.connection import connect
-from forq.topology import parse_url
+from forq.store.connection import connect
+from forq.store.topology import parse_url
 from tests.cluster_server import ReplicatedRedis
 from tests.helpers import wait_for
 from tests.supervisors import SupervisorProcess, children_of, write_config

@@ -20,10 +20,11 @@ import redis as redis_lib
 from redis.crc import key_slot
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.store.topology import fail_fast
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.redis_io.shards import PLAIN, ShardDown, execute_by_shard, shard_of
-from forq.topology import fail_fast
 from tests.cluster_server import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,13 +63,13 @@ def test_each_node_answers_its_commands_noscript_and_moved_included(cluster, rc)
         key_slot(queues[0].name.encode())]
     pipe = rc.pipeline(transaction=False)
     for q in queues:
-        q.claim(OWNER, 2, 60_000, client=pipe)
+        leasing(q).claim(OWNER, 2, 60_000, client=pipe)
         pipe.zcard(q.keys.pending)
     sent = execute_by_shard(pipe)
     assert not sent.failed and len(sent.answered) == 2  # the stale slot's node: "moved"
     assert len(pipe.command_stack) == 0
     for i, q in enumerate(queues):
-        assert len(q.parse_claim(sent.replies[2 * i]).leases) == 2, sent.replies
+        assert len(leasing(q).parse_claim(sent.replies[2 * i]).leases) == 2, sent.replies
         stats = q.stats()
         assert (stats["active"], stats["pending"]) == (2, 1)  # each claim ran once
     # each queue's count came from its own node (3 or 1: a script re-sent after NOSCRIPT
@@ -84,7 +85,7 @@ def test_a_stopped_node_fails_only_its_own_commands(cluster, rc):
     leases = {}
     for port, q in queues.items():
         q.enqueue("t.x")
-        (lease,) = q.claim(OWNER, 1, 60_000).leases
+        (lease,) = leasing(q).claim(OWNER, 1, 60_000).leases
         leases[port] = lease
     keeper = LeaseKeeper(lease_ttl=60.0)
     for port, lease in leases.items():
@@ -125,11 +126,11 @@ def test_a_plain_redis_is_one_shard(r, queue):
     assert shard_of(r, queue.name) == PLAIN
     queue.enqueue("t.x")
     pipe = r.pipeline(transaction=False)
-    queue.claim(OWNER, 1, 60_000, client=pipe)
+    leasing(queue).claim(OWNER, 1, 60_000, client=pipe)
     pipe.zcard(queue.keys.active)
     sent = execute_by_shard(pipe)
     assert sent.answered == {PLAIN} and not sent.failed
-    assert len(queue.parse_claim(sent.replies[0]).leases) == 1 and sent.replies[1] == 1
+    assert len(leasing(queue).parse_claim(sent.replies[0]).leases) == 1 and sent.replies[1] == 1
 
 
 def test_shard_health_backs_off_each_shard_on_its_own(cluster, rc):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer, free_port
 from tests.supervisors import SupervisorProcess, write_config

@@ -4,7 +4,7 @@ Each script's header declares its arrows (`Transitions: a -> b, ...`); the READM
 mermaid block must draw exactly their union, label each arrow with exactly the scripts
 that declare it, and name only (and all) the states of `forq.job.STATES`. The headers
 are in turn checked against the code: the states a script writes (`'state', 'X'` in its
-own code or in the `_lib` helpers it calls, transitively) are exactly the targets it
+own code or in the helpers of lua/includes/ it calls, transitively) are exactly the targets it
 declares, so a new write of the state field without a header line fails here.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from forq.job import STATES
-from forq.transitions import TRANSITIONS
+from forq.store.transitions import TRANSITIONS
 
 LUA = Path(__file__).resolve().parent.parent / "lua"  # the sources, as in the repo
 NOWHERE = "[*]"  # no job yet (left of an arrow), no record any more (right)
@@ -64,15 +64,22 @@ def _code_without_reads(code: str) -> str:
 
 @cache
 def _helpers() -> dict[str, str]:
-    """_lib.lua's top-level functions: name -> body."""
-    text = (LUA / "_lib.lua").read_text().partition("]]")[2]
-    # `local function f` and `f = function` (a helper declared earlier, defined later)
-    pieces = re.split(r"^(?:local function (\w+)|(\w+) = function)", text, flags=re.MULTILINE)
-    return {pieces[i] or pieces[i + 1]: pieces[i + 2] for i in range(1, len(pieces), 3)}
+    """The top-level functions of lua/includes/*.lua: name -> body. A script can call
+    only those it includes (tests/test_lua_includes.py), so following a call by name
+    follows what the script carries."""
+    helpers = {}
+    for path in sorted((LUA / "includes").glob("*.lua")):
+        text = path.read_text().partition("]]")[2]
+        # `local function f` and `f = function` (a helper declared earlier, defined later)
+        pieces = re.split(r"^(?:local function (\w+)|(\w+) = function)", text,
+                          flags=re.MULTILINE)
+        helpers.update({pieces[i] or pieces[i + 1]: pieces[i + 2]
+                        for i in range(1, len(pieces), 3)})
+    return helpers
 
 
 def _writes(code: str, seen: frozenset[str] = frozenset()) -> set[str]:
-    """States written by `code` itself or by the `_lib` helpers it calls."""
+    """States written by `code` itself or by the helpers it calls."""
     states = set(_STATE_WRITE.findall(_code_without_reads(code)))
     for helper, body in _helpers().items():
         if helper not in seen and re.search(rf"\b{helper}\(", code):

@@ -18,6 +18,7 @@ from forq import Queue
 from forq.channel import Channel, LeaseLost
 from forq.supervisor.cli import render
 from forq.supervisor.fork.messages import MessageReader
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
 
@@ -85,15 +86,15 @@ def test_a_job_killed_after_step_two_runs_only_step_three_again(sup, queue, tmp_
 
 def test_a_stale_token_cannot_record_a_step(queue):
     queue.enqueue("tests.echo", job_id="stale-step")
-    lease = queue.claim("me", 1, 60_000).leases[0]
-    assert queue.record_step(lease.id, "not-the-token", "one", '"x"') == "lost"
-    assert queue.record_step(lease.id, lease.token, "one", '"first"') == "ok"
-    assert queue.record_step(lease.id, lease.token, "one", '"second"') == "ok"  # first kept
-    assert queue.record_progress([(lease.id, "not-the-token", 0.5, "")]) == ["lost"]
+    lease = leasing(queue).claim("me", 1, 60_000).leases[0]
+    assert leasing(queue).record_step(lease.id, "not-the-token", "one", '"x"') == "lost"
+    assert leasing(queue).record_step(lease.id, lease.token, "one", '"first"') == "ok"
+    assert leasing(queue).record_step(lease.id, lease.token, "one", '"second"') == "ok"  # first kept
+    assert leasing(queue).record_progress([(lease.id, "not-the-token", 0.5, "")]) == ["lost"]
     job = queue.get(lease.id)
     assert job.steps == {"one": "first"} and job.progress is None
-    assert queue.ack(lease.id, lease.token, "null") == "ok"
-    assert queue.record_step(lease.id, lease.token, "two", "2") == "lost"  # not active
+    assert leasing(queue).ack(lease.id, lease.token, "null") == "ok"
+    assert leasing(queue).record_step(lease.id, lease.token, "two", "2") == "lost"  # not active
     assert queue.get(lease.id).steps == {"one": "first"}
 
 

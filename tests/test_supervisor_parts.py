@@ -16,6 +16,7 @@ from forq.supervisor.children.outcomes import FailMode, Kind, Outcome
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.config.load import load_config
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.leases.fencing import Fencer
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
@@ -41,7 +42,7 @@ class Clock:
 
 def lease_of(queue, task="tests.echo", **options):
     queue.enqueue(task, **options)
-    [lease] = queue.claim("test-owner", 1, 30000).leases
+    [lease] = leasing(queue).claim("test-owner", 1, 30000).leases
     return lease
 
 
@@ -277,7 +278,7 @@ def test_a_failed_lease_extension_is_retried_soon_not_a_period_later(tmp_path, r
     sup = Supervisor(config)
     try:
         queue.enqueue("tests.echo", 1)
-        [lease] = queue.claim(sup.id, 1, 2000).leases
+        [lease] = leasing(queue).claim(sup.id, 1, 2000).leases
         sup.leases.add(queue.name, lease.id, lease.token, time.monotonic())
         before = sup.leases.proven_until(lease.id)
         sup.renewal.client = Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens
@@ -322,7 +323,7 @@ def test_a_lease_that_ran_out_before_the_fork_gets_no_child_and_goes_back(tmp_pa
     sup = Supervisor(config)
     try:
         job = queue.enqueue("tests.echo", 1)
-        [lease] = queue.claim(sup.id, 1, 2000).leases
+        [lease] = leasing(queue).claim(sup.id, 1, 2000).leases
         sup.children.start(queue.name, lease, sent_at=time.monotonic() - 5)  # 5 s ago
         assert len(sup.children) == 0 and len(sup.outbox) == 1
         sup._sync()  # the release, fenced by the token

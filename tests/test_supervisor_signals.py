@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, children_of, write_config

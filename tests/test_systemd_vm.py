@@ -8,6 +8,7 @@ and Debian's own redis-server.service. Elsewhere those tests skip.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 from tests.helpers import wait_for
 
 IN_VM = os.environ.get("FORQ_IN_SYSTEMD_VM") == "1"
@@ -49,7 +50,8 @@ def journal(unit: str) -> str:
     return sh("journalctl", "-u", unit, "-o", "cat", "--no-pager").stdout
 
 
-def write_config(name: str, concurrency: int = 2, port: int = 0, extra: str = "") -> None:
+def write_config(name: str, concurrency: int = 2, port: int = 0, extra: str = "",
+                 imports: tuple[str, ...] = ()) -> None:
     Path(f"/etc/forq/{name}.toml").write_text(f"""
 [redis]
 url = "{REDIS}"
@@ -58,7 +60,7 @@ name = "{name}"
 lease_ttl = "8s"
 reaper_interval = "1s"
 drain_timeout = "60s"
-imports = ["forq.examples", "forq_test_tasks"]
+imports = {json.dumps(["forq.examples", "forq_test_tasks", *imports])}
 {extra}
 [[queue]]
 name = "{QUEUE}"
@@ -143,6 +145,87 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one():
     write_config("a", port=9464)
 
 
+APP = Path("/opt/forq-app")  # the handler code a deploy replaces (read-only to the unit)
+APP_MODULE = """
+import os
+import time
+
+from forq import task
+
+VERSION = {version}
+
+
+@task("vmapp.version")
+def version(seconds: float = 0.0):
+    time.sleep(seconds)
+    return {{"version": VERSION, "pid": os.getpid(), "ppid": os.getppid()}}
+"""
+
+
+def deploy(version: int) -> None:
+    APP.mkdir(exist_ok=True)
+    (APP / "vmapp.py").write_text(APP_MODULE.format(version=version))
+
+
+def supervisor_record(name: str) -> dict:
+    from forq.fleet import live_supervisors
+
+    return next(r for r in live_supervisors(connect(REDIS)) if r.get("name") == name)
+
+
+@in_vm
+def test_reload_runs_new_code_for_new_jobs_and_interrupts_none():
+    """`systemctl reload` under load: a 60 s job started before it finishes in the old
+    code and its old fork server, which then goes; jobs that start after it run the new
+    files; no job is interrupted or run twice."""
+    from forq.testing.supervisor import fork_servers_of
+
+    deploy(1)
+    Path("/etc/forq/a.env").write_text(f"PYTHONPATH={APP}\n")  # read at start
+    write_config("a", concurrency=4, port=9464, imports=("vmapp",))
+    sh("systemctl", "restart", "forq@a")
+    q = queue()
+    assert done(q.enqueue("vmapp.version").id).result["version"] == 1
+    pid = int(show("forq@a", "MainPID"))
+    (old,) = fork_servers_of(pid)
+    long = q.enqueue("vmapp.version", 60).id
+    running(long)
+    old_code = q.get(long).fields["code"]
+    before = [q.enqueue("vmapp.version", 0.5).id for _ in range(12)]  # the load
+    running(before[0])
+
+    deploy(2)
+    sh("systemctl", "reload", "forq@a")
+    new_code = wait_for(lambda: (c := supervisor_record("a")["code"]) != old_code and c,
+                        timeout=60, interval=0.2, message="the reload's new code")
+    after = [q.enqueue("vmapp.version", 0.1).id for _ in range(12)]
+    (new,) = [p for p in fork_servers_of(pid) if p != old]
+    record = supervisor_record("a")
+    assert record["code_retiring"] == [{"code": old_code, "pid": old, "jobs": 1}], record
+
+    for jid in before + after:
+        job = done(jid)
+        assert job.state == "succeeded" and len(claims(job)) == 1 and job.crashes == 0, \
+            job.history
+        # its record names the code it ran: the old files in the old fork server, or the new
+        assert job.fields["code"] in (old_code, new_code), job.fields
+        ran = (1, old) if job.fields["code"] == old_code else (2, new)
+        assert (job.result["version"], job.result["ppid"]) == ran, (job.fields, job.result)
+    assert all(done(jid).result["version"] == 2 for jid in after)
+    assert q.get(long).state == "active" and old in fork_servers_of(pid)
+
+    job = done(long, timeout=180)
+    assert job.state == "succeeded" and len(claims(job)) == 1 and job.crashes == 0, job.history
+    assert (job.result["version"], job.result["ppid"]) == (1, old), job.result
+    assert job.fields["code"] == old_code
+    wait_for(lambda: fork_servers_of(pid) == [new], timeout=30, interval=0.2,
+             message="the old fork server gone with its last job")
+    assert f"old fork server {old} stopped" in journal("forq@a")
+    assert int(show("forq@a", "MainPID")) == pid and show("forq@a", "NRestarts") == "0"
+    write_config("a", port=9464)
+    sh("systemctl", "reload", "forq@a")
+
+
 @in_vm
 def test_stop_lets_the_running_job_finish_and_exits_0():
     jid = queue().enqueue("examples.sleep", 5).id
@@ -224,4 +307,4 @@ def test_the_units_under_a_real_systemd():
         pytest.skip(f"no VM here: {exc}")
     assert rc == 0, console[-12000:]
     summary = re.search(r"(\d+) passed", console)
-    assert summary and int(summary.group(1)) == 7, console[-12000:]
+    assert summary and int(summary.group(1)) == 8, console[-12000:]

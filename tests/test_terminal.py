@@ -16,19 +16,22 @@ from pathlib import Path
 
 import pytest
 
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = "terminal-test:1"
 
 
-def _on_tty(redis_url: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+def _on_tty(redis_url: str, *args: str, env: dict[str, str] | None = None,
+            ) -> tuple[subprocess.Popen[bytes], int]:
     """`forq ARGS` with stdout and stderr on a pseudo-terminal; returns it and the
     terminal's master end."""
     master, slave = pty.openpty()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url,
-               TERM="xterm-256color", COLUMNS="120", LINES="40")
-    env.pop("NO_COLOR", None)
+    base = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url,
+                TERM="xterm-256color", COLUMNS="120", LINES="40")
+    base.pop("NO_COLOR", None)
+    env = dict(base, **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", *args], env=env,
                             cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -52,8 +55,8 @@ def _read(master: int, until: float) -> bytes:
     return out
 
 
-def _run(redis_url: str, *args: str) -> tuple[int, str]:
-    proc, master = _on_tty(redis_url, *args)
+def _run(redis_url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc, master = _on_tty(redis_url, *args, env=env)
     try:
         out = _read(master, time.monotonic() + 20)
         return proc.wait(timeout=20), out.decode(errors="replace")
@@ -69,8 +72,8 @@ def _visible(text: str) -> str:
 
 def _dead(queue, n: int) -> None:
     queue.enqueue_many([{"task": "tests.fails", "args": [i]} for i in range(n)])
-    for lease in queue.claim(OWNER, n, 60_000).leases:
-        queue.fail(lease.id, lease.token, {"message": "boom"}, mode="fatal")
+    for lease in leasing(queue).claim(OWNER, n, 60_000).leases:
+        leasing(queue).fail(lease.id, lease.token, {"message": "boom"}, mode="fatal")
 
 
 def test_tables_are_drawn_on_a_terminal(redis_url, queue):
@@ -127,3 +130,34 @@ def test_a_pipe_gets_plain_text(redis_url, queue):
                          cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "\x1b" not in out.stdout and "─" not in out.stdout
     assert out.stdout.splitlines()[1].split()[:2] == [queue.name, "1"]
+
+
+@pytest.mark.timeout(60)
+def test_no_color_on_a_terminal_is_plain_text_without_escapes(redis_url, queue):
+    """NO_COLOR (https://no-color.org): the plain text of a pipe, even on a terminal: no
+    colour, no box drawing, no cursor movement, no progress bar."""
+    _dead(queue, 3)
+    code, out = _run(redis_url, "stats", "-q", queue.name, env={"NO_COLOR": "1"})
+    assert code == 0 and "\x1b" not in out and "─" not in out, out
+    assert out.splitlines()[1].split()[:5] == [queue.name, "0", "0", "0", "3"]
+    code, out = _run(redis_url, "dead", "purge", "-q", queue.name, "--all", env={"NO_COLOR": "1"})
+    assert code == 0 and "\x1b" not in out and "purge dead jobs of" not in out, out
+    assert f"purged 3 dead jobs of queue {queue.name}" in out
+    proc, master = _on_tty(redis_url, "stats", "--watch", "-q", queue.name, "--interval", "50ms",
+                           env={"NO_COLOR": "1"})
+    seen = b""
+    try:
+        def frames() -> bool:
+            nonlocal seen
+            seen += _read(master, time.monotonic() + 0.2)
+            return seen.count(b"Ctrl-C to stop") >= 2
+        wait_for(frames, timeout=15, message="two frames of the watch")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        os.close(master)
+        proc.kill()
+    assert b"\x1b" not in seen, seen[-2000:]
+    # an empty NO_COLOR is not set (no-color.org): rich as usual
+    code, out = _run(redis_url, "stats", "-q", queue.name, env={"NO_COLOR": ""})
+    assert code == 0 and "\x1b[" in out and "─" in out, out

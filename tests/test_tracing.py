@@ -20,6 +20,7 @@ from opentelemetry.trace import StatusCode  # noqa: E402
 
 from forq import AsyncQueue  # noqa: E402
 from forq.supervisor.config.load import ConfigError, load_config  # noqa: E402
+from forq.supervisor.leases.calls import leasing  # noqa: E402
 from forq.supervisor.observe.tracing import JobTracer  # noqa: E402
 from forq.tracing import valid_traceparent  # noqa: E402
 from tests.helpers import wait_job  # noqa: E402
@@ -60,7 +61,7 @@ def test_job_spans_follow_the_producer_in_order(queue, spans, redis_url):
         assert queue.get(job_id).fields["traceparent"] == expected
 
     tracer = JobTracer(provider.get_tracer("forq"))
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 3, 60_000).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, 60_000).leases}
     handed = {}
     for job_id in (ok.id, bad.id):
         lease = leases[job_id]
@@ -95,7 +96,7 @@ def test_a_forged_traceparent_starts_a_trace_of_its_own(queue, spans):
     provider, exporter = spans
     job = queue.enqueue("t.forged")
     queue.redis.hset(queue.keys.job(job.id), "traceparent", "00-not-a-trace-01")
-    (lease,) = queue.claim(OWNER, 1, 60_000).leases
+    (lease,) = leasing(queue).claim(OWNER, 1, 60_000).leases
     tracer = JobTracer(provider.get_tracer("forq"))
     tracer.started(queue.name, lease.job, lease.token, OWNER)
     tracer.finished(job.id, lease.token, "ack", "succeeded")

@@ -16,6 +16,7 @@ import pytest
 
 from forq import JobNotFound, PayloadError, Queue, find_job
 from forq.job import Job
+from forq.supervisor.leases.calls import LeaseCalls, leasing
 from tests.helpers import wait_for
 from tests.redis_server import RedisServer
 
@@ -56,7 +57,7 @@ def events(job: Job) -> list[str]:
 
 
 def claim_one(queue: Queue, ttl: int = LONG, owner: str = OWNER, policy: str = ""):
-    result = queue.claim(owner, 1, ttl, policy)
+    result = leasing(queue).claim(owner, 1, ttl, policy)
     assert len(result.leases) == 1, result
     return result.leases[0]
 
@@ -104,7 +105,7 @@ def test_enqueue_with_delay_is_scheduled_until_due(queue, r):
     assert events(job) == ["enqueued"]
     assert job.history[0]["run_at"] == job.fields["run_at"]
     # not claimable before it is due, and the claim reports when it will be
-    result = queue.claim(OWNER, 10, LONG)
+    result = leasing(queue).claim(OWNER, 10, LONG)
     assert result.leases == []
     assert result.next_due_ms == job.fields["run_at"]
 
@@ -184,27 +185,27 @@ def test_every_claim_gets_a_fresh_token(queue):
     queue.enqueue("t.x")
     first = claim_one(queue)
     assert first.id == a
-    assert queue.release(a, first.token) == "ok"
+    assert leasing(queue).release(a, first.token) == "ok"
     second = claim_one(queue)
     assert second.id == a
     third = claim_one(queue)
     tokens = {first.token, second.token, third.token}
     assert len(tokens) == 3
     # the first token no longer works for anything
-    assert queue.ack(a, first.token, "1") == "lost"
+    assert leasing(queue).ack(a, first.token, "1") == "lost"
 
 
 def test_claim_leases_at_most_n(queue):
     ids = [j.id for j in queue.enqueue_many({"task": "t.x", "args": [i]} for i in range(5))]
-    result = queue.claim(OWNER, 3, LONG)
+    result = leasing(queue).claim(OWNER, 3, LONG)
     assert [lease.id for lease in result.leases] == ids[:3]
     assert result.pending_left == 2
     assert queue.redis.zcard(queue.keys.active) == 3
     assert queue.redis.zcard(queue.keys.pending) == 2
-    rest = queue.claim(OWNER, 10, LONG)
+    rest = leasing(queue).claim(OWNER, 10, LONG)
     assert [lease.id for lease in rest.leases] == ids[3:]
     assert rest.pending_left == 0
-    assert queue.claim(OWNER, 10, LONG).leases == []
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
 
 
 def test_claim_priority_order_then_fifo(queue):
@@ -212,7 +213,7 @@ def test_claim_priority_order_then_fifo(queue):
             ("zero-b", 0), ("five-c", 5)]
     for name, prio in spec:
         queue.enqueue("t.x", job_id=name, priority=prio)
-    claimed = [lease.id for lease in queue.claim(OWNER, 10, LONG).leases]
+    claimed = [lease.id for lease in leasing(queue).claim(OWNER, 10, LONG).leases]
     assert claimed == ["ten", "five-a", "five-b", "five-c", "zero-a", "zero-b", "low"]
 
 
@@ -220,9 +221,9 @@ def test_claim_promotes_due_scheduled_jobs(queue, r):
     later = queue.enqueue("t.x", delay="1h").id
     soon = queue.enqueue("t.x", delay="30ms").id
     run_at = queue.get(soon).fields["run_at"]
-    assert queue.claim(OWNER, 10, LONG).leases == []
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
     wait_redis_past(r, run_at)
-    result = queue.claim(OWNER, 10, LONG)
+    result = leasing(queue).claim(OWNER, 10, LONG)
     assert [lease.id for lease in result.leases] == [soon]
     assert result.next_due_ms == queue.get(later).fields["run_at"]
     assert where(queue, soon) == ["active"]
@@ -233,7 +234,7 @@ def test_promoted_jobs_keep_priority_order(queue, r):
     queue.enqueue("t.x", job_id="plain")
     queue.enqueue("t.x", job_id="urgent-later", delay="20ms", priority=9)
     wait_redis_past(r, queue.get("urgent-later").fields["run_at"])
-    assert [lease.id for lease in queue.claim(OWNER, 5, LONG).leases] == ["urgent-later", "plain"]
+    assert [lease.id for lease in leasing(queue).claim(OWNER, 5, LONG).leases] == ["urgent-later", "plain"]
 
 
 def test_claim_policy_fills_unset_limits_but_never_overrides(queue):
@@ -246,7 +247,7 @@ def test_claim_policy_fills_unset_limits_but_never_overrides(queue):
         "tasks": {"t.special": {"max_attempts": 9, "timeout_ms": 5_000, "max_crashes": 4,
                                 "backoff_factor": 1.5}},
     })
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 10, LONG, policy).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 10, LONG, policy).leases}
     assert set(leases) == {"plain", "producer-set", "special"}
     plain = queue.get("plain").fields
     assert plain["max_attempts"] == 3 and plain["timeout_ms"] == 60_000
@@ -270,25 +271,25 @@ def test_policy_is_stored_once_and_read_by_fail_and_reclaim(queue, r):
     later = json.dumps({"defaults": {"max_attempts": 9, "backoff_base_ms": 1}, "tasks": {}})
     queue.enqueue("t.plain", job_id="plain")
     queue.enqueue("t.crashy", job_id="crashy")
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 5, LONG, first).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 5, LONG, first).leases}
     stored = r.hgetall(queue.keys.job("plain"))
     assert "max_attempts" not in stored and "backoff_base_ms" not in stored
     assert stored["result_ttl_ms"] == "5000" and stored["policy"]
     assert r.hgetall(queue.keys.policy(stored["policy"]))["max_crashes:t.crashy"] == "1"
     # fail reads the backoff from the stored policy: a retry a minute later
-    out = queue.fail("plain", leases["plain"].token, {"message": "boom"})
+    out = leasing(queue).fail("plain", leases["plain"].token, {"message": "boom"})
     assert out.outcome == "retry"
     assert 59_000 <= out.run_at_ms - int(queue.get("plain").fields["finished_at"]) <= 60_000
     # reclaim reads the task's max_crashes from it: one crash is the end
-    queue.expire("crashy", leases["crashy"].token, "killed by SIGKILL")
-    assert queue.reclaim("reaper:1")[:2] == (0, 1)
+    leasing(queue).expire("crashy", leases["crashy"].token, "killed by SIGKILL")
+    assert leasing(queue).reclaim("reaper:1")[:2] == (0, 1)
     assert queue.get("crashy").state == "dead"
     # a later claim under another policy leaves the job's policy (and its limits) alone
     r.zadd(queue.keys.scheduled, {"plain": 0})
     again = claim_one(queue, policy=later)
     assert again.job.fields["max_attempts"] == 2 and r.hget(
         queue.keys.job("plain"), "policy") == stored["policy"]
-    assert queue.fail("plain", again.token, {"message": "boom"}).outcome == "dead"
+    assert leasing(queue).fail("plain", again.token, {"message": "boom"}).outcome == "dead"
 
 
 def test_ack_many_acks_each_job_by_its_own_token(queue, r):
@@ -296,8 +297,8 @@ def test_ack_many_acks_each_job_by_its_own_token(queue, r):
     follow-ups go with their own job, and the counters count what succeeded."""
     for name in ("a", "b", "c"):
         queue.enqueue("t.x", job_id=name)
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 3, LONG).leases}
-    answers = queue.ack_many([
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, LONG).leases}
+    answers = leasing(queue).ack_many([
         ("a", leases["a"].token, '"A"', ()),
         ("b", "stale-token", '"B"', ()),
         ("c", leases["c"].token, '"C"', [{"id": "c-next", "task": "t.next"}]),
@@ -308,7 +309,7 @@ def test_ack_many_acks_each_job_by_its_own_token(queue, r):
     assert queue.get("c-next").fields["parent"] == "c"
     assert events(queue.get("c")) == ["enqueued", "claimed", "succeeded"]
     assert r.hget(queue.keys.stats, "succeeded") == "2"
-    assert queue.ack_many([("b", leases["b"].token, "null", ())]) == ["ok"]
+    assert leasing(queue).ack_many([("b", leases["b"].token, "null", ())]) == ["ok"]
 
 
 def test_a_batch_of_acks_lands_in_a_full_redis(queue, r):
@@ -316,10 +317,10 @@ def test_a_batch_of_acks_lands_in_a_full_redis(queue, r):
     Redis allows, and the script may go on writing, as a single ack always could."""
     for name in ("a", "b"):
         queue.enqueue("t.x", job_id=name)
-    leases = queue.claim(OWNER, 2, LONG).leases
+    leases = leasing(queue).claim(OWNER, 2, LONG).leases
     r.config_set("maxmemory", max(1, int(r.info("memory")["used_memory"]) // 2))
     try:
-        answers = queue.ack_many([(lease.id, lease.token, "null", ()) for lease in leases])
+        answers = leasing(queue).ack_many([(lease.id, lease.token, "null", ()) for lease in leases])
     finally:
         r.config_set("maxmemory", 0)
     assert answers == ["ok", "ok"]
@@ -329,27 +330,27 @@ def test_a_batch_of_acks_lands_in_a_full_redis(queue, r):
 def test_claim_respects_max_in_flight(queue):
     queue.enqueue_many({"task": "t.x"} for _ in range(5))
     queue.set_limits(max_in_flight=2)
-    first = queue.claim(OWNER, 5, LONG)
+    first = leasing(queue).claim(OWNER, 5, LONG)
     assert len(first.leases) == 2 and first.held_by_max_in_flight
-    held = queue.claim(OWNER, 5, LONG)
+    held = leasing(queue).claim(OWNER, 5, LONG)
     assert held.leases == [] and held.held_by_max_in_flight
     lease = first.leases[0]
-    assert queue.ack(lease.id, lease.token, "null") == "ok"
-    assert len(queue.claim(OWNER, 5, LONG).leases) == 1
+    assert leasing(queue).ack(lease.id, lease.token, "null") == "ok"
+    assert len(leasing(queue).claim(OWNER, 5, LONG).leases) == 1
     queue.set_limits(max_in_flight=None)
-    assert len(queue.claim(OWNER, 5, LONG).leases) == 2
+    assert len(leasing(queue).claim(OWNER, 5, LONG).leases) == 2
 
 
 def test_claim_respects_rate_limit(queue):
     queue.enqueue_many({"task": "t.x"} for _ in range(3))
     queue.set_limits(rate=(1, 3600))  # one job an hour, burst of one
-    first = queue.claim(OWNER, 3, LONG)
+    first = leasing(queue).claim(OWNER, 3, LONG)
     assert len(first.leases) == 1
-    second = queue.claim(OWNER, 3, LONG)
+    second = leasing(queue).claim(OWNER, 3, LONG)
     assert second.leases == []
     assert 0 < second.rate_wait_ms <= 3_600_001  # ceil of a float division
     queue.set_limits(rate=None)
-    assert len(queue.claim(OWNER, 3, LONG).leases) == 2
+    assert len(leasing(queue).claim(OWNER, 3, LONG).leases) == 2
 
 
 # -- extend ------------------------------------------------------------------------------
@@ -357,15 +358,15 @@ def test_claim_respects_rate_limit(queue):
 
 def test_extend_renews_live_leases_and_reports_lost_ones(queue, r):
     ids = [j.id for j in queue.enqueue_many({"task": "t.x"} for _ in range(5))]
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 5, 1_000).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 5, 1_000).leases}
     live_a, live_b, stale, finished, released = ids
-    assert queue.ack(finished, leases[finished].token, "1") == "ok"
-    assert queue.release(released, leases[released].token) == "ok"
+    assert leasing(queue).ack(finished, leases[finished].token, "1") == "ok"
+    assert leasing(queue).release(released, leases[released].token) == "ok"
     batch = [(live_a, leases[live_a].token), (live_b, leases[live_b].token),
              (stale, str(int(leases[stale].token) + 1000)),
              (finished, leases[finished].token), (released, leases[released].token),
              ("no-such-job", "1")]
-    lost, cancelled, now = queue.extend(batch, 45_000)
+    lost, cancelled, now = leasing(queue).extend(batch, 45_000)
     assert sorted(lost) == sorted([stale, finished, released, "no-such-job"])
     assert cancelled == []
     assert abs(now - redis_ms(r)) < 5_000
@@ -382,9 +383,9 @@ def test_extend_renews_live_leases_and_reports_lost_ones(queue, r):
 
 def test_extend_reports_cancel_requests(queue):
     a, b = (j.id for j in queue.enqueue_many([{"task": "t.x"}, {"task": "t.x"}]))
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 2, LONG).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 2, LONG).leases}
     assert queue.cancel(a) == "cancelling"
-    lost, cancelled, _ = queue.extend([(a, leases[a].token), (b, leases[b].token)], LONG)
+    lost, cancelled, _ = leasing(queue).extend([(a, leases[a].token), (b, leases[b].token)], LONG)
     assert lost == [] and cancelled == [a]
     assert queue.get(a).state == "active"
 
@@ -393,9 +394,9 @@ def test_extend_through_a_pipeline(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     pipe = queue.redis.pipeline(transaction=False)
-    queue.extend([(jid, lease.token)], LONG, client=pipe)
-    queue.extend([(jid, "0")], LONG, client=pipe)
-    first, second = (Queue.parse_extend(reply) for reply in pipe.execute())
+    leasing(queue).extend([(jid, lease.token)], LONG, client=pipe)
+    leasing(queue).extend([(jid, "0")], LONG, client=pipe)
+    first, second = (LeaseCalls.parse_extend(reply) for reply in pipe.execute())
     assert first[0] == [] and second[0] == [jid]
 
 
@@ -405,7 +406,7 @@ def test_extend_through_a_pipeline(queue):
 def test_ack_stores_result_and_succeeds(queue, r):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
-    assert queue.ack(jid, lease.token, json.dumps({"sent": 3})) == "ok"
+    assert leasing(queue).ack(jid, lease.token, json.dumps({"sent": 3})) == "ok"
     job = queue.get(jid)
     assert job.state == "succeeded"
     assert job.result == {"sent": 3}
@@ -424,22 +425,22 @@ def test_ack_with_stale_token_is_lost_and_changes_nothing(queue, r):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     before = raw(queue, jid)
-    assert queue.ack(jid, str(int(lease.token) + 1), "1") == "lost"
-    assert queue.ack(jid, "", "1") == "lost"
-    assert queue.ack("no-such-job", lease.token, "1") == "lost"
+    assert leasing(queue).ack(jid, str(int(lease.token) + 1), "1") == "lost"
+    assert leasing(queue).ack(jid, "", "1") == "lost"
+    assert leasing(queue).ack("no-such-job", lease.token, "1") == "lost"
     assert raw(queue, jid) == before
     assert where(queue, jid) == ["active"]
     # and once finished, the right token is stale too
-    assert queue.ack(jid, lease.token, "1") == "ok"
+    assert leasing(queue).ack(jid, lease.token, "1") == "ok"
     done = raw(queue, jid)
-    assert queue.ack(jid, lease.token, "2") == "lost"
+    assert leasing(queue).ack(jid, lease.token, "2") == "lost"
     assert raw(queue, jid) == done
 
 
 def test_ack_with_result_ttl_zero_deletes_the_record(queue, r):
     jid = queue.enqueue("t.x", result_ttl=0).id
     lease = claim_one(queue)
-    assert queue.ack(jid, lease.token, "1") == "ok"
+    assert leasing(queue).ack(jid, lease.token, "1") == "ok"
     assert not r.exists(queue.keys.job(jid), queue.keys.history(jid))
     with pytest.raises(JobNotFound):
         queue.get(jid)
@@ -451,7 +452,7 @@ def test_ack_with_result_ttl_sets_expiry(queue, r):
     jid = queue.enqueue("t.x", result_ttl="10s").id
     lease = claim_one(queue)
     assert r.pttl(queue.keys.job(jid)) == -1  # a live job never expires
-    assert queue.ack(jid, lease.token, "1") == "ok"
+    assert leasing(queue).ack(jid, lease.token, "1") == "ok"
     assert 0 < r.pttl(queue.keys.job(jid)) <= 10_000
     assert 0 < r.pttl(queue.keys.history(jid)) <= 10_000
 
@@ -461,7 +462,7 @@ def test_ack_enqueues_followups_atomically(queue):
     lease = claim_one(queue)
     follow = [{"id": f"{jid}-1", "task": "t.child", "args": "[1]", "priority": 0},
               {"id": f"{jid}-2", "task": "t.child", "args": "[2]", "delay_ms": 3_600_000}]
-    assert queue.ack(jid, lease.token, "1", followups=follow) == "ok"
+    assert leasing(queue).ack(jid, lease.token, "1", followups=follow) == "ok"
     child1 = queue.get(f"{jid}-1")
     child2 = queue.get(f"{jid}-2")
     assert child1.state == "pending" and child1.fields["parent"] == jid
@@ -484,7 +485,7 @@ def test_fail_retries_with_exponential_backoff_then_dead(queue, r):
     for n in (1, 2, 3):
         lease = claim_one(queue)
         assert lease.id == jid
-        out = queue.fail(jid, lease.token, {"type": "IOError", "message": f"boom {n}"})
+        out = leasing(queue).fail(jid, lease.token, {"type": "IOError", "message": f"boom {n}"})
         assert out.outcome == "retry" and out.attempts == n
         job = queue.get(jid)
         assert job.state == "scheduled"
@@ -501,7 +502,7 @@ def test_fail_retries_with_exponential_backoff_then_dead(queue, r):
         assert "token" not in job.fields
         wait_redis_past(r, out.run_at_ms)
     lease = claim_one(queue)
-    out = queue.fail(jid, lease.token, {"message": "boom 4"})
+    out = leasing(queue).fail(jid, lease.token, {"message": "boom 4"})
     assert (out.outcome, out.attempts) == ("dead", 4)
     job = queue.get(jid)
     assert job.state == "dead"
@@ -518,8 +519,8 @@ def test_fail_backoff_jitter_stays_in_bounds(queue):
         {"task": "t.x", "backoff": {"base": "10s", "factor": 2, "jitter": jitter}}
         for _ in range(25))]
     delays = []
-    for lease in queue.claim(OWNER, 25, LONG).leases:
-        out = queue.fail(lease.id, lease.token, {"message": "x"})
+    for lease in leasing(queue).claim(OWNER, 25, LONG).leases:
+        out = leasing(queue).fail(lease.id, lease.token, {"message": "x"})
         assert out.outcome == "retry"
         delays.append(out.run_at_ms - queue.get(lease.id).fields["finished_at"])
     assert len(delays) == len(ids)
@@ -531,17 +532,17 @@ def test_fail_backoff_jitter_stays_in_bounds(queue):
 def test_fail_backoff_is_capped(queue):
     jid = queue.enqueue("t.x", backoff={"base": "5s", "max": "2s", "jitter": 0}).id
     lease = claim_one(queue)
-    out = queue.fail(jid, lease.token, {"message": "x"})
+    out = leasing(queue).fail(jid, lease.token, {"message": "x"})
     assert out.run_at_ms - queue.get(jid).fields["finished_at"] == 2_000
     # not claimable before its backoff is over, and the claim says when it will be
-    result = queue.claim(OWNER, 1, LONG)
+    result = leasing(queue).claim(OWNER, 1, LONG)
     assert result.leases == [] and result.next_due_ms == out.run_at_ms
 
 
 def test_fail_fatal_is_dead_at_once(queue):
     jid = queue.enqueue("t.x", max_attempts=10).id
     lease = claim_one(queue)
-    out = queue.fail(jid, lease.token, {"message": "unknown task t.x", "reason": "unknown task"},
+    out = leasing(queue).fail(jid, lease.token, {"message": "unknown task t.x", "reason": "unknown task"},
                      mode="fatal")
     assert (out.outcome, out.attempts) == ("dead", 1)
     job = queue.get(jid)
@@ -554,7 +555,7 @@ def test_fail_cancel_mode_cancels(queue, r):
     lease = claim_one(queue)
     assert queue.cancel(jid) == "cancelling"
     assert queue.get(jid).fields.get("cancel_requested")
-    out = queue.fail(jid, lease.token, {"message": "cancelled by operator"}, mode="cancel")
+    out = leasing(queue).fail(jid, lease.token, {"message": "cancelled by operator"}, mode="cancel")
     assert out.outcome == "cancelled"
     job = queue.get(jid)
     assert job.state == "cancelled"
@@ -568,9 +569,9 @@ def test_fail_with_stale_token_is_lost(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     before = raw(queue, jid)
-    out = queue.fail(jid, "999999999", {"message": "x"})
+    out = leasing(queue).fail(jid, "999999999", {"message": "x"})
     assert (out.outcome, out.run_at_ms, out.attempts) == ("lost", 0, 0)
-    assert queue.fail("no-such-job", lease.token, {"message": "x"}).outcome == "lost"
+    assert leasing(queue).fail("no-such-job", lease.token, {"message": "x"}).outcome == "lost"
     assert raw(queue, jid) == before
     assert where(queue, jid) == ["active"]
 
@@ -582,12 +583,12 @@ def test_expire_then_reclaim_returns_job_to_its_place(queue, r):
     a, b, c = (j.id for j in queue.enqueue_many({"task": "t.x"} for _ in range(3)))
     lease = claim_one(queue)
     assert lease.id == a
-    assert queue.expire(a, lease.token, "killed by SIGSEGV (peak RSS 41.2MiB)") == "ok"
+    assert leasing(queue).expire(a, lease.token, "killed by SIGSEGV (peak RSS 41.2MiB)") == "ok"
     f = queue.get(a).fields
     assert f["lease_deadline"] == 0 and f["last_crash"].startswith("killed by SIGSEGV")
     assert r.zscore(queue.keys.active, a) == 0
     assert events(queue.get(a))[-1] == "crashed"
-    moved = queue.reclaim("reaper-1")
+    moved = leasing(queue).reclaim("reaper-1")
     assert moved == (1, 0, 0, [a])
     job = queue.get(a)
     assert job.state == "pending" and job.crashes == 1 and job.attempts == 0
@@ -599,17 +600,17 @@ def test_expire_then_reclaim_returns_job_to_its_place(queue, r):
     assert entry["reason"] == "killed by SIGSEGV (peak RSS 41.2MiB)"
     assert entry["owner"] == OWNER and entry["crashes"] == 1
     # back at the head of the line, ahead of the jobs enqueued after it
-    assert [lease.id for lease in queue.claim(OWNER, 3, LONG).leases] == [a, b, c]
+    assert [lease.id for lease in leasing(queue).claim(OWNER, 3, LONG).leases] == [a, b, c]
     # the old token is dead
-    assert queue.ack(a, lease.token, "1") == "lost"
+    assert leasing(queue).ack(a, lease.token, "1") == "lost"
 
 
 def test_expire_with_stale_token_is_lost(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     before = raw(queue, jid)
-    assert queue.expire(jid, lease.token + "0", "x") == "lost"
-    assert queue.expire("no-such-job", lease.token, "x") == "lost"
+    assert leasing(queue).expire(jid, lease.token + "0", "x") == "lost"
+    assert leasing(queue).expire("no-such-job", lease.token, "x") == "lost"
     assert raw(queue, jid) == before
 
 
@@ -617,12 +618,12 @@ def test_crashes_past_max_go_dead_with_the_last_reason(queue):
     jid = queue.enqueue("t.poison", max_crashes=3).id
     for n in (1, 2):
         lease = claim_one(queue)
-        assert queue.expire(jid, lease.token, f"killed by signal {n}") == "ok"
-        assert queue.reclaim("reaper") == (1, 0, 0, [jid])
+        assert leasing(queue).expire(jid, lease.token, f"killed by signal {n}") == "ok"
+        assert leasing(queue).reclaim("reaper") == (1, 0, 0, [jid])
         assert queue.get(jid).crashes == n
     lease = claim_one(queue)
-    assert queue.expire(jid, lease.token, "exit code 137 (OOM)") == "ok"
-    assert queue.reclaim("reaper") == (0, 1, 0, [jid])
+    assert leasing(queue).expire(jid, lease.token, "exit code 137 (OOM)") == "ok"
+    assert leasing(queue).reclaim("reaper") == (0, 1, 0, [jid])
     job = queue.get(jid)
     assert job.state == "dead" and job.crashes == 3
     assert job.reason == "exit code 137 (OOM) (crashes exhausted: 3)"
@@ -634,8 +635,8 @@ def test_crashes_past_max_go_dead_with_the_last_reason(queue):
 def test_reclaim_default_max_crashes_applies_when_job_has_none(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
-    queue.expire(jid, lease.token, "boom")
-    assert queue.reclaim("reaper", default_max_crashes=1) == (0, 1, 0, [jid])
+    leasing(queue).expire(jid, lease.token, "boom")
+    assert leasing(queue).reclaim("reaper", default_max_crashes=1) == (0, 1, 0, [jid])
     assert queue.get(jid).state == "dead"
 
 
@@ -643,29 +644,29 @@ def test_reclaim_leaves_unexpired_leases_alone(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue, ttl=LONG)
     before = raw(queue, jid)
-    assert queue.reclaim("reaper") == (0, 0, 0, [])
+    assert leasing(queue).reclaim("reaper") == (0, 0, 0, [])
     assert raw(queue, jid) == before
-    assert queue.ack(jid, lease.token, "1") == "ok"
+    assert leasing(queue).ack(jid, lease.token, "1") == "ok"
 
 
 def test_reclaim_takes_a_lease_expired_by_its_deadline(queue, r):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue, ttl=5)
     wait_redis_past(r, queue.get(jid).fields["lease_deadline"])
-    assert queue.reclaim("reaper") == (1, 0, 0, [jid])
+    assert leasing(queue).reclaim("reaper") == (1, 0, 0, [jid])
     job = queue.get(jid)
     assert job.state == "pending" and job.crashes == 1
     assert job.history[-1]["reason"] == f"lease expired (owner {OWNER})"
-    assert queue.extend([(jid, lease.token)], LONG)[0] == [jid]
+    assert leasing(queue).extend([(jid, lease.token)], LONG)[0] == [jid]
 
 
 def test_reclaim_respects_its_limit(queue, r):
     queue.enqueue_many({"task": "t.x"} for _ in range(5))
-    leases = queue.claim(OWNER, 5, 1).leases
+    leases = leasing(queue).claim(OWNER, 5, 1).leases
     wait_redis_past(r, max(lease.job.fields["lease_deadline"] for lease in leases))
-    first = queue.reclaim("reaper", limit=2)
+    first = leasing(queue).reclaim("reaper", limit=2)
     assert first[0] == 2 and len(first[3]) == 2
-    rest = queue.reclaim("reaper", limit=10)
+    rest = leasing(queue).reclaim("reaper", limit=10)
     assert rest[0] == 3 and set(first[3]).isdisjoint(rest[3])
     assert r.zcard(queue.keys.active) == 0 and r.zcard(queue.keys.pending) == 5
 
@@ -676,14 +677,14 @@ def test_reclaim_respects_its_limit(queue, r):
 def test_release_returns_to_pending_without_counting(queue):
     a, b = (j.id for j in queue.enqueue_many([{"task": "t.x"}, {"task": "t.x"}]))
     lease = claim_one(queue)
-    assert queue.release(a, lease.token, "drain") == "ok"
+    assert leasing(queue).release(a, lease.token, "drain") == "ok"
     job = queue.get(a)
     assert job.state == "pending" and job.attempts == 0 and job.crashes == 0
     assert "token" not in job.fields and "owner" not in job.fields
     assert where(queue, a) == ["pending"]
     assert job.history[-1]["event"] == "released"
     assert job.history[-1]["reason"] == "drain" and job.history[-1]["owner"] == OWNER
-    assert [lease.id for lease in queue.claim(OWNER, 2, LONG).leases] == [a, b]
+    assert [lease.id for lease in leasing(queue).claim(OWNER, 2, LONG).leases] == [a, b]
     stats = queue.stats()["totals"]
     assert "crashed" not in stats and "failed" not in stats
 
@@ -692,10 +693,10 @@ def test_release_with_stale_token_is_lost(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     before = raw(queue, jid)
-    assert queue.release(jid, "nope") == "lost"
+    assert leasing(queue).release(jid, "nope") == "lost"
     assert raw(queue, jid) == before
-    assert queue.release(jid, lease.token) == "ok"
-    assert queue.release(jid, lease.token) == "lost"
+    assert leasing(queue).release(jid, lease.token) == "ok"
+    assert leasing(queue).release(jid, lease.token) == "lost"
 
 
 # -- cancel ------------------------------------------------------------------------------
@@ -709,10 +710,10 @@ def test_cancel_in_every_state(queue):
     dead = queue.enqueue("t.x").id
     assert queue.cancel(pending) == "cancelled"
     assert queue.cancel(scheduled) == "cancelled"
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 10, LONG).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 10, LONG).leases}
     assert set(leases) == {active, succeeded, dead}
-    assert queue.ack(succeeded, leases[succeeded].token, "1") == "ok"
-    assert queue.fail(dead, leases[dead].token, {"message": "x"}, mode="fatal").outcome == "dead"
+    assert leasing(queue).ack(succeeded, leases[succeeded].token, "1") == "ok"
+    assert leasing(queue).fail(dead, leases[dead].token, {"message": "x"}, mode="fatal").outcome == "dead"
     for jid in (pending, scheduled):
         job = queue.get(jid)
         assert job.state == "cancelled" and where(queue, jid) == []
@@ -740,8 +741,8 @@ def test_cancel_frees_the_idempotency_key(queue):
 
 def _make_dead(queue: Queue, n: int) -> list[str]:
     ids = [j.id for j in queue.enqueue_many({"task": "t.x", "args": [i]} for i in range(n))]
-    for lease in queue.claim(OWNER, n, LONG).leases:
-        assert queue.fail(lease.id, lease.token, {"message": "bad"}, mode="fatal").outcome == "dead"
+    for lease in leasing(queue).claim(OWNER, n, LONG).leases:
+        assert leasing(queue).fail(lease.id, lease.token, {"message": "bad"}, mode="fatal").outcome == "dead"
     return ids
 
 
@@ -758,7 +759,7 @@ def test_requeue_dead_by_ids(queue):
         assert events(job)[-1] == "requeued"
     assert queue.get(b).state == "dead"
     assert queue.get(live).state == "pending"
-    claimed = {lease.id for lease in queue.claim(OWNER, 10, LONG).leases}
+    claimed = {lease.id for lease in leasing(queue).claim(OWNER, 10, LONG).leases}
     assert claimed == {a, c, live}
 
 
@@ -808,7 +809,7 @@ def test_idempotency_key_while_live_returns_the_first_job(queue, r):
     assert r.zcard(queue.keys.pending) == 1  # only the unkeyed one
     assert queue.stats()["totals"]["enqueued"] == 2
     # once finished, the key is free again
-    assert queue.ack(first.id, lease.token, "1") == "ok"
+    assert leasing(queue).ack(first.id, lease.token, "1") == "ok"
     again = queue.enqueue("t.x", 3, key="invoice-42")
     assert again.id != first.id and again.fields["enqueue_status"] == "pending"
     assert queue.get(again.id).args == [3]
@@ -817,14 +818,14 @@ def test_idempotency_key_while_live_returns_the_first_job(queue, r):
 def test_idempotency_key_freed_when_job_dies(queue):
     first = queue.enqueue("t.x", key="k")
     lease = claim_one(queue)
-    queue.fail(first.id, lease.token, {"message": "x"}, mode="fatal")
+    leasing(queue).fail(first.id, lease.token, {"message": "x"}, mode="fatal")
     assert queue.enqueue("t.x", key="k").id != first.id
 
 
 def test_unique_for_keeps_the_key_after_finishing(queue, r):
     first = queue.enqueue("t.x", key="daily-report", unique_for="1h")
     lease = claim_one(queue)
-    assert queue.ack(first.id, lease.token, "1") == "ok"
+    assert leasing(queue).ack(first.id, lease.token, "1") == "ok"
     dup = queue.enqueue("t.x", key="daily-report", unique_for="1h")
     assert dup.id == first.id and dup.fields["enqueue_status"] == "duplicate"
     ukey = queue.keys.prefix + "unique:daily-report"
@@ -835,7 +836,7 @@ def test_unique_for_expired_frees_the_key(queue, r):
     first = queue.enqueue("t.x", key="short", unique_for="20ms")
     lease = claim_one(queue)
     wait_redis_past(r, queue.get(first.id).fields["enqueued_at"] + 20)
-    assert queue.ack(first.id, lease.token, "1") == "ok"
+    assert leasing(queue).ack(first.id, lease.token, "1") == "ok"
     assert queue.enqueue("t.x", key="short").id != first.id
 
 
@@ -845,26 +846,26 @@ def test_unique_for_expired_frees_the_key(queue, r):
 def test_record_done_then_reclaim_succeeds_without_rerun(queue, r):
     jid = queue.enqueue("t.charge", idempotent=True).id
     lease = claim_one(queue)
-    queue.record_done(jid, json.dumps({"charged": 10}), 60_000)
+    leasing(queue).record_done(jid, json.dumps({"charged": 10}), 60_000)
     assert 0 < r.pttl(queue.keys.done(jid)) <= 60_000
     # the ack is lost: the supervisor died. Its lease expires and is reclaimed.
-    assert queue.expire(jid, lease.token, "supervisor died") == "ok"
-    assert queue.reclaim("reaper") == (0, 0, 1, [jid])
+    assert leasing(queue).expire(jid, lease.token, "supervisor died") == "ok"
+    assert leasing(queue).reclaim("reaper") == (0, 0, 1, [jid])
     job = queue.get(jid)
     assert job.state == "succeeded" and job.result == {"charged": 10}
     assert job.crashes == 0 and job.attempts == 1
     assert job.history[-1]["event"] == "succeeded"
     assert job.history[-1]["source"] == "completion recorded before"
     assert where(queue, jid) == []
-    assert queue.claim(OWNER, 10, LONG).leases == []
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
 
 
 def test_record_done_then_claim_succeeds_without_rerun(queue):
     jid = queue.enqueue("t.charge", idempotent=True).id
     lease = claim_one(queue)
-    queue.record_done(jid, '"done"', 60_000)
-    assert queue.release(jid, lease.token) == "ok"
-    assert queue.claim(OWNER, 10, LONG).leases == []
+    leasing(queue).record_done(jid, '"done"', 60_000)
+    assert leasing(queue).release(jid, lease.token) == "ok"
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
     job = queue.get(jid)
     assert job.state == "succeeded" and job.result == "done"
 
@@ -877,15 +878,15 @@ def test_stats_counts(queue):
     queue.enqueue("t.x", delay="1h")
     empty = Queue(queue.name + "x", redis=queue.redis).stats()
     assert empty["pending"] == 0 and empty["oldest_pending_age"] is None
-    leases = {lease.id: lease for lease in queue.claim(OWNER, 3, LONG).leases}
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, LONG).leases}
     ok, dead, crash = ids[:3]
-    assert queue.ack(ok, leases[ok].token, "1") == "ok"
-    queue.fail(dead, leases[dead].token, {"message": "x"}, mode="fatal")
-    queue.expire(crash, leases[crash].token, "segv")
-    queue.reclaim("reaper")
+    assert leasing(queue).ack(ok, leases[ok].token, "1") == "ok"
+    leasing(queue).fail(dead, leases[dead].token, {"message": "x"}, mode="fatal")
+    leasing(queue).expire(crash, leases[crash].token, "segv")
+    leasing(queue).reclaim("reaper")
     retry = claim_one(queue)
     assert retry.id == crash
-    assert queue.fail(crash, retry.token, {"message": "y"}).outcome == "retry"
+    assert leasing(queue).fail(crash, retry.token, {"message": "y"}).outcome == "retry"
     active = claim_one(queue)
     stats = queue.stats()
     assert stats["pending"] == 1
@@ -907,16 +908,16 @@ def test_stats_counts(queue):
 def test_every_history_entry_has_event_and_time_in_seconds(queue, r):
     jid = queue.enqueue("t.x", max_attempts=3, backoff={"base": "1ms", "jitter": 0}).id
     lease = claim_one(queue)
-    queue.release(jid, lease.token)
+    leasing(queue).release(jid, lease.token)
     lease = claim_one(queue)
-    queue.expire(jid, lease.token, "segv")
-    queue.reclaim("reaper")
+    leasing(queue).expire(jid, lease.token, "segv")
+    leasing(queue).reclaim("reaper")
     lease = claim_one(queue)
-    out = queue.fail(jid, lease.token, {"message": "x"})
+    out = leasing(queue).fail(jid, lease.token, {"message": "x"})
     wait_redis_past(r, out.run_at_ms)
     lease = claim_one(queue)
     queue.cancel(jid)
-    queue.fail(jid, lease.token, {"message": "stop"}, mode="cancel")
+    leasing(queue).fail(jid, lease.token, {"message": "stop"}, mode="cancel")
     job = queue.get(jid)
     assert events(job) == ["enqueued", "claimed", "released", "claimed", "crashed",
                            "reclaimed", "claimed", "retry", "claimed", "cancel requested",
@@ -935,7 +936,7 @@ def test_history_is_capped(queue):
     jid = queue.enqueue("t.x").id
     for _ in range(60):
         lease = claim_one(queue)
-        assert queue.release(jid, lease.token) == "ok"
+        assert leasing(queue).release(jid, lease.token) == "ok"
     history = queue.get(jid).history
     assert len(history) == 100
     assert history[0]["event"] != "enqueued" and history[-1]["event"] == "released"
@@ -986,6 +987,28 @@ def test_refuses_an_unknown_option(queue):
     assert queue.redis.zcard(queue.keys.pending) == 0
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"backoff": {"bas": "1s"}}, "backoff has unknown key(s) bas"),
+    ({"backoff": {"factor": "x"}}, "backoff.factor must be a number"),
+    ({"backoff": {"factor": 0.5}}, "backoff.factor must be at least 1"),
+    ({"backoff": {"jitter": 5}}, "backoff.jitter must be from 0 to 1"),
+    ({"backoff": ["1s"]}, "backoff must be a mapping"),
+    ({"timeout": 0}, "timeout must be more than 0"),
+    ({"timeout": "5x"}, "timeout: expected a duration"),
+    ({"max_attempts": True}, "max_attempts must be an integer"),
+    ({"max_crashes": -1}, "max_crashes must be at least 0"),
+    ({"max_result_bytes": 0}, "max_result_bytes must be at least 1"),
+    ({"memory_limit": "lots"}, "memory_limit"),
+])
+def test_refuses_a_policy_option_outside_what_a_config_allows(queue, options, named):
+    """Per-job options are the config's policy rows (forq.defaults): the same bounds, a
+    PayloadError naming the option, nothing enqueued."""
+    with pytest.raises(PayloadError) as info:
+        queue.enqueue("t.x", **options)
+    assert named in str(info.value) and "'t.x'" in str(info.value)
+    assert queue.redis.zcard(queue.keys.pending) == 0
+
+
 def test_enqueue_many_refuses_the_whole_batch(queue, r):
     jobs = [{"task": "t.x", "args": [i]} for i in range(10)]
     jobs[6]["args"] = [{1}]
@@ -1010,7 +1033,7 @@ def test_enqueue_many_beyond_one_script_batch_keeps_order(queue, r):
     assert [json.loads(a) for a in pipe.execute()] == [[i] for i in range(n)]
     claimed = []
     while True:
-        leases = queue.claim(OWNER, 500, LONG).leases
+        leases = leasing(queue).claim(OWNER, 500, LONG).leases
         if not leases:
             break
         claimed += [lease.id for lease in leases]
@@ -1043,13 +1066,13 @@ def test_scripts_reload_after_script_flush():
         # through a pipeline (enqueue) and a direct EVALSHA (claim, ack)
         assert q.enqueue("t.x", 2).fields["enqueue_status"] == "pending"
         assert q.redis.script_exists(q.scripts.enqueue.sha) == [True]
-        leases = q.claim(OWNER, 5, LONG).leases
+        leases = leasing(q).claim(OWNER, 5, LONG).leases
         assert [lease.job.args for lease in leases] == [[1], [2]]
         q.redis.script_flush()
-        assert q.ack(leases[0].id, leases[0].token, "1") == "ok"
+        assert leasing(q).ack(leases[0].id, leases[0].token, "1") == "ok"
         pipe = q.redis.pipeline(transaction=False)
         q.redis.script_flush()
-        q.ack(leases[1].id, leases[1].token, "2", client=pipe)
+        leasing(q).ack(leases[1].id, leases[1].token, "2", client=pipe)
         assert pipe.execute() == ["ok"]
         assert q.get(leases[1].id).state == "succeeded"
 
@@ -1058,13 +1081,13 @@ def test_record_done_followups_are_enqueued_when_found_done(queue):
     jid = queue.enqueue("t.charge", idempotent=True).id
     lease = claim_one(queue)
     follow = [{"id": f"{jid}-1", "task": "t.receipt", "args": "[1]", "priority": 0}]
-    queue.record_done(jid, '"charged"', 60_000, followups=follow)
-    assert queue.expire(jid, lease.token, "supervisor died") == "ok"
-    assert queue.reclaim("reaper") == (0, 0, 1, [jid])
+    leasing(queue).record_done(jid, '"charged"', 60_000, followups=follow)
+    assert leasing(queue).expire(jid, lease.token, "supervisor died") == "ok"
+    assert leasing(queue).reclaim("reaper") == (0, 0, 1, [jid])
     assert queue.get(jid).state == "succeeded"
     child = queue.get(f"{jid}-1")
     assert child.state == "pending" and child.fields["parent"] == jid
-    assert [lease.id for lease in queue.claim(OWNER, 10, LONG).leases] == [f"{jid}-1"]
+    assert [lease.id for lease in leasing(queue).claim(OWNER, 10, LONG).leases] == [f"{jid}-1"]
 
 
 # -- a requested cancel is never undone ----------------------------------------------------
@@ -1076,32 +1099,32 @@ def test_cancel_requested_then_lease_expires_is_cancelled_not_rerun(queue, r):
     assert queue.cancel(jid) == "cancelling"
     # the supervisor died before its next extend could tell it: the lease runs out
     wait_redis_past(r, queue.get(jid).fields["lease_deadline"])
-    moved = queue.reclaim("reaper")
+    moved = leasing(queue).reclaim("reaper")
     assert moved[3] == [jid]
     job = queue.get(jid)
     assert job.state == "cancelled", job.state
     assert where(queue, jid) == []
     assert job.history[-1]["event"] == "cancelled" and job.crashes == 0
     assert queue.stats()["totals"]["cancelled"] == 1
-    assert queue.claim(OWNER, 10, LONG).leases == []
-    assert queue.ack(jid, lease.token, "1") == "lost"
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
+    assert leasing(queue).ack(jid, lease.token, "1") == "lost"
 
 
 def test_cancel_requested_then_released_is_cancelled(queue):
     jid = queue.enqueue("t.x").id
     lease = claim_one(queue)
     assert queue.cancel(jid) == "cancelling"
-    assert queue.release(jid, lease.token, "drain") == "ok"
+    assert leasing(queue).release(jid, lease.token, "drain") == "ok"
     assert queue.get(jid).state == "cancelled"
     assert where(queue, jid) == []
-    assert queue.claim(OWNER, 10, LONG).leases == []
+    assert leasing(queue).claim(OWNER, 10, LONG).leases == []
 
 
 def test_cancel_requested_then_failure_is_cancelled_not_retried(queue):
     jid = queue.enqueue("t.x", max_attempts=5).id
     lease = claim_one(queue)
     assert queue.cancel(jid) == "cancelling"
-    out = queue.fail(jid, lease.token, {"message": "boom"})
+    out = leasing(queue).fail(jid, lease.token, {"message": "boom"})
     assert out.outcome == "cancelled"
     assert queue.get(jid).state == "cancelled"
     assert where(queue, jid) == []
@@ -1120,6 +1143,6 @@ def test_pipelines_send_scripts_without_asking_script_exists():
         before = script_exists_calls()
         q.enqueue_many([{"task": "t.x"}] * 3)
         pipe = q.redis.pipeline(transaction=False)
-        q.claim(OWNER, 5, LONG, client=pipe)
-        assert len(q.parse_claim(pipe.execute()[0]).leases) == 5
+        leasing(q).claim(OWNER, 5, LONG, client=pipe)
+        assert len(leasing(q).parse_claim(pipe.execute()[0]).leases) == 5
         assert script_exists_calls() == before

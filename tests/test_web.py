@@ -20,7 +20,8 @@ import pytest
 
 from forq import Queue
 from forq.fleet import CHILD_FIELDS, live_supervisors
-from forq.keys import SCHEDULE_DEFS
+from forq.store.keys import SCHEDULE_DEFS
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.redis_io.roster import Roster
 from forq.web import data
 from tests.helpers import wait_for, wait_job
@@ -72,9 +73,9 @@ def _dead_job(queue: Queue, task: str = "tests.fatal", job_id: str | None = None
     """A job made dead through the real transitions (claim, then a fatal fail)."""
     options = {"job_id": job_id} if job_id else {}
     job = queue.enqueue(task, priority=1000, **options)  # claimed before anything pending
-    lease = queue.claim("web-test:1", 1, 60_000).leases[0]
+    lease = leasing(queue).claim("web-test:1", 1, 60_000).leases[0]
     assert lease.id == job.id
-    assert queue.fail(job.id, lease.token, {"reason": f"{task} refused"}, mode="fatal").outcome == "dead"
+    assert leasing(queue).fail(job.id, lease.token, {"reason": f"{task} refused"}, mode="fatal").outcome == "dead"
     return job.id
 
 
@@ -121,6 +122,36 @@ def test_overview_counts_and_job_page(web, queue):
     assert "tests.fatal refused" in html and "claimed" in html and "dead" in html
     _, html, url = client.get("/search?q=report-2026-11")  # by idempotency key
     assert f"/jobs/{queue.name}/" in url and "report-2026-11" in html
+
+
+def test_overview_shows_the_code_each_supervisor_serves_and_the_job_page_the_code_run(
+        web, queue):
+    """What a reload leaves in the heartbeat: the code served, the jobs an old fork
+    server still finishes, a refused reload (escaped: a record is anyone's writing)."""
+    sid = "code-writer-" + queue.name
+    roster = Roster(queue.redis, sid)
+    roster.beat({"name": sid, "code": "v7+0123456789ab",
+                 "code_retiring": [{"code": "v6+ba9876543210", "pid": 77, "jobs": 2}],
+                 "reload_error": {"at": 1_700_000_000.0, "module": "app.tasks",
+                                  "error": "cannot import handler module app.tasks: "
+                                           "SyntaxError: <script>x</script>"}})
+    job = queue.enqueue("tests.echo")
+    leasing(queue).claim("web-test:1", 1, 60_000, code="v7+0123456789ab")
+    try:
+        client = Browserless(web.url)
+        # the live part of the page is rendered at most every refresh/2 for every viewer
+        def listed() -> str | None:
+            page = client.get("/")[1]
+            return page if f'data-supervisor="{sid}"' in page else None
+
+        html = wait_for(listed, timeout=10, message="the supervisor listed")
+        row = html.split(f'<tr data-supervisor="{sid}">', 1)[1].split("</tr>", 1)[0]
+        assert "v7+0123456789ab" in row and "+2 job(s) finishing in v6+ba9876543210" in row
+        assert "reload refused" in row and "&lt;script&gt;" in row and "<script>" not in row
+        _, html, _ = client.get(f"/jobs/{queue.name}/{job.id}")
+        assert "<dt>code</dt>" in html and "v7+0123456789ab" in html
+    finally:
+        roster.leave()
 
 
 def test_batch_page_waiting_list_and_dependency_links(web, queue):
@@ -239,6 +270,8 @@ def test_read_only_has_no_actions_and_refuses_posts(redis_url, queue):
         for path in (f"/queues/{queue.name}/dead", f"/jobs/{queue.name}/{dead_id}",
                      f"/queues/{queue.name}/pending"):
             status, html, _ = client.get(path)
+            # the one button left is the list's filter: a GET, which reads
+            html = html.replace('<button type="submit">filter</button>', "")
             assert status == 200 and 'method="post"' not in html and "<button" not in html
         token = client.csrf(client.get("/")[1]) if 'name="csrf"' in client.get("/")[1] else "t" * 32
         status, body, _ = client.post(f"/queues/{queue.name}/dead/requeue",
@@ -370,10 +403,10 @@ def test_hostile_job_content_is_escaped(web, queue):
 def test_job_page_and_running_view_show_progress_and_steps(web, queue):
     """Recorded through the real scripts, as a supervisor records them for a handler."""
     job = queue.enqueue("tests.echo", job_id="with-steps")
-    lease = queue.claim("web-test:1", 1, 60_000).leases[0]
-    assert queue.record_step(job.id, lease.token, "charge-card", '{"charge":"ch_<1>"}') == "ok"
-    assert queue.record_step(job.id, lease.token, "ship", '"sent"') == "ok"
-    assert queue.record_progress([(job.id, lease.token, 0.42, "packed <42>")]) == ["ok"]
+    lease = leasing(queue).claim("web-test:1", 1, 60_000).leases[0]
+    assert leasing(queue).record_step(job.id, lease.token, "charge-card", '{"charge":"ch_<1>"}') == "ok"
+    assert leasing(queue).record_step(job.id, lease.token, "ship", '"sent"') == "ok"
+    assert leasing(queue).record_progress([(job.id, lease.token, 0.42, "packed <42>")]) == ["ok"]
     running = next(j for j in data.running(queue.redis)["jobs"] if j["id"] == job.id)
     assert (running["progress"], running["progress_message"]) == (0.42, "packed <42>")
     _, html, _ = Browserless(web.url).get(f"/jobs/{queue.name}/{job.id}")
@@ -416,7 +449,7 @@ def test_running_now_takes_only_job_ids_from_a_heartbeats_held_list(queue, junk)
     """A heartbeat record is read by every dashboard: a malformed `held` list (an older
     or broken writer) marks nothing held and breaks nothing."""
     job = queue.enqueue("tests.echo", job_id="job-1")
-    queue.claim("junk-writer:1", 1, 60_000)
+    leasing(queue).claim("junk-writer:1", 1, 60_000)
     roster = Roster(queue.redis, "junk-writer:1")
     roster.beat({"name": "junk-writer", "children": [], "held": junk})
     try:

@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from forq import Queue
+from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import SupervisorProcess, write_config
 from tests.web_server import CHROMIUM, WebProcess, launch_chromium
@@ -90,14 +91,41 @@ def test_requeue_from_the_dead_letter_page(served, page, queue):
     """A queue no supervisor serves: the requeued job stays in pending for the check."""
     _, web = served
     job = queue.enqueue("tests.fatal", priority=9)
-    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
-    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    lease = leasing(queue).claim("browser-test:1", 1, 60_000).leases[0]
+    leasing(queue).fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
     page.goto(f"{web.url}/queues/{queue.name}/dead")
     page.locator(f'input[name="id"][value="{job.id}"]').check()
     page.get_by_role("button", name="requeue selected").click()
     playwright_api.expect(page.locator(".done")).to_contain_text("requeued 1 dead job")
     assert queue.get(job.id).state == "pending"
     assert queue.redis.zscore(queue.keys.pending, job.id) is not None
+
+
+def test_filter_the_dead_list_requeue_every_match_and_run_a_delayed_job_now(served, page,
+                                                                          queue):
+    """A queue no supervisor serves: what the buttons did stays visible in Redis."""
+    _, web = served
+    dead = []
+    for message in ("upstream timeout", "upstream timeout", "bad input"):
+        queue.enqueue("tests.fail", priority=9)
+        lease = leasing(queue).claim("browser-test:1", 1, 60_000).leases[0]
+        leasing(queue).fail(lease.id, lease.token, {"type": "IOError", "message": message},
+                            mode="fatal")
+        dead.append(lease.id)
+    page.goto(f"{web.url}/queues/{queue.name}/dead")
+    page.locator('form.filters input[name="error"]').fill("time.ut$")
+    page.get_by_role("button", name="filter").click()
+    playwright_api.expect(page.locator("tr[data-job]")).to_have_count(2)
+    page.get_by_role("button", name="requeue every match").click()
+    playwright_api.expect(page.locator(".done")).to_contain_text("requeued 2 of 2 jobs matching")
+    assert [queue.get(j).state for j in dead] == ["pending", "pending", "dead"]
+
+    later = queue.enqueue("tests.echo", delay="1h")
+    page.goto(f"{web.url}/jobs/{queue.name}/{later.id}")
+    page.get_by_role("button", name="run now").click()
+    playwright_api.expect(page.locator(".done")).to_contain_text("promoted job")
+    playwright_api.expect(page.locator("h1 .state")).to_have_text("pending")
+    assert queue.get(later.id).state == "pending"
 
 
 def test_pause_from_the_page_stops_claiming(served, page, r):
@@ -143,15 +171,16 @@ def test_pause_from_the_page_stops_claiming(served, page, r):
 
 def test_read_only_dashboard_has_no_action_buttons(redis_url, page, queue):
     job = queue.enqueue("tests.fatal", priority=9)
-    lease = queue.claim("browser-test:1", 1, 60_000).leases[0]
-    queue.fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
+    lease = leasing(queue).claim("browser-test:1", 1, 60_000).leases[0]
+    leasing(queue).fail(lease.id, lease.token, {"reason": "refused"}, mode="fatal")
     pending = queue.enqueue("tests.echo")
     with WebProcess(redis_url, "--read-only") as web:
         for path in (f"/queues/{queue.name}/dead", f"/jobs/{queue.name}/{job.id}",
                      f"/jobs/{queue.name}/{pending.id}", f"/queues/{queue.name}/pending", "/"):
             page.goto(web.url + path)
             playwright_api.expect(page.locator("header .badge")).to_have_text("read-only")
-            assert page.locator("button").count() == 0, path
+            # the one button left is the list's filter (a GET: it only reads)
+            assert page.locator("button:not(form.filters *)").count() == 0, path
             assert page.locator("form[method=post]").count() == 0, path
         # and a hand-made POST from the page itself is refused
         status = page.evaluate(f"""fetch('/queues/{queue.name}/dead/requeue', {{method: 'POST',

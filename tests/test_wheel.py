@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from forq.scripts import TRANSITIONS
+from forq.store.scripts import TRANSITIONS
+from tests.layout import folders, installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,17 +31,18 @@ OFFLINE = ("NewConnectionError", "Temporary failure in name resolution",
 CHILD = textwrap.dedent("""
     import json, sys
     import forq
-    import forq.scripts
+    import forq.store.scripts
     from forq import Queue
+    from forq.supervisor.leases.calls import leasing
 
     url, name = sys.argv[1], sys.argv[2]
     q = Queue(name, url=url)
     handle = q.enqueue("wheel.check", 41, kwargs={"plus": 1})
-    claimed = q.claim("wheel-test", 5, 60000)
+    claimed = leasing(q).claim("wheel-test", 5, 60000)
     lease = claimed.leases[0]
-    reply = q.ack(lease.id, lease.token, json.dumps(42))
+    reply = leasing(q).ack(lease.id, lease.token, json.dumps(42))
     print(json.dumps({
-        "lua_dir": str(forq.scripts._lua_dir()),
+        "lua_dir": str(forq.store.scripts._lua_dir()),
         "forq_file": forq.__file__,
         "top_level": sorted(d.name for d in __import__("pathlib").Path(forq.__file__).parent.parent.iterdir()
                             if d.name in ("jobs", "supervisor", "forq_lua", "lua", "testing", "forq")),
@@ -117,15 +119,17 @@ def test_installed_wheel_enqueues_and_claims_outside_the_repo(tmp_path, redis_ur
     wheel = _build_wheel(_copy_source(tmp_path / "src"), tmp_path / "dist", tmp_path)
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    for script in (*TRANSITIONS, "_lib"):
+    includes = [f"includes/{path.stem}" for path in (REPO / "lua" / "includes").glob("*.lua")]
+    assert includes, "lua/includes/ is empty"
+    for script in (*TRANSITIONS, *includes):
         assert f"forq/lua/{script}.lua" in names, f"{script}.lua is missing from the wheel"
     # every module of every folder that installs (pyproject.toml's package-dir) is in it
-    for package, folder in {"forq": "jobs", "forq/supervisor": "supervisor",
-                            "forq/testing": "testing", "forq/lua": "lua",
-                            "forq/web": "web"}.items():
+    for package, folder in folders().items():
         for path in (REPO / folder).rglob("*.py"):
             inside = f"{package}/{path.relative_to(REPO / folder)}"
             assert inside in names, f"{inside} is missing from the wheel"
+    # and nothing else: exactly what the editable install links (tests/layout.py)
+    assert {n for n in names if ".dist-info/" not in n} == set(installed_files())
     assert "forq/py.typed" in names, "PEP 561: type checkers read forq's annotations"
     # the dashboard's templates and static files are package data
     for folder in ("templates", "static"):

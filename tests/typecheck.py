@@ -1,55 +1,54 @@
 """Type-check forq as it installs: ``python -m tests.typecheck [mypy options]``.
 
-The repository's folders install under other names (jobs/ is `forq`, supervisor/ is
-`forq.supervisor`, …: pyproject.toml's package-dir), and mypy cannot follow the
-import hook of an editable install. So this builds the installed layout out of
-symlinks under build/typecheck/, runs mypy on it, and prints the findings with the
-repository's own paths.
+`make` installs forq editable in setuptools' strict mode (tests/layout.py), so the
+venv's site-packages leads to the installed layout (forq/ → jobs/, forq/supervisor/ →
+supervisor/, …) in links to the repository's files, and mypy finds `forq` there as a
+user's checker would. This runs ``mypy -p forq`` and prints each finding with the
+repository's own path (the file the link points to), e.g. web/demo.py, not
+build/__editable__.forq-…/forq/web/demo.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-STAGE = REPO / "build" / "typecheck"
-# the installed package → the folder it comes from (pyproject.toml's package-dir)
-LAYOUT = {"forq": "jobs", "forq/supervisor": "supervisor", "forq/lua": "lua",
-          "forq/testing": "testing"}
-EXTRA_PACKAGES = ("web",)  # optional sub-packages, mapped the same way when present
+from tests import layout
+
+REPO = layout.REPO
+FINDING = re.compile(r"^(?P<path>[^\s:][^:\n]*\.pyi?)(?=:)", re.MULTILINE)
 
 
-def stage() -> Path:
-    shutil.rmtree(STAGE, ignore_errors=True)
-    layout = dict(LAYOUT)
-    for name in EXTRA_PACKAGES:
-        if (REPO / name / "__init__.py").exists():
-            layout[f"forq/{name}"] = name
-    for target, source in layout.items():
-        dest = STAGE / target
-        dest.mkdir(parents=True, exist_ok=True)
-        for path in (REPO / source).rglob("*.py"):
-            link = dest / path.relative_to(REPO / source)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(path, link)
-    (STAGE / "forq" / "py.typed").touch()
-    return STAGE
+def repository_paths(output: str) -> str:
+    """mypy's output with each file named by the repository path its link points to."""
+    def real(match: re.Match[str]) -> str:
+        path = Path(os.path.realpath(match["path"]))
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else match["path"]
+
+    return FINDING.sub(real, output)
+
+
+def install_problem() -> str:
+    """Why mypy would not see this repository's files as `forq` ("" when it would)."""
+    if layout.link_tree() is None:
+        return ("forq is not installed in setuptools' strict editable mode, so mypy cannot "
+                f"follow it to the repository's folders: run `{layout.RELINK}`")
+    return layout.stale_message()
 
 
 def main(argv: list[str]) -> int:
-    root = stage()
+    problem = install_problem()
+    if problem:
+        print(f"tests.typecheck: {problem}", file=sys.stderr)
+        return 2
     proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
                            str(REPO / "pyproject.toml"), "--cache-dir",
-                           str(REPO / "build" / "mypy-cache"), *argv, "forq"], cwd=root,
-                          capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    for target, source in sorted(LAYOUT.items(), key=lambda kv: -len(kv[0])):
-        out = out.replace(f"{target}/", f"{source}/")
-    print(out, end="")
+                           str(REPO / "build" / "mypy-cache"), *argv, "-p", "forq"],
+                          cwd=REPO, capture_output=True, text=True)
+    print(repository_paths(proc.stdout + proc.stderr), end="")
     return proc.returncode
 
 

@@ -26,10 +26,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from forq import Queue, units
-from forq.errors import JobNotFound
-from forq.keys import QueueKeys
-from forq.units import UnitError, parse_rate
-from forq.web import data
+from forq.errors import ForqError, JobNotFound, JobStateError, PayloadError
+from forq.fleet import code_status
+from forq.schedules import ScheduleNotFound
+from forq.web import data, filters
+from forq.web.actions import Actions, HTTPError, queue_name
 from forq.web.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -66,14 +67,9 @@ def _environment() -> jinja2.Environment:
     env.filters["when_ms"] = units.when_ms
     env.filters["bytes"] = _bytes
     env.filters["rate"] = units.rate
+    env.filters["code_status"] = code_status  # a heartbeat's handler code, checked
     env.globals["LISTS"] = data.LISTS
     return env
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Dashboard:
@@ -92,6 +88,7 @@ class Dashboard:
     # -- plumbing -------------------------------------------------------------------
 
     def app(self) -> Starlette:
+        acts = Actions(self.client)
         routes = [
             Route("/", self.page(self.overview)),
             Route("/running", self.page(self.running)),
@@ -101,14 +98,23 @@ class Dashboard:
             Route("/queues/{queue}", self.page(self.queue_home)),
             Route("/queues/{queue}/{state}", self.page(self.job_list)),
             Route("/events/{view}", self.events),
-            Route("/queues/{queue}/limits", self.action(self.set_limits), methods=["POST"]),
-            Route("/queues/{queue}/pause", self.action(self.pause), methods=["POST"]),
-            Route("/queues/{queue}/resume", self.action(self.resume), methods=["POST"]),
-            Route("/queues/{queue}/dead/{verb}", self.action(self.dead_action),
+            Route("/queues/{queue}/limits", self.action(acts.set_limits), methods=["POST"]),
+            Route("/queues/{queue}/pause", self.action(acts.pause), methods=["POST"]),
+            Route("/queues/{queue}/resume", self.action(acts.resume), methods=["POST"]),
+            Route("/queues/{queue}/dead/{verb}", self.action(acts.dead_action),
+                  methods=["POST"]),
+            Route("/queues/{queue}/selected/{action}", self.action(acts.selected),
+                  methods=["POST"]),
+            Route("/queues/{queue}/bulk/{action}", self.action(acts.bulk), methods=["POST"]),
+            Route("/schedules/add", self.action(acts.schedule_add), methods=["POST"]),
+            Route("/schedules/{name}/{verb}", self.action(acts.schedule_change),
                   methods=["POST"]),
             # a job id is the producer's choice and may hold a "/": the rest of the path
-            Route("/jobs/{queue}/{job_id:path}/cancel", self.action(self.cancel),
-                  methods=["POST"]),
+            *(Route(f"/jobs/{{queue}}/{{job_id:path}}/{verb}", self.action(handler),
+                    methods=["POST"])
+              for verb, handler in (("cancel", acts.cancel), ("promote", acts.promote),
+                                    ("priority", acts.set_priority),
+                                    ("reschedule", acts.reschedule))),
             Route("/jobs/{queue}/{job_id:path}", self.page(self.job)),
             Route("/batches/{queue}/{batch_id:path}", self.page(self.batch)),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -139,8 +145,12 @@ class Dashboard:
                 return handler(request)
             except HTTPError as exc:
                 return self.render(request, "error.html", exc.status, message=str(exc))
-            except JobNotFound as exc:
+            except (JobNotFound, ScheduleNotFound) as exc:
                 return self.render(request, "error.html", 404, message=str(exc))
+            except JobStateError as exc:  # the job is not in a state the action applies to
+                return self.render(request, "error.html", 409, message=str(exc))
+            except (PayloadError, ForqError) as exc:  # a refused value, a refused change
+                return self.render(request, "error.html", 400, message=str(exc))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 return self.render(request, "error.html", 503,
                                    message=f"cannot reach Redis: {exc}")
@@ -232,122 +242,43 @@ class Dashboard:
         return self.render(request, "dead_queues.html", o=o, title="Dead letters")
 
     def queue_home(self, request: Request) -> Response:
-        return RedirectResponse(f"/queues/{_queue_name(request)}/pending", 303)
+        return RedirectResponse(f"/queues/{queue_name(request)}/pending", 303)
 
     def job_list(self, request: Request) -> Response:
-        name = _queue_name(request)
+        name = queue_name(request)
         state = request.path_params["state"]
         if state not in data.LISTS:
             raise HTTPError(404, f"no list {state!r}: one of {', '.join(data.LISTS)}")
         offset = _int_param(request, "offset", 0)
         page = data.job_page(self.client, name, state, offset)
+        given = filters.filters_of(request.query_params)
+        found = None
+        if given and state in filters.FILTERABLE:
+            found = filters.filtered_page(self.client, name, state, given,
+                                          request.query_params.get("cursor"))
         limits = Queue(name, redis=self.client).limits()
         per_ms = limits.get("rate")
         return self.render(request, "jobs.html", page=page, queue=name,
                            rate=units.rate(per_ms * 1000) if per_ms else "",
                            max_in_flight=int(limits["max_in_flight"])
                            if limits.get("max_in_flight") else "",
-                           paused="paused" in limits,
+                           paused="paused" in limits, found=found, filters=given,
+                           filter_query=filters.query_of(given),
+                           filterable=state in filters.FILTERABLE,
                            title=f"{name}: {state}")
 
     def batch(self, request: Request) -> Response:
-        name = _queue_name(request)
+        name = queue_name(request)
         batch_id = request.path_params["batch_id"]
         page = data.batch_page(self.client, name, batch_id, _int_param(request, "offset", 0))
         return self.render(request, "batch.html", b=page, queue=name, title=f"batch {batch_id}")
 
     def job(self, request: Request) -> Response:
-        name = _queue_name(request)
+        name = queue_name(request)
         detail = data.job_detail(self.client, name, request.path_params["job_id"])
         now_ms = data.redis_now_ms(self.client)
         return self.render(request, "job.html", d=detail, queue=name, now_ms=now_ms,
                            title=f"job {detail['job'].id}")
-
-    # -- actions (each returns what it did, in a few words) -----------------------------
-
-    def cancel(self, request: Request, form: dict[str, list[str]]) -> str:
-        name, job_id = _queue_name(request), request.path_params["job_id"]
-        outcome = Queue(name, redis=self.client).cancel(job_id)
-        if outcome == "missing":
-            raise JobNotFound(f"no job {job_id} in queue {name}")
-        return {"cancelled": f"cancelled job {job_id}",
-                "cancelling": f"cancelling job {job_id}: its supervisor stops it within one "
-                              "lease extension"}.get(outcome, f"job {job_id} already {outcome}")
-
-    def set_limits(self, request: Request, form: dict[str, list[str]]) -> str:
-        queue = Queue(_queue_name(request), redis=self.client)
-        changes: dict[str, Any] = {}
-        rate = (form.get("rate") or [""])[0].strip()
-        if rate.lower() in ("", "none"):
-            changes["rate"] = None
-        else:
-            try:
-                changes["rate"] = parse_rate(rate, where="rate")
-            except UnitError as exc:
-                raise HTTPError(400, str(exc)) from None
-        mif = (form.get("max_in_flight") or [""])[0].strip()
-        if mif.lower() in ("", "none"):
-            changes["max_in_flight"] = None
-        else:
-            if not mif.isdigit() or int(mif) < 1:
-                raise HTTPError(400, f'max_in_flight: expected an integer >= 1 or "none", '
-                                     f"got {mif!r}")
-            changes["max_in_flight"] = int(mif)
-        queue.set_limits(**changes)
-        return f"limits of {queue.name}: rate {rate or 'none'}, max_in_flight {mif or 'none'}"
-
-    def pause(self, request: Request, form: dict[str, list[str]]) -> str:
-        queue = Queue(_queue_name(request), redis=self.client)
-        if not queue.pause():
-            return f"{queue.name} was paused already"
-        return f"paused {queue.name}: no supervisor claims from it; running jobs go on"
-
-    def resume(self, request: Request, form: dict[str, list[str]]) -> str:
-        queue = Queue(_queue_name(request), redis=self.client)
-        if not queue.resume():
-            return f"{queue.name} was not paused"
-        return f"resumed {queue.name}: supervisors claim from it again"
-
-    def dead_action(self, request: Request, form: dict[str, list[str]]) -> str:
-        queue = Queue(_queue_name(request), redis=self.client)
-        verb = request.path_params["verb"]
-        if verb not in ("requeue", "purge"):
-            raise HTTPError(404, f"no dead-letter action {verb!r}")
-        scope = (form.get("scope") or ["selected"])[0]
-        if scope == "selected":
-            ids = list(dict.fromkeys(form.get("id") or []))
-            if not ids:
-                raise HTTPError(400, "no dead jobs were selected")
-            what = f"{len(ids)} selected"
-        elif scope == "task":
-            task = (form.get("task") or [""])[0].strip()
-            if not task:
-                raise HTTPError(400, "say which task's dead jobs")
-            ids = data.dead_ids_of_task(self.client, queue.name, task)
-            what = f"every {task}"
-        elif scope == "all":
-            ids = None
-            what = "every"
-        else:
-            raise HTTPError(400, f"scope must be selected, task or all, not {scope!r}")
-        act = queue.requeue_dead if verb == "requeue" else queue.purge_dead
-        count = 0
-        if ids is None:
-            # in batches, never more rounds than the set had: a requeued job that dies
-            # again at once is not chased forever
-            rounds = self.client.zcard(queue.keys.dead) // 10000 + 1
-            for _ in range(rounds):
-                n, _ = act(None, limit=10000)
-                count += n
-                if n < 10000:
-                    break
-        else:
-            for start in range(0, len(ids), 1000):
-                n, _ = act(ids[start:start + 1000])
-                count += n
-        done = "requeued" if verb == "requeue" else "purged"
-        return f"{done} {count} dead job{'s' if count != 1 else ''} ({what}) of {queue.name}"
-
 
 def _redirect_back(request: Request, form: dict[str, list[str]], message: str) -> Response:
     back = (form.get("next") or ["/"])[0]
@@ -355,15 +286,6 @@ def _redirect_back(request: Request, form: dict[str, list[str]], message: str) -
         back = "/"  # only our own pages: never an open redirect
     back = back.split("?", 1)[0]
     return RedirectResponse(f"{back}?{urlencode({'done': message})}", 303)
-
-
-def _queue_name(request: Request) -> str:
-    name = request.path_params["queue"]
-    try:
-        QueueKeys(name)
-    except ValueError as exc:
-        raise HTTPError(404, str(exc)) from None
-    return name
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

@@ -18,12 +18,11 @@ import redis
 from forq import Queue, known_queues
 from forq.fleet import CHILD_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 PAGE_SIZE = 50
 CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
 RUNNING_CAP = 2000  # active jobs listed per queue on "running now"
-TASK_SCAN_CAP = 200_000  # dead jobs examined by one "all of this task" action
 OUTPUT_TAIL = 4096  # characters of a job's output shown on its page
 
 # a list: its index (a QueueKeys attribute), newest or oldest first, what the score means
@@ -367,28 +366,6 @@ def batch_page(client: redis.Redis, queue: str, batch_id: str, offset: int = 0,
                       "finished_at": _int(fields.get("finished_at")) or None,
                       "reason": _reason(fields)})
     return {"status": status, "rows": rows_, "total": total, "offset": offset, "limit": limit}
-
-
-# -- dead letters ---------------------------------------------------------------------
-
-
-def dead_ids_of_task(client: redis.Redis, queue: str, task: str,
-                     chunk: int = 1000) -> list[str]:
-    """Ids of the dead jobs of `task`, oldest first, reading the dead set a chunk at a
-    time (at most TASK_SCAN_CAP of them), never the whole set at once."""
-    k = QueueKeys(queue)
-    found: list[str] = []
-    for start in range(0, TASK_SCAN_CAP, chunk):
-        ids = [str(i) for i in client.zrange(k.dead, start, start + chunk - 1)]
-        if not ids:
-            break
-        pipe = client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hget(k.job(job_id), "task")
-        found += [j for j, t in zip(ids, pipe.execute(), strict=True) if t == task]
-        if len(ids) < chunk:
-            break
-    return found
 
 
 # -- schedules --------------------------------------------------------------------------

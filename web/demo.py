@@ -2,10 +2,10 @@
 
 Starts a private Redis, two supervisors (three queues, a cron schedule), a producer of
 mixed example jobs (quick, slow, CPU-heavy, memory-hungry, flaky, a few that crash or
-die) and `forq web`, prints the dashboard's URL and runs until Ctrl-C (or
-``--duration``). ``--screenshots DIR`` lets the traffic build up, then saves the
-overview and "running now" pages as PNGs from headless Chromium (the README's
-pictures come from here) and stops.
+die) and `forq web`, prints the dashboard's URL and runs until Ctrl-C or SIGTERM (or
+``--duration``), then stops every one of them. ``--screenshots DIR`` lets the traffic
+build up, then saves the overview and "running now" pages as PNGs from headless
+Chromium (the pictures in docs/images come from here) and stops.
 
     python -m forq.web.demo [--port 8080] [--duration 10m] [--screenshots DIR]
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
+from forq.testing.demos import Stopped, say, signals_stop, stop_all
 from forq.testing.redis import RedisServer
 from forq.testing.supervisor import SupervisorProcess, write_config
 from forq.units import parse_duration
@@ -47,10 +49,6 @@ cron = "@every 30s"
 queue = "reports"
 task = "examples.report"
 """
-
-
-def say(text: str) -> None:
-    print(f"\033[1m==> {text}\033[0m", flush=True)
 
 
 def _config(directory: Path, url: str, name: str, queues: dict[str, int]) -> Path:
@@ -129,60 +127,69 @@ def main(argv: list[str] | None = None) -> int:
                         help="save overview.png and running.png here after --warmup, then stop")
     parser.add_argument("--warmup", default="75s", help="traffic before the screenshots (75s)")
     args = parser.parse_args(argv)
-    server = RedisServer().start()
-    env = dict(os.environ, PYTHONPATH=str(REPO), FORQ_REDIS_URL=server.url)
-    env.pop("FORQ_WEB_TOKEN", None)
-    procs: list[subprocess.Popen] = []
+    server: RedisServer | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     supervisors: list[SupervisorProcess] = []
     stop = threading.Event()
-    workdir = Path(tempfile.mkdtemp(prefix="forq-web-demo-"))
-    try:
-        for name, queues in SUPERVISORS.items():
-            sup = SupervisorProcess(_config(workdir, server.url, name, queues),
-                                    env={"PYTHONPATH": str(REPO)})
-            supervisors.append(sup.start(wait_ready=False))
-        say(f"Redis {server.url}; supervisors {', '.join(SUPERVISORS)} (logs: "
-            f"{' '.join(str(sup.log_path) for sup in supervisors)})")
-        producer = threading.Thread(target=produce, args=(server.url, stop, args.rate),
-                                    daemon=True)
-        producer.start()
-        listen = f"127.0.0.1:{args.port}"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "forq.supervisor.cli", "web", "--listen", listen],
-            env=env, cwd=str(REPO)))
-        url = f"http://{listen}"
-        if args.screenshots:
-            warmup = parse_duration(args.warmup, where="--warmup")
-            say(f"dashboard at {url}/ — {warmup:g}s of traffic, then screenshots")
-            time.sleep(warmup)
-            for path in screenshots(url, args.screenshots):
-                say(f"saved {path}")
+    producer: threading.Thread | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="forq-web-demo-"))  # the supervisors' configs
+    with signals_stop():  # Ctrl-C or SIGTERM: stop everything started, then exit 0
+        try:
+            server = RedisServer()
+            server.start()
+            env = dict(os.environ, PYTHONPATH=str(REPO), FORQ_REDIS_URL=server.url)
+            env.pop("FORQ_WEB_TOKEN", None)
+            for name, queues in SUPERVISORS.items():
+                sup = SupervisorProcess(_config(workdir, server.url, name, queues),
+                                        env={"PYTHONPATH": str(REPO)})
+                supervisors.append(sup)
+                sup.start(wait_ready=False)
+            say(f"Redis {server.url}; supervisors {', '.join(SUPERVISORS)} (logs: "
+                f"{' '.join(str(sup.log_path) for sup in supervisors)})")
+            producer = threading.Thread(target=produce, args=(server.url, stop, args.rate),
+                                        daemon=True)
+            producer.start()
+            listen = f"127.0.0.1:{args.port}"
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "forq.supervisor.cli", "web", "--listen", listen],
+                env=env, cwd=str(REPO)))
+            return run(args, f"http://{listen}", procs, supervisors)
+        except Stopped as exc:
+            say(f"{exc}: stopping Redis, the supervisors and the web server")
             return 0
-        duration = parse_duration(args.duration, where="--duration")
-        say(f"dashboard at {url}/  (demo traffic at ~{args.rate:g} jobs/s; Ctrl-C stops)")
-        deadline = time.monotonic() + duration if duration else None
-        while deadline is None or time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs) or any(
-                    sup.proc is None or sup.proc.poll() is not None for sup in supervisors):
-                say("a demo process exited; stopping")
-                return 1
-            time.sleep(0.5)
+        finally:
+            stop.set()
+            if producer is not None:
+                producer.join(timeout=5)  # before Redis goes: no error from a half-sent job
+            stop_all([*(sup.proc for sup in supervisors), *procs])
+            for sup in supervisors:
+                sup.close_log()
+            if server is not None:
+                stop_all([server.proc])
+                shutil.rmtree(server.dir, ignore_errors=True)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, url: str, procs: list[subprocess.Popen[bytes]],
+        supervisors: list[SupervisorProcess]) -> int:
+    """Screenshots, or traffic until --duration or a signal; 1 if a demo process died."""
+    if args.screenshots:
+        warmup = parse_duration(args.warmup, where="--warmup")
+        say(f"dashboard at {url}/ — {warmup:g}s of traffic, then screenshots")
+        time.sleep(warmup)
+        for path in screenshots(url, args.screenshots):
+            say(f"saved {path}")
         return 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stop.set()
-        for sup in supervisors:
-            sup.stop(timeout=10)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        server.stop()
+    duration = parse_duration(args.duration, where="--duration")
+    say(f"dashboard at {url}/  (demo traffic at ~{args.rate:g} jobs/s; Ctrl-C stops)")
+    deadline = time.monotonic() + duration if duration else None
+    while deadline is None or time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs) or any(
+                sup.proc is None or sup.proc.poll() is not None for sup in supervisors):
+            say("a demo process exited; stopping")
+            return 1
+        time.sleep(0.5)
+    return 0
 
 
 if __name__ == "__main__":

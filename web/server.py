@@ -31,7 +31,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve(client: redis.Redis, listen: str, *, read_only: bool, auth: Auth,
-          refresh: float = 1.0) -> int:
+          refresh: float = 1.0, colors: bool = False) -> int:
+    """Serve until SIGINT/SIGTERM; `colors`: uvicorn's log lines may carry colour codes
+    (the CLI says so only for a terminal without NO_COLOR)."""
     host, port = parse_listen(listen)
     if not _is_loopback(host) and not auth.enabled:
         print(f"forq web: warning: listening on {host} with no auth: anyone who reaches "
@@ -46,6 +48,6 @@ def serve(client: redis.Redis, listen: str, *, read_only: bool, auth: Auth,
           flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=2,
-                            lifespan="off")
+                            lifespan="off", use_colors=colors)
     uvicorn.Server(config).run()
     return 0

@@ -65,7 +65,7 @@ class Launcher:
         return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
                       probe=Launcher(config).wants_namespaces(),
                       hide=Launcher.secret_files(config),
-                      spares=Launcher.spares(config))
+                      spares=Launcher.spares(config), version=config.version)
 
     @staticmethod
     def secret_files(config: Config) -> tuple[str, ...]:

@@ -13,8 +13,10 @@ A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends
 crash — or with its result, if it had written one — and a new fork server takes over;
 what their jobs left behind comes to the supervisor, which ends it (`strays`), as it
 ends what a child exec'd alone leaves.
-After a reload that changed `imports`, the old fork server forks no more, lets its
-spare children go at once (`ForkServer.retire`), and stops when its last child ends.
+A reload starts a new fork server, which imports the handler modules afresh; the old
+one forks no more, lets its spare children go at once (`ForkServer.retire`), and stops
+when its last child ends: running jobs finish in the code they started with. If the
+new one cannot start, the old one goes on serving (`replace`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,15 @@ from collections.abc import Callable, Iterable
 from forq.queue import Lease
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.children.strays import Strays
+from forq.supervisor.fork.alone import spawn
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.client import ForkServer, ForkServerError, ForkServerFatal, Launch, spawn
+from forq.supervisor.fork.client import (
+    READY_TIMEOUT,
+    ForkServer,
+    ForkServerError,
+    ForkServerFatal,
+    Launch,
+)
 from forq.supervisor.fork.tasks import TaskInfo
 from forq.supervisor.loop.eventloop import EventLoop
 
@@ -64,35 +73,93 @@ class Spawner:
         self.accepting = True  # False once draining: a lost server is not replaced
         # (every, call): what goes on while a new fork server starts (lease extension)
         self.while_waiting = while_waiting
+        # a reload's new fork server while it imports: (server, enabled, on_done, timer)
+        self.starting: tuple[ForkServer, bool, Callable[[ForkServerError | None], None],
+                             list] | None = None
         # what a job leaves behind that no fork server ended (`strays`)
         self.strays = Strays(loop, self._started_here)
 
     def _started_here(self) -> list[int]:
         """The pids of the children the supervisor started: its fork servers (each its
-        `proc`: the process it exec'd) and the job children it exec'd alone."""
-        servers = [s.pid for s in [self.server, *self.retiring] if s is not None]
+        `proc`: the process it exec'd; one still starting too) and the job children it
+        exec'd alone."""
+        starting = [self.starting[0]] if self.starting is not None else []
+        servers = [s.pid for s in [self.server, *self.retiring, *starting] if s is not None]
         return servers + [c.pid for c in self.children() if not c.forked_by_server]
 
     def configure(self, enabled: bool, launch: Launch) -> None:
-        """At start and on reload: a change of what it imports, as whom or with which
-        environment needs a new fork server (and a new task table). Raises
-        ForkServerFatal if the new one cannot start for a reason a retry would meet
-        again (a handler module that does not import): then nothing changed."""
-        if enabled == self.enabled and launch == self.launch:
-            self.start()
-            return
-        new = self._new_server(launch)  # ForkServerFatal escapes: nothing changed yet
+        """At start: the fork server (and the task table), waited for. Raises
+        ForkServerFatal if it cannot start for a reason a retry would meet again (a
+        handler module that does not import)."""
+        server = self._new_server(launch)
         self.enabled, self.launch = enabled, launch
-        if self.server is not None:
-            self._retire()
-        if new is None:
+        if server is not None:
+            self._serve(server)
+
+    def replace(self, enabled: bool, launch: Launch,
+                on_done: Callable[[ForkServerError | None], None]) -> None:
+        """A reload: start a new fork server, which imports the handler modules afresh
+        from disk, without waiting for it — the one serving now goes on forking jobs
+        meanwhile. Once it is up, `on_done(None)`: jobs fork from the new one from then
+        on, and the old one stays for its running children and stops with the last
+        (`_retire`). If it does not start, `on_done(error)`: nothing changed, the old
+        one goes on serving. A reload while one starts supersedes it."""
+        self._abandon_start()
+        try:
+            server = ForkServer(launch, wait=False)
+        except ForkServerError as exc:
+            on_done(exc)
             return
-        self.tasks, self.namespaces_problem = new.tasks, new.namespaces_problem
-        self.hidden = new.hidden
-        if enabled:
-            self._take(new)
-        else:  # asked for the task table only: each child is exec'd alone
-            new.close()
+        timer = self.loop.timers.schedule(
+            READY_TIMEOUT, lambda: self._start_failed(ForkServerError(
+                f"no answer in {READY_TIMEOUT:g}s")))
+        self.starting = (server, enabled, on_done, timer)
+        self.loop.add_reader(server.sock, lambda _s, _m: self._on_started())
+        self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
+
+    def _on_started(self) -> None:
+        if self.starting is None:
+            return
+        server, enabled, on_done, timer = self.starting
+        try:
+            if not server.finish_start():
+                return
+        except ForkServerError as exc:
+            self._start_failed(exc)
+            return
+        self.loop.timers.cancel(timer)
+        self.starting = None
+        self._unwatch(server)
+        self.enabled, self.launch = enabled, server.launch
+        self.given_up, self.losses = False, []  # an operator's reload: a fresh start
+        self._retire()
+        self._serve(server)
+        on_done(None)
+
+    def _start_failed(self, exc: ForkServerError) -> None:
+        if self.starting is None:
+            return
+        on_done = self.starting[2]
+        self._abandon_start()
+        on_done(exc)
+
+    def _abandon_start(self) -> None:
+        if self.starting is not None:
+            server, _enabled, _on_done, timer = self.starting
+            self.starting = None
+            self.loop.timers.cancel(timer)
+            self._unwatch(server)
+            server.close()
+
+    def _serve(self, server: ForkServer) -> None:
+        """A fork server that started: its task table; it forks the jobs from now on,
+        unless fork_server is off (then it was asked for its table only)."""
+        self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
+        self.hidden = server.hidden
+        if self.enabled:
+            self._take(server)
+        else:  # each child is exec'd alone
+            server.close()
 
     def _new_server(self, launch: Launch) -> ForkServer | None:
         try:
@@ -103,6 +170,18 @@ class Spawner:
             log.error("fork server did not start (%s); starting each job's child alone "
                       "instead", exc)
             return None
+
+    @property
+    def code(self) -> str:
+        """The handler code the jobs started now run, as job records name it: the fork
+        server's fingerprint with `[supervisor].version` (`fingerprint.code_name`); the
+        version alone without a fork server (a child started alone imports whatever is
+        on disk when it starts)."""
+        return self.server.code if self.server is not None else self.launch.version
+
+    def retiring_codes(self) -> list[tuple[int, str, int]]:
+        """(pid, code, running children) of each old fork server still up."""
+        return [(server.pid, server.code, len(self._of(server))) for server in self.retiring]
 
     def known(self, task: str) -> TaskInfo | None:
         """The task's registration, if the handler modules register it. With no table
@@ -125,15 +204,14 @@ class Spawner:
                       "instead", exc)
             return
         if server is not None:
-            self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
-            self.hidden = server.hidden
-            self._take(server)
+            self._serve(server)
 
     def _take(self, server: ForkServer) -> None:
         self.server = server
         self.loop.add_reader(server.sock, lambda _s, _m: self._on_readable(server))
-        self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
-        log.info("fork server started in pid %d", server.pid)
+        if server.output >= 0:
+            self.loop.add_reader(server.output, lambda _f, _m: self._on_output(server))
+        log.info("fork server started in pid %d (code %s)", server.pid, server.code)
 
     def _on_output(self, server: ForkServer) -> None:
         if server.output < 0:  # closed earlier in this loop turn (the server was lost)
@@ -181,6 +259,7 @@ class Spawner:
                 server.fence(by_server[server.pid])
 
     def close(self) -> None:
+        self._abandon_start()
         for server in [*self.retiring, self.server]:
             if server is not None:
                 self._unwatch(server)
@@ -232,9 +311,12 @@ class Spawner:
         server, self.server = self.server, None
         if server is None:
             return
-        if self._of(server):
+        running = len(self._of(server))
+        if running:
             server.retire()  # its spares go now, it stays for its running children
             self.retiring.append(server)
+            log.info("old fork server %d (code %s) forks no more; it stops when its %d "
+                     "running job(s) end", server.pid, server.code, running)
         else:
             self._unwatch(server)
             server.close()

@@ -4,11 +4,16 @@
 | --- | --- |
 | `main` | `main()`: the parser, logging, and the dispatch to a command |
 | `base` | what every command shares: errors, the Redis client, the config, JSON |
-| `jobs` | forq run, enqueue, job, cancel |
+| `jobs` | forq run, job, cancel |
+| `enqueue` | forq enqueue (registered by `jobs`, after run): one job with any option, many from a file, or a batch |
+| `change` | forq promote, priority, reschedule: one job changed before it runs |
+| `find` | forq jobs: find jobs by state, task, error, age, argument; act on all of them |
 | `batches` | forq batch |
-| `stats` | forq stats, workers, schedules |
+| `stats` | forq stats, supervisors (alias workers), schedules |
+| `schedule` | forq schedule add, remove, pause, resume, trigger, list: schedules at run time |
 | `dead` | forq dead list, show, requeue, purge |
 | `operate` | forq limit, pause, resume, web, config check |
+| `replay` | forq replay: a finished job run again here, nothing recorded |
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
 | `terminal` | where human output goes: rich on a terminal, plain text elsewhere |
 | `demo` | `make demo` |
@@ -21,4 +26,5 @@ A new command goes into the module of its family, or a new module listed here.
 
 from __future__ import annotations
 
-FAMILIES = ("jobs", "batches", "stats", "dead", "operate")
+FAMILIES = ("jobs", "change", "find", "batches", "stats", "schedule", "dead", "operate",
+            "replay")

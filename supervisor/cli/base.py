@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import redis
 
 from forq import Queue
-from forq.connection import connect
+from forq.store.connection import connect
 
 DEFAULT_CONFIG = "/etc/forq/forq.toml"
 
@@ -101,6 +101,17 @@ def duration_arg(text: str, option: str, *, positive: bool = False) -> float:
 
     try:
         return config_fields.duration(text, option, positive=positive)
+    except config_fields.Invalid as exc:
+        raise UsageError(str(exc)) from None
+
+
+def size_arg(text: str, option: str) -> int:
+    """A size option ("512MiB") in bytes, read as the config reads one; a bad one is a
+    usage error."""
+    from forq.supervisor.config import fields as config_fields
+
+    try:
+        return config_fields.size(text, option)
     except config_fields.Invalid as exc:
         raise UsageError(str(exc)) from None
 

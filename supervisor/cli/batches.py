@@ -7,8 +7,8 @@ from typing import Any
 
 from forq import JobNotFound, known_queues
 from forq.batches import read_batch
-from forq.keys import QueueKeys
-from forq.pipelines import run_plan
+from forq.store.keys import QueueKeys
+from forq.store.pipelines import run_plan
 from forq.supervisor.cli import render
 from forq.supervisor.cli.base import Parents, emit, queue_named, redis_for
 

@@ -1,13 +1,15 @@
 """`make demo`: a supervisor on etc/forq.toml processing the example jobs — quick ones,
 a CPU-heavy one, a flaky one, one over its memory limit, one over its time limit, a
 poison job that segfaults every time, a delayed one, a vote with a follow-up — then
-SIGTERM and a graceful drain. Finishes within a minute.
+SIGTERM and a graceful drain. Finishes within a minute. Ctrl-C or SIGTERM stops it
+early, and with it the supervisor and the private Redis it started (exit 130 or 143).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,17 +18,14 @@ import time
 from pathlib import Path
 
 from forq import Queue
-from forq.connection import connect
 from forq.job import TERMINAL
+from forq.store.connection import connect
 from forq.supervisor.cli import render
+from forq.testing.demos import Stopped, exit_code, say, signals_stop, stop_all
 from forq.testing.redis import RedisServer, free_port, reachable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # supervisor/cli/demo.py
 CONFIG = REPO / "etc" / "forq.toml"
-
-
-def say(text: str) -> None:
-    print(f"\033[1m==> {text}\033[0m", flush=True)
 
 
 def demo_config() -> Path:
@@ -81,58 +80,66 @@ def show(q: Queue, jobs: list[tuple[str, str]]) -> None:
 
 def main() -> int:
     url = os.environ.get("FORQ_REDIS_URL", "redis://127.0.0.1:6379/0")
-    server = None
-    if not reachable(url):
+    server: RedisServer | None = None
+    supervisors: list[subprocess.Popen[bytes]] = []
+    config: Path | None = None
+    with signals_stop():  # Ctrl-C or SIGTERM: stop what was started, then exit
         try:
-            server = RedisServer().start()
-        except RuntimeError as exc:
-            print(f"forq demo: no Redis at {url}, and {exc}", file=sys.stderr)
-            return 1
-        url = server.url
-        say(f"no Redis at the configured URL; started a private one at {url}")
-    env = dict(os.environ, FORQ_REDIS_URL=url, PYTHONPATH=str(REPO))
-    config = demo_config()
-    try:
-        return run_demo(url, env, config)
-    finally:
-        config.unlink(missing_ok=True)
-        if server is not None:
-            server.stop()
+            if not reachable(url):
+                try:
+                    server = RedisServer()
+                    server.start()
+                except RuntimeError as exc:
+                    print(f"forq demo: no Redis at {url}, and {exc}", file=sys.stderr)
+                    return 1
+                url = server.url
+                say(f"no Redis at the configured URL; started a private one at {url}")
+            env = dict(os.environ, FORQ_REDIS_URL=url, PYTHONPATH=str(REPO))
+            config = demo_config()
+            return run_demo(url, env, config, supervisors)
+        except Stopped as exc:
+            say(f"{exc}: stopping the supervisor{' and Redis' if server else ''} the demo started")
+            return exit_code(exc)
+        finally:
+            stop_all(supervisors)
+            if server is not None:
+                stop_all([server.proc])
+                shutil.rmtree(server.dir, ignore_errors=True)
+            if config is not None:
+                config.unlink(missing_ok=True)
 
 
-def run_demo(url: str, env: dict[str, str], config: Path) -> int:
+def run_demo(url: str, env: dict[str, str], config: Path,
+             supervisors: list[subprocess.Popen[bytes]]) -> int:
+    """The tour; the supervisor it starts goes into `supervisors` (stopped by `main`)."""
     say(f"starting a supervisor: forq run --config {CONFIG.relative_to(REPO)}")
-    sup = subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "run", "--config", str(config)],
-                           env=env, cwd=str(REPO))
+    sup = subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "run", "--config",
+                            str(config)], env=env, cwd=str(REPO))
+    supervisors.append(sup)
     client = connect(url)
     q = Queue("default", redis=client)
-    try:
-        say("enqueueing the example jobs")
-        jobs = enqueue_examples(q)
-        drain_job = None
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            states = [q.get(jid).state for _, jid in jobs]
-            if all(s in TERMINAL for s in states):
-                break
-            time.sleep(0.25)
-        say("every example job has finished:")
-        show(q, jobs)
-        say("queue stats (forq stats):")
-        print(render.stats_table({"default": q.stats()}))
-        say("enqueueing a 3-second job, then SIGTERM: the supervisor drains")
-        drain_job = q.enqueue("examples.sleep", 3).id
-        while q.get(drain_job).state != "active" and time.monotonic() < deadline + 10:
-            time.sleep(0.05)
-        sup.send_signal(signal.SIGTERM)
-        code = sup.wait(timeout=60)
-        say(f"supervisor exited with code {code}; the running job finished first:")
-        show(q, [("drained job", drain_job)])
-        return 0 if code == 0 else 1
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
+    say("enqueueing the example jobs")
+    jobs = enqueue_examples(q)
+    drain_job = None
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        states = [q.get(jid).state for _, jid in jobs]
+        if all(s in TERMINAL for s in states):
+            break
+        time.sleep(0.25)
+    say("every example job has finished:")
+    show(q, jobs)
+    say("queue stats (forq stats):")
+    print(render.stats_table({"default": q.stats()}))
+    say("enqueueing a 3-second job, then SIGTERM: the supervisor drains")
+    drain_job = q.enqueue("examples.sleep", 3).id
+    while q.get(drain_job).state != "active" and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    sup.send_signal(signal.SIGTERM)
+    code = sup.wait(timeout=60)
+    say(f"supervisor exited with code {code}; the running job finished first:")
+    show(q, [("drained job", drain_job)])
+    return 0 if code == 0 else 1
 
 
 if __name__ == "__main__":

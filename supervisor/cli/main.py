@@ -2,13 +2,19 @@
 
     forq run [--config PATH]
     forq enqueue TASK [--args JSON] [--kwargs JSON] [-q QUEUE] [--priority N] [--delay 30s] [--key KEY]
+        [--max-attempts N] [--timeout 30s] [--depends-on ID] [--lifo] [...every option of Queue.enqueue] [--json]
+    forq enqueue --jobs FILE|- [-q QUEUE] [--batch [--on-success TASK] [--on-complete TASK]] [--json]
     forq stats [-q QUEUE] [--json] [--watch [--interval 2s]]
     forq job ID [--json]
     forq dead list|show|requeue|purge -q QUEUE [ID...|--all] [--json]
-    forq workers [--json]
+    forq supervisors [--json]     (alias: forq workers)
     forq schedules [--config PATH] [--json]
+    forq schedule add NAME --cron C --queue Q --task T [--overlap skip] | remove|pause|resume|trigger NAME | list
     forq web [--config PATH] [--listen 127.0.0.1:8080] [--read-only]
     forq cancel ID [-q QUEUE] [--json]
+    forq promote ID | priority ID N | reschedule ID --at TIME|--in 30m [-q QUEUE] [--json]
+    forq jobs QUEUE [--state dead] [--task T] [--error REGEX] [--since 1h] [--args-contains S]
+              [--requeue|--cancel|--purge|--promote [--yes]] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
     forq pause|resume QUEUE [--json]
     forq config check PATH

@@ -4,10 +4,11 @@ the dashboard, the config."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from forq import Queue, units
-from forq.supervisor.cli import render
+from forq.supervisor.cli import render, terminal
 from forq.supervisor.cli.base import (
     Failure,
     Parents,
@@ -126,7 +127,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     client = redis_for(args)
     client.ping()  # an unreachable Redis is one line now, not an error page later
     return serve(client, args.listen, read_only=args.read_only, auth=auth,
-                 refresh=refresh)
+                 refresh=refresh, colors=terminal.interactive(sys.stderr))
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from forq import Job
+from forq.fleet import code_status
 from forq.units import age, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
@@ -93,6 +94,8 @@ def job(job: Job) -> str:
     if f.get("owner"):
         lease = f"    lease until {when_ms(f['lease_deadline'])}" if f.get("lease_deadline") else ""
         row("owner", f"{f['owner']}{lease}")
+    if "code" in f:  # the handler code its last attempt ran (a reload changes it)
+        row("code", clip(printable(f["code"]), 80) or "? (no fork server: not known)")
     if f.get("finished_at"):
         row("finished", when_ms(f.get("finished_at")))
     if job.state == "succeeded" or f.get("result") not in (None, ""):
@@ -188,14 +191,32 @@ def dead_table(jobs: Sequence[Job]) -> str:
     return table(*dead_grid(jobs))
 
 
-# -- forq workers -------------------------------------------------------------------
+# -- forq jobs ----------------------------------------------------------------------
+
+
+def found_grid(jobs: Sequence[Job]) -> Grid:
+    """Jobs `forq jobs` found: when each got to its state (died, started, due)."""
+    rows: list[Sequence[Any]] = []
+    for j in jobs:
+        f = j.fields
+        at = f.get("finished_at") or f.get("started_at") if j.state in ("dead", "active",
+            "succeeded", "cancelled") else f.get("run_at") or f.get("enqueued_at")
+        rows.append((j.id, j.task, j.state, when_ms(at), j.attempts, j.crashes,
+                     clip(printable(j.reason or "-"), REASON_WIDTH)))
+    return ("id", "task", "state", "since", "attempts", "crashes", "reason"), rows
+
+
+# -- forq supervisors ---------------------------------------------------------------
 
 
 NO_WORKERS = "no live supervisors"
+CODE_WIDTH = 40  # a code cell: a version and a fingerprint fit
 
 
 def workers_table(records: Sequence[Mapping[str, Any]]) -> str:
-    return table(*workers_grid(records)) if records else NO_WORKERS
+    if not records:
+        return NO_WORKERS
+    return "\n".join([table(*workers_grid(records)), *supervisor_notes(records)])
 
 
 def workers_grid(records: Sequence[Mapping[str, Any]]) -> Grid:
@@ -205,11 +226,45 @@ def workers_grid(records: Sequence[Mapping[str, Any]]) -> Grid:
         if r.get("started") and r.get("heartbeat"):
             up = float(r["heartbeat"]) - float(r["started"])
         rows.append((r.get("name", r.get("id", "?")), r.get("host", "-"), r.get("pid", "-"),
-                     r.get("version", "-"), ",".join(r.get("queues") or []) or "-",
+                     r.get("version", "-"), code_cell(r), ",".join(r.get("queues") or []) or "-",
                      f"{r.get('busy', 0)}/{r.get('slots', 0)}", age(r.get("age")), age(up),
                      "yes" if r.get("draining") else "no"))
-    return ("name", "host", "pid", "version", "queues", "busy", "heartbeat", "up",
+    return ("name", "host", "pid", "forq", "code", "queues", "busy", "heartbeat", "up",
             "draining"), rows
+
+
+def code_cell(record: Mapping[str, Any]) -> str:
+    """The handler code a supervisor serves ("?" unknown: no fork server, no version),
+    with how many jobs still finish in older code and "reload refused" after a reload
+    that did not apply (`supervisor_notes` says more)."""
+    status = code_status(record)
+    cell = clip(printable(status["code"]), CODE_WIDTH) or "?"
+    finishing = sum(old["jobs"] for old in status["retiring"])
+    if finishing:
+        cell += f" (+{finishing} on old)"
+    if status["reload_error"] is not None:
+        cell += " (reload refused)"
+    return cell
+
+
+def supervisor_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line per old fork server still finishing jobs, and per refused reload."""
+    lines = []
+    for r in records:
+        name = printable(r.get("name", r.get("id", "?")))
+        status = code_status(r)
+        for old in status["retiring"]:
+            lines.append(f"{name}: old fork server {old['pid']} finishing {old['jobs']} "
+                         f"job(s) in code {clip(printable(old['code']), CODE_WIDTH) or '?'}")
+        refused = status["reload_error"]
+        if refused is not None:
+            at = when(refused["at"]) if refused["at"] is not None else "?"
+            module = refused["module"]
+            error = clip(printable(refused["error"]), 300)
+            about = f" (module {printable(module)})" if module and module not in error else ""
+            lines.append(f"{name}: reload refused at {at}{about}: {error}; still serving "
+                         f"code {clip(printable(status['code']), CODE_WIDTH) or '?'}")
+    return lines
 
 
 # -- forq schedules -----------------------------------------------------------------
@@ -247,9 +302,15 @@ def schedules_grid(rows: Sequence[Mapping[str, Any]], now: float) -> Grid:
         next_text = "-" if nxt is None else f"{_in_zone(nxt, s['timezone'])} ({relative(nxt, now)})"
         if s.get("stale"):
             next_text += " (no supervisor runs it now)"
+        source = "run-time" if s.get("source") == "runtime" else "config"
+        if s.get("paused"):
+            source += ", paused"
+        if s.get("shadows"):
+            source += " (a run-time one of this name is not run)"
         out.append((s["name"], s["cron"], s["timezone"], s["queue"], s["task"], last_text,
-                    next_text))
-    return ("name", "cron", "timezone", "queue", "task", "last fired", "next"), out
+                    next_text, s.get("overlap") or "allow", source))
+    return ("name", "cron", "timezone", "queue", "task", "last fired", "next", "overlap",
+            "source"), out
 
 
 # -- forq limit ---------------------------------------------------------------------

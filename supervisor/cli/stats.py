@@ -1,4 +1,5 @@
-"""forq stats, workers, schedules: what the cluster is doing, once or live."""
+"""forq stats, supervisors (alias workers), schedules: what the cluster is doing, once
+or live."""
 
 from __future__ import annotations
 
@@ -22,8 +23,6 @@ from forq.supervisor.cli.base import (
     redis_for,
     redis_now,
 )
-
-CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: `stats --watch` redraws in place
 
 
 def _stats(client: redis.Redis, only: str | None) -> dict[str, dict[str, Any]]:
@@ -72,8 +71,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 elif live is not None:
                     live.update(render.stats_grid(stats) if stats else None,
                                 render.stats_table(stats), head)
-                else:  # not a terminal: plain frames, each after a clear-screen code
-                    sys.stdout.write(f"{CLEAR}{head}\n\n{render.stats_table(stats)}\n")
+                else:  # not a terminal: plain frames one after another, no escape codes
+                    sys.stdout.write(f"{head}\n\n{render.stats_table(stats)}\n\n")
                     sys.stdout.flush()
                 time.sleep(interval)
                 try:  # keep watching through a Redis outage
@@ -92,9 +91,13 @@ def cmd_workers(args: argparse.Namespace) -> int:
     records = live_supervisors(redis_for(args))
     if args.json:
         emit(records)
-    else:
-        terminal.show(render.workers_grid(records) if records else None,
-                      render.workers_table(records))
+        return 0
+    if not records or not terminal.interactive():
+        print(render.workers_table(records))
+        return 0
+    terminal.show(render.workers_grid(records), "")
+    for line in render.supervisor_notes(records):
+        print(line)
     return 0
 
 
@@ -122,7 +125,8 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("--interval", "-n", default="2s", help="refresh period for --watch (2s)")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("workers", help="live supervisors",
+    p = sub.add_parser("supervisors", aliases=["workers"],
+                       help="live supervisors and the handler code each serves",
                        parents=[parents.inspect, parents.with_config])
     p.set_defaults(func=cmd_workers)
 

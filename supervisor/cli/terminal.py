@@ -1,11 +1,12 @@
 """Where the CLI's human output goes: rich on a terminal, plain text anywhere else.
 
-On a terminal (stdout a TTY, ``TERM`` not ``dumb``) tables are drawn by `rich`, a
-``--watch`` view redraws in place with ``rich.live``, and long operations show a
-progress bar (on stderr, when it is a terminal). Anywhere else — a pipe, a file, cron,
-a test — the output is the plain text of `forq.supervisor.cli.render`, line for line what
-scripts have always parsed, and no progress is drawn. ``--json`` never comes here.
-rich is imported only on a terminal.
+On a terminal (stdout a TTY, ``TERM`` not ``dumb``, ``NO_COLOR`` unset or empty) tables
+are drawn by `rich`, a ``--watch`` view redraws in place with ``rich.live``, and long
+operations show a progress bar (on stderr, when it is a terminal). Anywhere else — a
+pipe, a file, cron, a test, or a terminal whose user set ``NO_COLOR`` — the output is
+the plain text of `forq.supervisor.cli.render`, line for line what scripts have always
+parsed, with no escape sequence at all (no colour, no cursor movement) and no progress
+drawn. ``--json`` never comes here. rich is imported only on a terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ STATE_STYLES = {"dead": "red", "failed/1m": "yellow", "ok/1m": "green"}
 
 
 def interactive(stream: IO[str] | None = None) -> bool:
+    """Whether `stream` (stdout) may get escape sequences: a terminal that is not dumb,
+    and no ``NO_COLOR`` (https://no-color.org: set and not empty)."""
+    if os.environ.get("NO_COLOR"):
+        return False
     stream = sys.stdout if stream is None else stream
     try:
         return stream.isatty() and os.environ.get("TERM", "") != "dumb"

@@ -24,17 +24,18 @@ Choices worth knowing (also in ``etc/forq.toml``):
 * ``imports`` are only checked to be module names here; they are imported
   by the supervisor, not by ``forq config check``.
 
-The tables with most to say have modules of their own: `config_redis` ([redis]),
-`config_sandbox` ([sandbox]), `config_schedules` ([[schedule]]); `config_fields` reads
+Every key is one row (`schema.Key`): the fields of `Config` declared with `key()` are
+the rows of [supervisor], [redis] and [metrics]; the other tables have modules of their
+own (`queues`, `redis_table`, `sandbox`, `schedules`, and [tracing] in
+`forq.supervisor.observe.tracing`), and the job policy's rows are `forq.defaults`'s.
+`TABLES` below lists them all, in the order `reference` documents them; `fields` reads
 one value of any kind and words the error.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -42,11 +43,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forq.defaults import JOB_POLICY
+from forq.defaults import DEFAULTS, JOB_POLICY, TASKS
 from forq.supervisor.config import fields as read
+from forq.supervisor.config import queues as config_queues
 from forq.supervisor.config import redis_table as config_redis
-from forq.supervisor.config.sandbox import NETWORKS, PROTECTIONS, SandboxConfig, read_sandbox
+from forq.supervisor.config import sandbox as config_sandbox
+from forq.supervisor.config import schedules as config_schedules
+from forq.supervisor.config import schema
+from forq.supervisor.config.queues import MAX_PREFETCH, QueueConfig, read_queues
+from forq.supervisor.config.sandbox import PROTECTIONS, SandboxConfig, read_sandbox
 from forq.supervisor.config.schedules import ScheduleConfig, read_schedules
+from forq.supervisor.config.schema import Table, key
 from forq.supervisor.observe.tracing import TracingConfig
 
 if sys.version_info >= (3, 11):
@@ -57,10 +64,12 @@ else:  # pragma: no cover - exercised only on Python 3.10
 __all__ = [
     "Config",
     "ConfigError",
+    "MAX_PREFETCH",
     "QueueConfig",
     "PROTECTIONS",
     "SandboxConfig",
     "ScheduleConfig",
+    "TABLES",
     "check_config_main",
     "load_config",
 ]
@@ -71,39 +80,8 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 # Built-in per-job policy, in the units the rest of forq stores (ms, bytes).
 BUILTIN_POLICY = JOB_POLICY  # forq.defaults: the one source of every job default
 
-_TOP_KEYS = ("redis", "supervisor", "defaults", "queue", "tasks", "sandbox", "metrics", "schedule",
-             "tracing")
-_SUPERVISOR_KEYS = (
-    "name",
-    "lease_ttl",
-    "reaper_interval",
-    "drain_timeout",
-    "imports",
-    "memory_sample_interval",
-    "address_space_factor",
-    "log_format",
-    "fork_server",
-    "job_cgroups",
-)
-_POLICY_KEYS = (
-    "timeout",
-    "memory_limit",
-    "max_attempts",
-    "max_crashes",
-    "result_ttl",
-    "idempotency_ttl",
-    "max_result_bytes",
-    "backoff",
-)
-_BACKOFF_KEYS = ("base", "factor", "max", "jitter")
-MAX_PREFETCH = 1000  # leases held ahead of free slots, per queue
-_QUEUE_KEYS = ("name", "concurrency", "priority", "nice", "rate_limit", "max_in_flight",
-               "network", "paused", "group_concurrency", "group_rate_limit", "prefetch")
-_METRICS_KEYS = ("listen",)
-_TRACING_KEYS = ("enabled", "setup")
-_SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
-_LOG_FORMATS = ("text", "json")
-_JOB_CGROUPS = ("auto", "required", "off")
+SUPERVISOR, REDIS, METRICS = "[supervisor]", "[redis]", "[metrics]"
+_FACTOR = "0 (off) or a number >= 1"
 
 
 class ConfigError(Exception):
@@ -116,72 +94,135 @@ class ConfigError(Exception):
 
 
 # --------------------------------------------------------------------------
+# Readers of the keys below that no other table shares
+
+
+def _imports(value: object, where: str) -> list[str]:
+    modules = read.string_list(value, where, "module names")
+    return [read.simple_name(module, f"{where}[{i}]", read.MODULE_RE)
+            for i, module in enumerate(modules)]
+
+
+def _address_space_factor(value: object, where: str) -> float:
+    factor = read.number(value, where, _FACTOR, 0.0)
+    if 0 < factor < 1:
+        raise read.expected(where, _FACTOR, factor)
+    return factor
+
+
+def _host_and_pid() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# --------------------------------------------------------------------------
 # Public data
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    """One ``[[queue]]`` this supervisor serves."""
-
-    name: str
-    concurrency: int
-    priority: int = 0
-    nice: int = 10
-    rate_limit: tuple[float, float] | None = None
-    max_in_flight: int | None = None
-    # per group (jobs enqueued with group=), stored in Redis like the two above
-    group_concurrency: int | None = None
-    group_rate_limit: tuple[float, float] | None = None
-    network: str | None = None  # "none" or "host"; None: [sandbox].network
-    # paused = true: this supervisor pauses the queue (Queue.pause) when it starts and
-    # reloads; false never resumes one (an operator's `forq pause` outlives restarts)
-    paused: bool = False
-    # jobs leased ahead of a free slot (see `supervisor/leases/held.py`): a slot starts its next
-    # job the moment its child ends, without waiting for a claim's round trip
-    prefetch: int = 0
 
 
 @dataclass(frozen=True)
 class Config:
     """A validated supervisor configuration.
 
+    Fields declared with `key()` are the rows of their keys (scope: the table); the
+    others hold the tables read by their own modules, and what the loader works out.
     Durations are float seconds; per-job policy is exposed through
     :meth:`job_policy` in the integer milliseconds/bytes the job records use.
     """
 
     path: str
-    redis_url: str
-    redis_password: str | None
-    name: str
-    lease_ttl: float
-    reaper_interval: float
-    drain_timeout: float
-    imports: list[str]
-    memory_sample_interval: float
-    address_space_factor: float
-    log_format: str
     queues: list[QueueConfig]
     sandbox: SandboxConfig
-    metrics_listen: tuple[str, int] | None
     schedules: list[ScheduleConfig]
     defaults: dict[str, int | float] = field(repr=False)
     queue_overrides: dict[str, dict[str, int | float]] = field(repr=False)
     task_overrides: dict[str, dict[str, int | float]] = field(repr=False)
-    # [redis].min_replicas / wait_timeout: WAIT for replicas after every report batch
-    redis_min_replicas: int = 0
-    redis_wait_timeout: float = 1.0
-    # fork job children from a lean fork server (supervisor/fork/server.py), not from here
-    fork_server: bool = True
-    # per-job cgroup v2 memory limits (supervisor/isolation/cgroups.py): auto | required | off
-    job_cgroups: str = "auto"
     # OpenTelemetry job spans (supervisor/observe/tracing.py)
     tracing: TracingConfig = TracingConfig()
+
+    # [supervisor]
+    name: str = key(
+        None, read.names(),
+        "How this supervisor appears in leases, job history and metrics.",
+        scope=SUPERVISOR, factory=_host_and_pid, shown="hostname:pid")
+    lease_ttl: float = key(
+        "15s", read.durations(positive=True),
+        "A claimed job is this supervisor's for this long, renewed every third of it.",
+        scope=SUPERVISOR)
+    reaper_interval: float = key(
+        "1s", read.durations(positive=True),
+        "How often this supervisor looks for expired leases.",
+        scope=SUPERVISOR)
+    drain_timeout: float = key(
+        "60s", read.durations(),
+        "On SIGTERM, how long running jobs may finish before they are stopped and handed back.",
+        scope=SUPERVISOR)
+    imports: list[str] = key(
+        [], read.Reader("a list of module names", _imports),
+        "Modules imported before forking; importing them registers tasks.",
+        scope=SUPERVISOR)
+    memory_sample_interval: float = key(
+        "50ms", read.durations(positive=True),
+        "How often a child's memory (when not in a cgroup) and time limit are checked.",
+        scope=SUPERVISOR)
+    address_space_factor: float = key(
+        4.0, read.Reader(_FACTOR, _address_space_factor),
+        "Each child's RLIMIT_AS is this times its `memory_limit`, a backstop (0: none).",
+        scope=SUPERVISOR)
+    log_format: str = key(
+        "text", read.choices("text", "json"),
+        '`"text"` for people, `"json"` for log collectors.',
+        scope=SUPERVISOR)
+    # fork job children from a lean fork server (supervisor/fork/server.py), not from here
+    fork_server: bool = key(
+        True, read.BOOLEAN,
+        "Fork jobs from a lean fork server (false: a fresh interpreter per job).",
+        scope=SUPERVISOR)
+    # per-job cgroup v2 memory limits (supervisor/isolation/cgroups.py)
+    job_cgroups: str = key(
+        "auto", read.choices("auto", "required", "off"),
+        "A cgroup per job, the kernel enforcing `memory_limit`: where possible, required, or never.",
+        scope=SUPERVISOR)
+    # a deploy's label for the handler code, named with the fingerprint (fork/fingerprint.py)
+    version: str = key(
+        "", read.VERSION,
+        "A label for the handler code (a release), in job records as `VERSION+FINGERPRINT`.",
+        scope=SUPERVISOR, shown="none")
+
+    # [redis] (redis_table.resolve then applies FORQ_REDIS_URL, cluster and the password)
+    redis_url: str = key(
+        DEFAULT_REDIS_URL, config_redis.URL,
+        "`redis://host:port/db`, `rediss://` (TLS) or `unix:///path`; `FORQ_REDIS_URL` wins.",
+        scope=REDIS, name="url")
+    redis_password_file: str | None = key(
+        None, config_redis.FILE_PATH,
+        "A file holding the password, relative to this file; `FORQ_REDIS_PASSWORD` wins.",
+        scope=REDIS, name="password_file")
+    redis_cluster: bool = key(
+        False, read.BOOLEAN,
+        "A Redis Cluster, `url` naming any node.",
+        scope=REDIS, name="cluster")
+    redis_min_replicas: int = key(
+        0, read.integers(0, 16),
+        "After each batch of reports, WAIT for this many replicas.",
+        scope=REDIS, name="min_replicas")
+    redis_wait_timeout: float = key(
+        "1s", read.durations(positive=True),
+        "How long that WAIT may take.",
+        scope=REDIS, name="wait_timeout")
+    redis_allow_eviction: bool = key(
+        False, read.BOOLEAN,
+        "Start on a Redis whose `maxmemory-policy` may evict keys (only warn).",
+        scope=REDIS, name="allow_eviction")
+    # FORQ_REDIS_PASSWORD, or the password file's (never in a repr: reprs end up in logs)
+    redis_password: str | None = field(default=None, repr=False)
     # where redis_url came from, said at start-up: an environment variable that silently
     # overrides the file's URL surprises people ("--redis" is set by `forq run --redis`)
     redis_url_source: str = ""
-    # [redis].allow_eviction: run on a Redis whose maxmemory-policy may delete keys
-    redis_allow_eviction: bool = False
-    redis_password_file: str | None = None  # resolved; jobs must not read it
+
+    # [metrics]
+    metrics_listen: tuple[str, int] | None = key(
+        DEFAULT_METRICS_LISTEN, read.LISTEN,
+        "Prometheus metrics over HTTP at this address.",
+        scope=METRICS, name="listen")
 
     def queue(self, name: str) -> QueueConfig:
         """Return the served queue called ``name`` (KeyError if not served here)."""
@@ -206,16 +247,31 @@ class Config:
         }
 
 
-def _paused(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise read.expected(where, "true or false", value)
-    return value
+REDIS_ROWS = schema.rows(Config, REDIS)
+SUPERVISOR_ROWS = schema.rows(Config, SUPERVISOR)
+METRICS_ROWS = schema.rows(Config, METRICS)
+TRACING_ROWS = schema.rows(TracingConfig, "[tracing]")
+DEFAULTS_ROWS = schema.policy_rows(DEFAULTS)
 
-
-def _fork_server(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise read.expected("[supervisor].fork_server", "true or false", value)
-    return value
+# Every table, in the order the reference page documents them.
+TABLES: tuple[Table, ...] = (
+    Table(REDIS, "Where Redis is. Secrets never go in this file: a password inside `url` is "
+          "refused.", REDIS_ROWS),
+    Table(SUPERVISOR, "This supervisor process.", SUPERVISOR_ROWS),
+    Table(DEFAULTS, "Each job's policy. A `[[queue]]`, then a `[tasks.\"name\"]` table, then "
+          "(most keys) the producer, per job, override it, key by key.", DEFAULTS_ROWS),
+    Table(config_queues.QUEUE, "A queue this supervisor serves (at least one). Any key of "
+          "`[defaults]` may be set too, for the queue's jobs.",
+          config_queues.ROWS + config_queues.POLICY_ROWS),
+    Table(TASKS, "Any key of `[defaults]`, for one task's jobs, over its queue's.", schema.policy_rows(TASKS)),
+    Table("[sandbox]", "What each child gives up before its handler runs.", config_sandbox.ROWS),
+    Table('[sandbox.tasks."name"]', "A task's own sandbox.", config_sandbox.TASK_ROWS),
+    Table(METRICS, "Prometheus metrics.", METRICS_ROWS),
+    Table("[tracing]", "OpenTelemetry spans per job run.", TRACING_ROWS),
+    Table(config_schedules.SCOPE, "A periodic job: each tick is enqueued once, however many "
+          "supervisors run.", config_schedules.ROWS),
+)
+_TOP_KEYS = tuple(dict.fromkeys(table.top for table in TABLES))
 
 
 def check_redis_url(url: str, where: str) -> None:
@@ -230,44 +286,9 @@ def check_redis_url(url: str, where: str) -> None:
 # Sections
 
 
-def _policy_overrides(table: Mapping[str, Any], prefix: str) -> dict[str, int | float]:
-    """Read the per-job policy keys present in ``table`` (only those present)."""
-    out: dict[str, int | float] = {}
-    if "timeout" in table:
-        out["timeout_ms"] = read.ms(table["timeout"], f"{prefix}.timeout", positive=True)
-    if "memory_limit" in table:
-        out["memory_limit"] = read.size(table["memory_limit"], f"{prefix}.memory_limit")
-    if "max_attempts" in table:
-        out["max_attempts"] = read.integer(table["max_attempts"], f"{prefix}.max_attempts", 1)
-    if "max_crashes" in table:
-        out["max_crashes"] = read.integer(table["max_crashes"], f"{prefix}.max_crashes", 0)
-    if "result_ttl" in table:
-        out["result_ttl_ms"] = read.ms(table["result_ttl"], f"{prefix}.result_ttl")
-    if "idempotency_ttl" in table:
-        out["idempotency_ttl_ms"] = read.ms(
-            table["idempotency_ttl"], f"{prefix}.idempotency_ttl", positive=True
-        )
-    if "max_result_bytes" in table:
-        out["max_result_bytes"] = read.size(
-            table["max_result_bytes"], f"{prefix}.max_result_bytes", minimum=1
-        )
-    if "backoff" in table:
-        where = f"{prefix}.backoff"
-        backoff = read.table(table["backoff"], where)
-        read.check_keys(backoff, _BACKOFF_KEYS, where)
-        if "base" in backoff:
-            out["backoff_base_ms"] = read.ms(backoff["base"], f"{where}.base")
-        if "factor" in backoff:
-            out["backoff_factor"] = read.number(
-                backoff["factor"], f"{where}.factor", "a number >= 1.0", 1.0
-            )
-        if "max" in backoff:
-            out["backoff_max_ms"] = read.ms(backoff["max"], f"{where}.max")
-        if "jitter" in backoff:
-            out["backoff_jitter"] = read.number(
-                backoff["jitter"], f"{where}.jitter", "a number from 0.0 to 1.0", 0.0, 1.0
-            )
-    return out
+def _table(doc: Mapping[str, Any], title: str, rows: tuple[schema.Key, ...]) -> dict[str, Any]:
+    """The keys of the table `title` ("[redis]") read by its rows: {attribute: value}."""
+    return schema.read_rows(read.table(doc.get(title.strip("[]"), {}), title), rows, title)
 
 
 def _check_policy(policy: Mapping[str, int | float], where: str) -> None:
@@ -279,89 +300,13 @@ def _check_policy(policy: Mapping[str, int | float], where: str) -> None:
         )
 
 
-def _listen(value: object, where: str) -> tuple[str, int] | None:
-    if value == "":
-        return None
-    what = 'host:port such as "127.0.0.1:9464" (or "" for off)'
-    if not isinstance(value, str):
-        raise read.expected(where, what, value)
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise read.expected(where, what, value)
-    return host, int(port)
-
-
-def _queues(doc: Mapping[str, Any]) -> tuple[list[QueueConfig], dict[str, dict[str, int | float]]]:
-    raw = doc.get("queue")
-    if raw is None:
-        raise read.Invalid("no queues: add at least one [[queue]] with name and concurrency")
-    if not isinstance(raw, list):
-        raise read.expected("queue", "an array of tables written [[queue]]", raw)
-    if not raw:
-        raise read.Invalid("no queues: add at least one [[queue]] with name and concurrency")
-    queues: list[QueueConfig] = []
-    overrides: dict[str, dict[str, int | float]] = {}
-    for index, item in enumerate(raw, start=1):
-        prefix = f"[queue {index}]"
-        table = read.table(item, prefix)
-        read.check_keys(table, _QUEUE_KEYS + _POLICY_KEYS, prefix)
-        for required in ("name", "concurrency"):
-            if required not in table:
-                raise read.Invalid(f"{prefix}: missing required key {required}")
-        name = read.simple_name(table["name"], f"{prefix}.name", read.QUEUE_NAME_RE)
-        if name in overrides:
-            raise read.Invalid(f'{prefix}.name: duplicate queue "{name}"')
-        rate_limit = table.get("rate_limit")
-        max_in_flight = table.get("max_in_flight")
-        group_concurrency = table.get("group_concurrency")
-        group_rate_limit = table.get("group_rate_limit")
-        queues.append(
-            QueueConfig(
-                name=name,
-                concurrency=read.integer(table["concurrency"], f"{prefix}.concurrency", 1),
-                priority=read.integer(table.get("priority", 0), f"{prefix}.priority"),
-                nice=read.integer(table.get("nice", 10), f"{prefix}.nice", 0, 19),
-                rate_limit=None
-                if rate_limit is None
-                else read.rate(rate_limit, f"{prefix}.rate_limit"),
-                max_in_flight=(
-                    None
-                    if max_in_flight is None
-                    else read.integer(max_in_flight, f"{prefix}.max_in_flight", 1)
-                ),
-                group_concurrency=(
-                    None
-                    if group_concurrency is None
-                    else read.integer(group_concurrency, f"{prefix}.group_concurrency", 1)
-                ),
-                group_rate_limit=(
-                    None
-                    if group_rate_limit is None
-                    else read.rate(group_rate_limit, f"{prefix}.group_rate_limit")
-                ),
-                network=(None if "network" not in table
-                         else read.choice(table["network"], f"{prefix}.network", NETWORKS)),
-                paused=_paused(table.get("paused", False), f"{prefix}.paused"),
-                prefetch=read.integer(table.get("prefetch", 0), f"{prefix}.prefetch", 0,
-                                      MAX_PREFETCH),
-            )
-        )
-        overrides[name] = _policy_overrides(table, prefix)
-    # Stable sort: queues of equal priority keep their order in the file.
-    queues.sort(key=lambda q: -q.priority)
-    return queues, overrides
-
-
 def _tasks(doc: Mapping[str, Any]) -> dict[str, dict[str, int | float]]:
     tasks = read.table(doc.get("tasks", {}), "[tasks]")
+    rows = schema.policy_rows(TASKS)
     out: dict[str, dict[str, int | float]] = {}
     for task, value in tasks.items():
         prefix = f"[tasks.{json.dumps(task, ensure_ascii=False)}]"
-        table = read.table(value, prefix)
-        read.check_keys(table, _POLICY_KEYS, prefix)
-        out[task] = _policy_overrides(table, prefix)
+        out[task] = schema.read_rows(read.table(value, prefix), rows, prefix)
     return out
 
 
@@ -407,68 +352,26 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
 
 def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Path) -> Config:
     read.check_keys(doc, _TOP_KEYS, "")
-    redis_url, redis_password = config_redis.read_redis(doc, env, base_dir)
-
-    sup = read.table(doc.get("supervisor", {}), "[supervisor]")
-    read.check_keys(sup, _SUPERVISOR_KEYS, "[supervisor]")
-    if "name" in sup:
-        name = read.simple_name(sup["name"], "[supervisor].name")
-    else:
-        name = f"{socket.gethostname()}:{os.getpid()}"
-    factor = read.number(
-        sup.get("address_space_factor", 4.0),
-        "[supervisor].address_space_factor",
-        "0 (off) or a number >= 1",
-        0.0,
-    )
-    if 0 < factor < 1:
-        raise read.expected("[supervisor].address_space_factor", "0 (off) or a number >= 1", factor)
-
-    defaults_table = read.table(doc.get("defaults", {}), "[defaults]")
-    read.check_keys(defaults_table, _POLICY_KEYS, "[defaults]")
-    defaults = {**BUILTIN_POLICY, **_policy_overrides(defaults_table, "[defaults]")}
-    _check_policy(defaults, "[defaults]")
-
-    queues, queue_overrides = _queues(doc)
+    redis = _table(doc, REDIS, REDIS_ROWS)
+    supervisor = _table(doc, SUPERVISOR, SUPERVISOR_ROWS)
+    defaults = {**BUILTIN_POLICY, **_table(doc, DEFAULTS, DEFAULTS_ROWS)}
+    _check_policy(defaults, DEFAULTS)
+    queues, queue_overrides = read_queues(doc)
     task_overrides = _tasks(doc)
     config = Config(
         path=shown,
-        redis_url=redis_url,
-        redis_password=redis_password,
-        name=name,
-        lease_ttl=read.duration(sup.get("lease_ttl", "15s"), "[supervisor].lease_ttl", positive=True),
-        reaper_interval=read.duration(
-            sup.get("reaper_interval", "1s"), "[supervisor].reaper_interval", positive=True
-        ),
-        drain_timeout=read.duration(sup.get("drain_timeout", "60s"), "[supervisor].drain_timeout"),
-        imports=[
-            read.simple_name(module, f"[supervisor].imports[{i}]", read.MODULE_RE)
-            for i, module in enumerate(
-                read.string_list(sup.get("imports", []), "[supervisor].imports", "module names")
-            )
-        ],
-        memory_sample_interval=read.duration(
-            sup.get("memory_sample_interval", "50ms"),
-            "[supervisor].memory_sample_interval",
-            positive=True,
-        ),
-        address_space_factor=factor,
-        log_format=read.choice(sup.get("log_format", "text"), "[supervisor].log_format", _LOG_FORMATS),
         queues=queues,
         sandbox=read_sandbox(doc),
-        metrics_listen=_metrics(doc),
         schedules=read_schedules(doc),
         defaults=defaults,
         queue_overrides=queue_overrides,
         task_overrides=task_overrides,
-        fork_server=_fork_server(sup.get("fork_server", True)),
-        job_cgroups=read.choice(sup.get("job_cgroups", "auto"), "[supervisor].job_cgroups",
-                            _JOB_CGROUPS),
-        tracing=_tracing(doc),
-        redis_url_source=config_redis.url_source(doc, shown, env),
-        redis_password_file=config_redis.password_file_path(doc, base_dir),
-        **config_redis.read_replication(doc),
+        tracing=TracingConfig(**_table(doc, "[tracing]", TRACING_ROWS)),
+        **redis,
+        **supervisor,
+        **_table(doc, METRICS, METRICS_ROWS),
     )
+    config = config_redis.resolve(config, doc.get("redis", {}), env, base_dir, shown)
     # job_policy() of a queue not served here is [defaults] + task overrides.
     for queue_name in [None, *(q.name for q in queues)]:
         policy = config.job_policy(queue_name or "")
@@ -478,27 +381,6 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
         for task, task_policy in policy["tasks"].items():
             _check_policy(task_policy, f"[tasks.{json.dumps(task)}]{on_queue}")
     return config
-
-
-def _metrics(doc: Mapping[str, Any]) -> tuple[str, int] | None:
-    table = read.table(doc.get("metrics", {}), "[metrics]")
-    read.check_keys(table, _METRICS_KEYS, "[metrics]")
-    return _listen(table.get("listen", DEFAULT_METRICS_LISTEN), "[metrics].listen")
-
-
-def _tracing(doc: Mapping[str, Any]) -> TracingConfig:
-    table = read.table(doc.get("tracing", {}), "[tracing]")
-    read.check_keys(table, _TRACING_KEYS, "[tracing]")
-    enabled = table.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise read.expected("[tracing].enabled", "true or false", enabled)
-    setup = table.get("setup", "")
-    if setup != "" and not (isinstance(setup, str) and _SETUP_RE.fullmatch(setup)):
-        raise read.expected("[tracing].setup", '"module:function"', setup)
-    if enabled and importlib.util.find_spec("opentelemetry") is None:
-        raise read.Invalid("[tracing].enabled: OpenTelemetry is not installed "
-                       "(pip install 'forq[otel]')")
-    return TracingConfig(enabled, setup)
 
 
 def check_config_main(path: str) -> int:

@@ -9,54 +9,67 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from forq.connection import describe
+from forq.store.connection import describe
+from forq.store.topology import as_cluster_url, is_topology_url, url_problem
 from forq.supervisor.config import fields as read
-from forq.topology import as_cluster_url, is_topology_url, url_problem
+
+if TYPE_CHECKING:
+    from forq.supervisor.config.load import Config
 
 log = logging.getLogger("forq.supervisor")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_KEYS = ("url", "password_file", "cluster", "min_replicas", "wait_timeout",
-              "allow_eviction")
 
 
-def read_redis(
-    doc: Mapping[str, Any], env: Mapping[str, str], base_dir: Path
-) -> tuple[str, str | None]:
-    table = read.table(doc.get("redis", {}), "[redis]")
-    read.check_keys(table, REDIS_KEYS, "[redis]")
-    url = read.string(
-        table.get("url", DEFAULT_REDIS_URL), "[redis].url", "a redis://, rediss:// or unix:// URL"
-    )
-    check_url(url, "[redis].url")
+def _url(value: object, where: str) -> str:
+    url = read.string(value, where, "a redis://, rediss:// or unix:// URL")
+    check_url(url, where)
     if urlsplit(url).password:
         raise read.Invalid(
-            "[redis].url: contains a password; secrets do not belong in this file, "
+            f"{where}: contains a password; secrets do not belong in this file, "
             "use [redis].password_file or FORQ_REDIS_PASSWORD"
         )
+    return url
+
+
+# the readers of the [redis] rows, which are fields of `Config` (load.py)
+URL = read.Reader("a redis://, rediss:// or unix:// URL", _url)
+FILE_PATH = read.strings("a file path")
+
+
+def resolve(config: Config, table: Mapping[str, Any], env: Mapping[str, str], base_dir: Path,
+            shown: str) -> Config:
+    """`config` with the Redis the supervisor will use: FORQ_REDIS_URL over [redis].url,
+    a redis+cluster:// URL for `cluster = true`, the password from FORQ_REDIS_PASSWORD
+    or else `password_file` (read now, relative to the config file's folder). `table` is
+    the [redis] table as written (to say where the URL came from)."""
+    url, source = config.redis_url, f"[redis].url in {shown}"
+    if "url" not in table:
+        source = f"the default: no [redis].url in {shown}"
     if env.get("FORQ_REDIS_URL"):
-        url = env["FORQ_REDIS_URL"]
+        url, source = env["FORQ_REDIS_URL"], "FORQ_REDIS_URL"
         check_url(url, "FORQ_REDIS_URL")
-    cluster = table.get("cluster", False)
-    if not isinstance(cluster, bool):
-        raise read.expected("[redis].cluster", "true or false", cluster)
-    if cluster:
+    if config.redis_cluster:
         url = as_cluster_url(url)  # any node's redis:// URL → redis+cluster://
         if "+cluster://" not in url:
             raise read.Invalid("[redis].cluster: true needs a redis:// or redis+cluster:// URL, "
-                           f"got {redact(url)}")
-
-    password_file = table.get("password_file")
-    if password_file is not None:
-        read.string(password_file, "[redis].password_file", "a file path")
+                               f"got {redact(url)}")
+    password_file = None
+    if config.redis_password_file is not None:
+        password_file = base_dir / os.path.expanduser(config.redis_password_file)
     if env.get("FORQ_REDIS_PASSWORD"):
-        return url, env["FORQ_REDIS_PASSWORD"]
-    if password_file is None:
-        return url, None
-    file_path = base_dir / os.path.expanduser(password_file)
+        password: str | None = env["FORQ_REDIS_PASSWORD"]
+    else:
+        password = None if password_file is None else _read_password(password_file)
+    return dataclasses.replace(
+        config, redis_url=url, redis_url_source=source, redis_password=password,
+        redis_password_file=None if password_file is None else str(password_file))
+
+
+def _read_password(file_path: Path) -> str:
     try:
         password = file_path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
@@ -66,43 +79,13 @@ def read_redis(
         raise read.Invalid(f"[redis].password_file: cannot read {file_path}: {reason}") from None
     if not password:
         raise read.Invalid(f"[redis].password_file: {file_path} is empty")
-    return url, password
-
-
-def url_source(doc: Mapping[str, Any], shown: str, env: Mapping[str, str]) -> str:
-    if env.get("FORQ_REDIS_URL"):
-        return "FORQ_REDIS_URL"
-    if "url" in doc.get("redis", {}):
-        return f"[redis].url in {shown}"
-    return f"the default: no [redis].url in {shown}"
-
-
-def password_file_path(doc: Mapping[str, Any], base_dir: Path) -> str | None:
-    name = doc.get("redis", {}).get("password_file")
-    return str(base_dir / os.path.expanduser(name)) if isinstance(name, str) else None
-
-
-def read_replication(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """[redis].min_replicas (WAIT for that many replicas after each report batch) and
-    [redis].wait_timeout (how long, at most)."""
-    table = doc.get("redis", {})
-    out: dict[str, Any] = {}
-    if "allow_eviction" in table:
-        if not isinstance(table["allow_eviction"], bool):
-            raise read.expected("[redis].allow_eviction", "true or false", table["allow_eviction"])
-        out["redis_allow_eviction"] = table["allow_eviction"]
-    if "min_replicas" in table:
-        out["redis_min_replicas"] = read.integer(table["min_replicas"], "[redis].min_replicas", 0, 16)
-    if "wait_timeout" in table:
-        out["redis_wait_timeout"] = read.duration(table["wait_timeout"], "[redis].wait_timeout",
-                                              positive=True)
-    return out
+    return password
 
 
 def check_url(url: str, where: str) -> None:
     shown = redact(url)
     what = 'a URL such as "redis://127.0.0.1:6379/0", rediss:// or unix://'
-    if is_topology_url(url):  # redis+cluster:// or redis+sentinel:// (jobs/topology.py)
+    if is_topology_url(url):  # redis+cluster:// or redis+sentinel:// (jobs/store/topology.py)
         problem = url_problem(url)
         if problem:
             raise read.expected(where, problem, shown)

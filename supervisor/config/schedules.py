@@ -1,46 +1,60 @@
 """`[[schedule]]` entries: cron expressions (by cronsim), `@every <duration>`, time zones
-and catch-up, checked when the config loads so a bad expression is one clear line."""
+and catch-up, checked when the config loads so a bad expression is one clear line.
+Each field of `ScheduleConfig` but `every` is the row of its key (`schema.key`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import cronsim
-
+from forq.store import cron as cron_lib
 from forq.supervisor.config import fields as read
+from forq.supervisor.config import schema
+from forq.supervisor.config.schema import REQUIRED, key
 from forq.units import describe_value
 
-_SCHEDULE_KEYS = (
-    "name",
-    "cron",
-    "timezone",
-    "queue",
-    "task",
-    "args",
-    "kwargs",
-    "catch_up",
-    "max_catch_up",
-)
+SCOPE = "[[schedule]]"
 _CATCH_UP = ("none", "latest", "all")
+_OVERLAP = ("allow", "skip")
 
-# cronsim only takes field expressions; these are the usual cron macros.
-_CRON_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
-_MICROSECOND = _dt.timedelta(microseconds=1)
 
+def _timezone(value: object, where: str) -> str:
+    timezone = read.string(value, where, 'an IANA time zone such as "UTC"')
+    try:
+        ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise read.expected(
+            where, 'an IANA time zone such as "UTC" or "Europe/Paris"', timezone
+        ) from None
+    return timezone
+
+
+def _json(value: object, where: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise read.Invalid(
+            f"{where}: must be JSON values (TOML dates, times, inf and nan are not)"
+        ) from None
+
+
+def _args(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise read.expected(where, "a list", value)
+    _json(value, where)
+    return value
+
+
+def _kwargs(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise read.expected(where, "a table", value)
+    _json(value, where)
+    return value
 
 
 @dataclass(frozen=True)
@@ -51,16 +65,25 @@ class ScheduleConfig:
     for ``@every <duration>``.  ``args``/``kwargs`` are JSON-compatible.
     """
 
-    name: str
-    cron: str
-    queue: str
-    task: str
-    timezone: str = "UTC"
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    catch_up: str = "latest"
-    max_catch_up: int = 100
-    every: float | None = None
+    name: str = key(REQUIRED, read.names(), "The schedule's name, unique in this file.")
+    cron: str = key(REQUIRED, read.strings('a cron expression such as "0 3 * * *"'),
+                    '5-field cron (`"0 3 * * *"`), a macro (`@daily`, …) or `"@every 30s"`.')
+    queue: str = key(REQUIRED, read.names(read.QUEUE_NAME_RE),
+                     "The queue each tick's job goes to (served here or not).")
+    task: str = key(REQUIRED, read.strings("a task name"), "The task each tick's job runs.")
+    timezone: str = key("UTC", read.Reader("an IANA time zone", _timezone),
+                        "The time zone the cron fields are read in.")
+    args: list[Any] = key([], read.Reader("a list of JSON values", _args),
+                          "The job's positional arguments.")
+    kwargs: dict[str, Any] = key({}, read.Reader("a table of JSON values", _kwargs),
+                                 "The job's keyword arguments.")
+    catch_up: str = key("latest", read.choices(*_CATCH_UP),
+                        "After downtime: skip missed ticks, run the latest, or run each.")
+    max_catch_up: int = key(100, read.integers(1), 'At most this many missed ticks, for `"all"`.')
+    overlap: str = key("allow", read.choices(*_OVERLAP),
+                       '`"skip"`: no tick while the last tick\'s job is pending, scheduled, '
+                       'waiting or running.')
+    every: float | None = None  # from cron: the interval of "@every <duration>"
 
     @property
     def tzinfo(self) -> ZoneInfo:
@@ -68,25 +91,22 @@ class ScheduleConfig:
         return ZoneInfo(self.timezone)
 
     def next_after(self, dt: _dt.datetime) -> _dt.datetime:
-        """Return the first tick strictly after the aware datetime ``dt``.
+        """Return the first tick strictly after the aware datetime ``dt``, in the
+        schedule's time zone (`forq.store.cron.next_after`: ``@every`` ticks are
+        multiples of the interval since the Unix epoch, so every supervisor computes
+        the same ones; cron ticks by cronsim, with its Debian-cron-like DST handling)."""
+        return cron_lib.next_after(self.cron, self.every, self.timezone, dt)
 
-        ``@every`` ticks are multiples of the interval since the Unix epoch,
-        not "interval after start", so every supervisor computes the same
-        tick times and can agree (via Redis) on who enqueues each one.  Cron
-        ticks are computed by cronsim in the schedule's time zone (with its
-        Debian-cron-like DST handling).  The result is in that time zone.
-        """
-        if dt.tzinfo is None or dt.utcoffset() is None:
-            raise ValueError("next_after needs an aware datetime (with tzinfo)")
-        tz = self.tzinfo
-        if self.every is not None:
-            step = max(1, round(self.every * 1_000_000))
-            since_epoch = (dt - _EPOCH) // _MICROSECOND
-            tick = (since_epoch // step + 1) * step
-            return (_EPOCH + _dt.timedelta(microseconds=tick)).astimezone(tz)
-        expression = _CRON_MACROS.get(self.cron.strip().lower(), self.cron)
-        return next(cronsim.CronSim(expression, dt.astimezone(tz)))
 
+ROWS = schema.rows(ScheduleConfig, SCOPE)
+
+
+def read_schedule(table: Mapping[str, Any], prefix: str) -> ScheduleConfig:
+    """One schedule's table (a `[[schedule]]` entry, or a schedule added at run time and
+    stored in Redis as the same table), checked; errors start with `prefix`."""
+    schedule = ScheduleConfig(**schema.read_rows(table, ROWS, prefix))
+    every = _cron(schedule.cron, schedule.timezone, f"{prefix}.cron")
+    return dataclasses.replace(schedule, every=every)
 
 
 def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
@@ -100,52 +120,11 @@ def read_schedules(doc: Mapping[str, Any]) -> list[ScheduleConfig]:
         table = read.table(item, prefix)
         if isinstance(table.get("name"), str) and table["name"]:
             prefix = f"[schedule {json.dumps(table['name'], ensure_ascii=False)}]"
-        read.check_keys(table, _SCHEDULE_KEYS, prefix)
-        for required in ("name", "cron", "queue", "task"):
-            if required not in table:
-                raise read.Invalid(f"{prefix}: missing required key {required}")
-        name = read.simple_name(table["name"], f"{prefix}.name")
-        if name in seen:
-            raise read.Invalid(f'{prefix}.name: duplicate schedule "{name}"')
-        seen.add(name)
-        timezone = read.string(
-            table.get("timezone", "UTC"), f"{prefix}.timezone", 'an IANA time zone such as "UTC"'
-        )
-        try:
-            ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise read.expected(
-                f"{prefix}.timezone", 'an IANA time zone such as "UTC" or "Europe/Paris"', timezone
-            ) from None
-        cron = read.string(table["cron"], f"{prefix}.cron", 'a cron expression such as "0 3 * * *"')
-        every = _cron(cron, timezone, f"{prefix}.cron")
-        args = table.get("args", [])
-        if not isinstance(args, list):
-            raise read.expected(f"{prefix}.args", "a list", args)
-        kwargs = table.get("kwargs", {})
-        if not isinstance(kwargs, dict):
-            raise read.expected(f"{prefix}.kwargs", "a table", kwargs)
-        for key, value in (("args", args), ("kwargs", kwargs)):
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError):
-                raise read.Invalid(
-                    f"{prefix}.{key}: must be JSON values (TOML dates, times, inf and nan are not)"
-                ) from None
-        schedules.append(
-            ScheduleConfig(
-                name=name,
-                cron=cron,
-                queue=read.simple_name(table["queue"], f"{prefix}.queue", read.QUEUE_NAME_RE),
-                task=read.string(table["task"], f"{prefix}.task", "a task name"),
-                timezone=timezone,
-                args=args,
-                kwargs=kwargs,
-                catch_up=read.choice(table.get("catch_up", "latest"), f"{prefix}.catch_up", _CATCH_UP),
-                max_catch_up=read.integer(table.get("max_catch_up", 100), f"{prefix}.max_catch_up", 1),
-                every=every,
-            )
-        )
+        schedule = read_schedule(table, prefix)
+        if schedule.name in seen:
+            raise read.Invalid(f'{prefix}.name: duplicate schedule "{schedule.name}"')
+        seen.add(schedule.name)
+        schedules.append(schedule)
     return schedules
 
 
@@ -157,18 +136,9 @@ def _cron(cron: str, timezone: str, where: str) -> float | None:
         if not rest:
             raise read.expected(where, '"@every <duration>" such as "@every 30s"', cron)
         return read.duration(rest, where, positive=True)
-    if text.startswith("@"):
-        expression = _CRON_MACROS.get(text.lower())
-        if expression is None:
-            macros = ", ".join(sorted(_CRON_MACROS))
-            raise read.expected(where, f"one of {macros} or @every <duration>", cron)
-        return None
-    if len(text.split()) != 5:
-        raise read.expected(where, 'a 5-field cron expression such as "0 3 * * *"', cron)
     try:
-        next(cronsim.CronSim(text, _dt.datetime.now(ZoneInfo(timezone))))
-    except cronsim.CronSimError as exc:
-        raise read.expected(where, f"a valid cron expression ({exc})", cron) from None
-    except StopIteration:
+        return cron_lib.every_of(cron, timezone)
+    except cron_lib.CronError as exc:
+        if exc.expected:
+            raise read.expected(where, exc.expected, cron) from None
         raise read.Invalid(f"{where}: {describe_value(cron)} never fires") from None
-    return None

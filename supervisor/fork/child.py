@@ -67,6 +67,8 @@ class ChildSpec:
     max_processes: int = 0  # RLIMIT_NPROC in its own user namespace (0: not set)
     # the job's durable steps recorded by earlier runs: name -> result JSON (`forq.channel`)
     steps: dict[str, str] = field(default_factory=dict)
+    # `forq replay --pdb`: stdin kept (the terminal), the debugger at the handler's exception
+    post_mortem: bool = False
 
 
 def _find_prctl() -> Any:
@@ -114,7 +116,7 @@ def scrub_service_vars() -> None:
         os.environ.pop(name, None)
 
 
-def detach() -> None:
+def detach(keep_stdin: bool = False) -> None:
     """The part of `_isolate` that needs no job: a session of its own, a child subreaper
     (the orphans of its descendants stay in its tree: `orphans`), default signals, stdin
     from /dev/null. A spare does it while it waits (`server._wait_for_job`), so that
@@ -128,6 +130,8 @@ def detach() -> None:
         # have set a handler in the fork server without it knowing
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if keep_stdin:
+        return
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -139,7 +143,7 @@ def _isolate(spec: ChildSpec, result_fd: int, output_fd: int = -1,
     stdout and stderr become `output_fd` (a pipe the supervisor reads), never the
     supervisor's own log."""
     if not detached:
-        detach()
+        detach(keep_stdin=spec.post_mortem)
     # keep only stdio and the result pipe (moved to fd 3): a handler never holds the
     # supervisor's Redis connection, metrics socket or another child's pipe
     if output_fd >= 0:
@@ -248,6 +252,10 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
     except LeaseLost:
         return b""
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
+        if spec.post_mortem:
+            import pdb
+
+            pdb.post_mortem(exc.__traceback__)
         channel.flush()
         fatal = task is None or isinstance(exc, (registry.NonRetryable, StepError))
         return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})

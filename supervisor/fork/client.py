@@ -1,7 +1,6 @@
-"""Forking job children: through the fork server (`ForkServer`, the supervisor's end of
-`python -m forq.supervisor.fork.server`), or from the supervisor itself (`spawn`) when
-there is none (a fresh interpreter per job). Either way the supervisor gets a
-`RunningChild` back at once."""
+"""Forking job children through the fork server: `ForkServer`, the supervisor's end of
+`python -m forq.supervisor.fork.server` (without one, `alone.spawn` starts a fresh
+interpreter per job). Either way the supervisor gets a `RunningChild` back at once."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from forq.queue import Lease
 from forq.supervisor.children.output import OutputReader
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.fingerprint import code_name, is_fingerprint
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.orphans import DEATH_SIGNAL
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
@@ -47,6 +47,8 @@ class Launch:
     # idle children the fork server keeps forked in advance (`Launcher.spares` says how
     # many); not compared: a reload that changes only concurrency keeps its fork server
     spares: int = dataclasses.field(default=0, compare=False)
+    # [supervisor].version: named with the fork server's fingerprint (`code_name`)
+    version: str = dataclasses.field(default="", compare=False)
 
     def settings(self) -> str:
         probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
@@ -54,43 +56,6 @@ class Launch:
         return json.dumps({"path": sys.path, "imports": list(self.imports),
                            "run_as": self.run_as, "probe": probe, "spares": self.spares,
                            "hide": list(self.hide)})
-
-
-def spawn(lease: Lease, spec: ChildSpec, *, title: str, timeout: float,
-          launch: Launch) -> RunningChild:
-    """Start one child for `lease` without a fork server: a fresh interpreter, exec'd
-    (never a fork of the supervisor, whose memory holds the Redis password and
-    connection), that imports the handler modules itself after its sandbox is set up.
-    The parent returns at once with its handles."""
-    spec = dataclasses.replace(spec, imports=list(launch.imports))
-    read_fd, write_fd = channel()  # the child's fd 3
-    out_r, out_w = os.pipe()
-    memfd = os.memfd_create("forq-spec", 0)
-    try:
-        data = memoryview(json.dumps({"spec": vars(spec), "title": title,
-                                      "parent": os.getpid()}).encode())
-        while data:
-            data = data[os.write(memfd, data):]
-        os.lseek(memfd, 0, os.SEEK_SET)
-        env = dict(launch.env, FORQ_FORKSERVER=launch.settings())
-        pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "forq.supervisor.fork.oneshot"], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                          (os.POSIX_SPAWN_DUP2, out_w, 2), (os.POSIX_SPAWN_DUP2, write_fd, 3)])
-    except BaseException:
-        os.close(read_fd)
-        os.close(out_r)
-        raise
-    finally:
-        os.close(write_fd)
-        os.close(out_w)
-        os.close(memfd)
-    for fd in (read_fd, out_r):
-        os.set_blocking(fd, False)
-        os.set_inheritable(fd, False)
-    pidfd = os.pidfd_open(pid)
-    now = time.monotonic()
-    return RunningChild(lease, spec, pid, pidfd, read_fd, now, now + timeout, output=out_r)
 
 
 def pid_of(pidfd: int) -> int:
@@ -137,14 +102,21 @@ class ForkServer:
     fencing deadline) for the supervisor's loop."""
 
     def __init__(self, launch: Launch, *,
-                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
+                 while_waiting: tuple[float, Callable[[], object]] | None = None,
+                 wait: bool = True) -> None:
         """Start one and wait for its task table. `while_waiting` (every, call): what the
         supervisor must go on doing meanwhile — its handler modules may take seconds to
-        import on a loaded machine, longer than a running job's lease would last."""
+        import on a loaded machine, longer than a running job's lease would last.
+        `wait=False`: return at once; the caller reads the table with `finish_start`
+        when `sock` is readable (a reload: the old fork server serves meanwhile)."""
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
         self.hidden: tuple[str, ...] = ()  # of launch.hide, those no job can read
+        # the handler code it imported: its fingerprint (`fingerprint`), and that with
+        # [supervisor].version, as job records name it (`code_name`)
+        self.fingerprint = ""
+        self.code = launch.version
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.set_inheritable(False)
         # the same interpreter finds `forq` as we did; the handler modules resolve on
@@ -172,27 +144,42 @@ class ForkServer:
         self.pid = self.proc.pid
         self.pending_exits: list[tuple[int, int, int, bool]] = []
         self.closed = False
-        try:
-            message, fds = self._receive(self._await_ready(while_waiting), READY_MAX)
-            for fd in fds:
-                os.close(fd)
-            if "fatal" in message:
-                raise ForkServerFatal(str(message["fatal"])[:4000],
-                                      str(message.get("module", ""))[:300])
-            if "ready" not in message:
-                raise ForkServerError(f"unexpected first message {str(message)[:200]}")
-            if "namespaces" in message:
-                self.namespaces_problem = str(message["namespaces"])[:500]
-            hidden = message.get("hidden")
-            if isinstance(hidden, list):
-                self.hidden = tuple(p for p in launch.hide if p in hidden)
+        if wait:
             try:
-                self.tasks = parse_tasks(message.get("tasks"))
-            except BadTaskTable as exc:
-                raise ForkServerError(f"bad task table: {exc}") from None
-        except ForkServerError:
-            self.close()
-            raise
+                self.finish_start(self._await_ready(while_waiting))
+            except ForkServerError:
+                self.close()
+                raise
+
+    def finish_start(self, timeout: float | None = None) -> bool:
+        """Read its first message, waiting up to `timeout` (None: not at all): True once
+        it serves, False if the message has not come yet. Raises ForkServerFatal or
+        ForkServerError if it did not start (the caller closes it)."""
+        try:
+            message, fds = self._receive(timeout, READY_MAX)
+        except BlockingIOError:
+            return False
+        for fd in fds:
+            os.close(fd)
+        if "fatal" in message:
+            raise ForkServerFatal(str(message["fatal"])[:4000],
+                                  str(message.get("module", ""))[:300])
+        if "ready" not in message:
+            raise ForkServerError(f"unexpected first message {str(message)[:200]}")
+        if "namespaces" in message:
+            self.namespaces_problem = str(message["namespaces"])[:500]
+        hidden = message.get("hidden")
+        if isinstance(hidden, list):
+            self.hidden = tuple(p for p in self.launch.hide if p in hidden)
+        try:
+            self.tasks = parse_tasks(message.get("tasks"))
+        except BadTaskTable as exc:
+            raise ForkServerError(f"bad task table: {exc}") from None
+        if not is_fingerprint(message.get("code")):
+            raise ForkServerError(f"bad code fingerprint {str(message.get('code'))[:40]!r}")
+        self.fingerprint = message["code"]
+        self.code = code_name(self.launch.version, self.fingerprint)
+        return True
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -1,6 +1,8 @@
-"""One job's child exec'd alone, without a fork server (`client.spawn`):
+"""One job's child exec'd alone, without a fork server (`alone.spawn`):
 
     python -m forq.supervisor.fork.oneshot     (spec on fd 0, result pipe on fd 3)
+
+(`forq replay` passes the spec on another fd, FORQ_SPEC_FD, keeping stdin.)
 
 For `[supervisor].fork_server = false`, and while no fork server can be had. A fresh
 interpreter rather than a fork of the supervisor, whose memory holds the Redis
@@ -23,8 +25,9 @@ def main() -> None:
         settings = json.loads(os.environ.pop("FORQ_FORKSERVER", "{}"))
         if settings.get("path"):
             sys.path[:] = settings["path"]
+        spec_fd = int(os.environ.pop("FORQ_SPEC_FD", "0"))  # 4 for `forq replay --pdb`
         chunks = []
-        while chunk := os.read(0, 1 << 20):
+        while chunk := os.read(spec_fd, 1 << 20):
             chunks.append(chunk)
         message = json.loads(b"".join(chunks))
         spec = ChildSpec(**message["spec"])

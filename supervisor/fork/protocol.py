@@ -13,8 +13,8 @@ travel beside it (SCM_RIGHTS):
 * supervisor → server: {"retire": true} when it will ask for no more children (a
   reload replaced this server): the server lets its spares go, and stays until its
   running children have ended.
-* server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}} once,
-  after start-up, or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
+* server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}, "code":
+  fingerprint} once, after start-up (`fingerprint`: the handler code it imported), or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
   with the child's pidfd attached (opened before the server could reap it; the
   supervisor takes the pid from the pidfd: a fork server that made a PID namespace of
   its own, `namespaces.become_init`, names its children by their pids in that

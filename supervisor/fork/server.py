@@ -7,9 +7,10 @@ supervisor's 37 MiB heap (redis, metrics, the event loop) and holds nothing of i
 Redis connection, no config, no password (its environment is scrubbed before the exec,
 `environment.py`). It is the only process that imports the handler modules — their
 top-level code is handler code — and it drops to `[sandbox].run_as` *before* importing
-them. It then tells the supervisor which tasks exist (`tasks.py`), freezes its heap,
-and forks each job's child. A fork from it is cheaper for both sides, and the
-supervisor, which no longer forks, takes no copy-on-write faults from its children.
+them. It then tells the supervisor which tasks exist (`tasks.py`) and which code it
+imported (`fingerprint.py`), freezes its heap, and forks each job's child. A fork from
+it is cheaper for both sides, and the supervisor, which no longer forks, takes no
+copy-on-write faults from its children.
 
 FD is its end of a SOCK_SEQPACKET socketpair; `protocol` describes the messages.
 
@@ -52,7 +53,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from forq import registry
-from forq.supervisor.fork import leanfork, namespaces, orphans, sandbox, tasks
+from forq.supervisor.fork import fingerprint, leanfork, namespaces, orphans, sandbox, tasks
 from forq.supervisor.fork.child import (
     _PRCTL,
     DEFAULT_PRIORITY,
@@ -81,8 +82,9 @@ QUIET_BEFORE_SPARES = 0.005
 class Server:
     def __init__(self, sock: socket.socket, supervisor_pid: int, spares: int = 0,
                  set_title: Callable[[str], object] | None = None,
-                 init_forks: bool = False) -> None:
+                 init_forks: bool = False, code: str = "") -> None:
         self.sock = sock
+        self.code = code  # the fingerprint of the handler code it imported (`fingerprint`)
         self.supervisor_pid = supervisor_pid
         self.me = os.getpid()
         # readable once we exit: how a child that is PID 1 of its own namespace (no
@@ -125,7 +127,7 @@ class Server:
         # the supervisor decides when jobs stop; a terminal's ^C reaches the whole group
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        hello: dict[str, Any] = {"ready": self.me, "tasks": table}
+        hello: dict[str, Any] = {"ready": self.me, "tasks": table, "code": self.code}
         if namespaces_problem is not None:
             hello["namespaces"] = namespaces_problem  # "" when they work
         if hidden:
@@ -554,6 +556,8 @@ def main(argv: list[str]) -> None:
             _fail(sock, f"cannot import handler module {name}: {type(exc).__name__}: {exc}",
                   failed or name)
     registry.preload_runtime()
+    # once, before the first fork: what code its jobs run (a label, never a failure)
+    code = fingerprint.fingerprint(settings.get("imports", []))
     scrub_service_vars()
     set_title: Callable[[str], object] | None = None
     try:
@@ -570,7 +574,7 @@ def main(argv: list[str]) -> None:
     _end_with(supervisor_pid)
     spares = settings.get("spares", 0)
     Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
-           set_title, init_forks).serve(problem, hidden)
+           set_title, init_forks, code).serve(problem, hidden)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Which protections against hostile handlers are on, which are off and why: one line
 at start-up (like the memory-limit mode line), and `[sandbox].require`.
 
-The names are those `[sandbox].require` accepts (`config.PROTECTIONS`); the README's
-threat model says what each one stops.
+The names are those `[sandbox].require` accepts (`config.PROTECTIONS`); docs/sandbox.md's
+threat table says what each one stops.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Celery prefetch for the same reason; forq does it only when asked, `prefetch = N
 
 A held lease is a lease like a running job's: it is in the `LeaseKeeper`, extended with
 the others, and fenced the same way — a held job whose lease is no longer proven is not
-started but given back. What holding costs (README, "Running a supervisor"): a held job
+started but given back. What holding costs (docs/operations/supervisor.md, "Prefetch"): a held job
 waits for this machine's slot even while another supervisor is idle, so prefetch suits
 short jobs; it counts against `max_in_flight` and `group_concurrency` like a running
 job; a job enqueued later with a higher priority starts after the held ones; and a

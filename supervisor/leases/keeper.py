@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from forq import Queue
+from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.redis_io.shards import PLAIN, execute_by_shard, shard_of
 
 # queues commands on the extension's pipeline; returns what takes their replies (None:
@@ -99,7 +100,7 @@ class LeaseKeeper:
         first = len(pipe.command_stack)
         names = list(by_queue)
         for name in names:
-            queues[name].extend(by_queue[name], self.ttl_ms, client=pipe)
+            leasing(queues[name]).extend(by_queue[name], self.ttl_ms, client=pipe)
         try:
             sent = execute_by_shard(pipe, failing)
         except (redis.RedisError, OSError) as exc:  # a plain Redis: nothing proven
@@ -116,7 +117,7 @@ class LeaseKeeper:
             if isinstance(reply, Exception):  # its shard is down, or the script failed
                 result.failed.setdefault(shard_of(client, name), reply)
                 continue
-            lost, cancelled, _ = Queue.parse_extend(reply)
+            lost, cancelled, _ = LeaseCalls.parse_extend(reply)
             lost_set = set(lost)
             for job_id, _token in by_queue[name]:
                 if job_id not in lost_set and job_id in self._proven:

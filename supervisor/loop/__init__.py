@@ -6,6 +6,7 @@
 | `timers` | the heap of one-shot and repeating timers the loop runs |
 | `wakeups` | `Wakeups`: when to claim, without busy polling (pub/sub, timers, a poll) |
 | `drain` | `Drain`: what SIGTERM and SIGINT mean (stop claiming, wait, release) |
+| `reload` | `Reload`: what SIGHUP means (the config re-read, the handler code re-imported) |
 | `sdnotify` | the systemd notify protocol (READY, STATUS, WATCHDOG, STOPPING) |
 | `heartbeat` | `Heartbeat`: the status line, the process title, the roster record |
 | `status` | the words of the status line and title, and the queue depths for metrics |

@@ -2,8 +2,8 @@
 
 The status line (systemd's `Status:`, and READY/RELOADING/STOPPING messages), the
 process title (`ps` shows busy/slots), idle /metrics connections swept, and its record
-in the roster of live supervisors (what `forq workers` and the dashboard's "running
-now" read: one write per beat, whatever the job rate). It reads the supervisor's state
+in the roster of live supervisors (what `forq supervisors` and the dashboard read: one
+write per beat, whatever the job rate), with the handler code it serves (`code_record`). It reads the supervisor's state
 and changes none of it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -51,9 +51,22 @@ class Heartbeat:
                 "name": sup.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": [qc.name for qc in sup.config.queues], "busy": len(sup.children),
                 "slots": self.slots(), "draining": sup.drain.active,
+                **code_record(sup),
                 **running_record(sup.children, sup.leases, per_job_cgroups=bool(
                     sup.launcher.cgroups and not sup.launcher.cgroups_failed),
                     held=sup.children.held.ids()),
             })
         except (redis.RedisError, OSError) as exc:
             sup.health.failed("heartbeat", exc)
+
+
+def code_record(sup: Supervisor) -> dict[str, Any]:
+    """The handler code in the heartbeat record: what jobs started now run (`code`), each
+    old fork server still finishing jobs in older code (`code_retiring`: code, pid,
+    jobs), and the last reload refused (`reload_error`: at, error, module), if any."""
+    record: dict[str, Any] = {"code": sup.code(), "code_retiring": [
+        {"code": code, "pid": pid, "jobs": jobs}
+        for pid, code, jobs in sup.spawner.retiring_codes()]}
+    if sup.reloads.error is not None:
+        record["reload_error"] = sup.reloads.error
+    return record

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 
 DEPTH_STATES = ("pending", "scheduled", "active", "dead")
 

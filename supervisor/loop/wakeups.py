@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from forq.keys import QueueKeys
+from forq.store.keys import QueueKeys
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.redis_io.health import RedisHealth
 

@@ -22,20 +22,43 @@ job costs two calls that return at once.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from forq.supervisor.config import fields as read
+from forq.supervisor.config.schema import key
 from forq.tracing import valid_traceparent
 
 log = logging.getLogger("forq.supervisor")
 
+_SETUP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _enabled(value: object, where: str) -> bool:
+    enabled = read.boolean(value, where)
+    if enabled and importlib.util.find_spec("opentelemetry") is None:
+        raise read.Invalid(f"{where}: OpenTelemetry is not installed (pip install 'forq[otel]')")
+    return enabled
+
+
+def _setup(value: object, where: str) -> str:
+    if value != "" and not (isinstance(value, str) and _SETUP_RE.fullmatch(value)):
+        raise read.expected(where, '"module:function"', value)
+    return str(value)
+
 
 @dataclass(frozen=True)
 class TracingConfig:
-    enabled: bool = False
-    setup: str = ""  # "module:function", called once to install a tracer provider
+    """`[tracing]`: each field is the row of its key (supervisor/config/schema.py)."""
+
+    enabled: bool = key(False, read.Reader("true or false", _enabled),
+                        "Spans per job run, in the producer's trace (needs `forq[otel]`).")
+    setup: str = key("", read.Reader('"module:function"', _setup),
+                     'Called once at start to install a tracer provider (unset: the global one).')
 
 
 class NoTracer:

@@ -12,8 +12,9 @@ asked for (`roundtrip`); none opens a round trip of its own on the hot path.
 | `reaper` | `Reaper`: hand expired leases back, sweep expired jobs (every supervisor) |
 | `relay` | `BatchRelay`: batch members' ends to batches on other queues |
 | `scheduler` | `Scheduler`: cron ticks, each exactly once across supervisors |
+| `runtime_schedules` | `RuntimeSchedules`: the schedules added at run time, reloaded on change |
 | `queue_settings` | a config's queue limits and pauses, written where every supervisor reads |
-| `roster` | the roster of live supervisors (`forq workers`, the dashboard, alerts) |
+| `roster` | the roster of live supervisors (`forq supervisors`, the dashboard, alerts) |
 | `health` | `RedisHealth`: whether to talk to Redis now (backoff after errors) |
 | `shard_health` | `ShardHealth`: the same per shard of a Redis Cluster |
 | `shards` | one pipeline split by shard, and what a shard that is down answers |

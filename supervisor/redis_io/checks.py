@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from forq import dataformat
 from forq.errors import IncompatibleFormat
+from forq.store import dataformat
 
 log = logging.getLogger("forq.supervisor")
 

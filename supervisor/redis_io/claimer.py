@@ -14,6 +14,7 @@ from typing import Any
 from forq import Queue
 from forq.supervisor.children.table import Children
 from forq.supervisor.config.load import Config
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.wakeups import Wakeups
 from forq.supervisor.redis_io.health import BACKOFF_MIN, RedisHealth
@@ -29,7 +30,8 @@ CLAIM_BATCH = 32
 class Claimer:
     def __init__(self, owner: str, queue_for: Callable[[str], Queue], children: Children,
                  leases: LeaseKeeper, wakeups: Wakeups, health: RedisHealth,
-                 shards: ShardHealth | None = None) -> None:
+                 shards: ShardHealth | None = None,
+                 code: Callable[[], str] = lambda: "") -> None:
         self.owner = owner
         self.queue_for = queue_for
         self.children = children
@@ -39,6 +41,8 @@ class Claimer:
         self.shards = shards  # a queue whose shard is backing off is not asked
         self.policies: dict[str, str] = {}  # each queue's job policy, JSON for the script
         self.unsettled: set[str] = set()  # config settings not yet written: not claimed
+        # the handler code the jobs leased now will run, kept in their records
+        self.code = code
 
     def send(self, pipe: Any, config: Config) -> list[str]:
         """A claim on `pipe` for each served queue with free slots; returns their names."""
@@ -51,8 +55,9 @@ class Claimer:
             elif free > 0 and self.shards is not None and not self.shards.ready(qc.name):
                 self.wakeups.claim_at(qc.name, self.shards.wait(qc.name))  # once it may be back
             elif free > 0:
-                self.queue_for(qc.name).claim(self.owner, free, self.leases.ttl_ms,
-                                              self.policies[qc.name], client=pipe)
+                leasing(self.queue_for(qc.name)).claim(self.owner, free, self.leases.ttl_ms,
+                                                       self.policies[qc.name], client=pipe,
+                                                       code=self.code())
                 asks.append(qc.name)
         return asks
 
@@ -65,7 +70,7 @@ class Claimer:
         if isinstance(reply, Exception):
             self.health.failed("claim", reply)
             return False
-        result = self.queue_for(name).parse_claim(reply)
+        result = leasing(self.queue_for(name)).parse_claim(reply)
         for lease in result.leases:
             self.children.start(name, lease, sent_at)
         if result.next_due_ms >= 0:

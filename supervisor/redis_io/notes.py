@@ -27,10 +27,11 @@ from typing import Any
 
 from forq import Queue
 from forq.channel import answer
+from forq.store.transitions import parse_progress
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.fork.messages import Progress
+from forq.supervisor.leases.calls import leasing
 from forq.supervisor.observe.metrics import Metrics
-from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 
@@ -103,7 +104,7 @@ class JobNotes:
             if entry is not None:
                 batch.groups.setdefault(child.queue, []).append((child, entry))
         for name, group in batch.groups.items():
-            self.queue_for(name).record_progress([entry for _, entry in group], client=pipe)
+            leasing(self.queue_for(name)).record_progress([entry for _, entry in group], client=pipe)
         return batch
 
     # -- steps ---------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class JobNotes:
                 continue
             held = token(job_id) or child.lease.token
             step = child.reader.steps[0]
-            self.queue_for(child.queue).record_step(job_id, held, step.name, step.result_json,
+            leasing(self.queue_for(child.queue)).record_step(job_id, held, step.name, step.result_json,
                                                     client=pipe)
             sent.append(child)
         self.stepping = waiting

@@ -19,6 +19,7 @@ import redis
 
 from forq import Queue
 from forq.defaults import MAX_CRASHES
+from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.health import RedisHealth
 from forq.supervisor.redis_io.relay import BatchRelay
@@ -39,17 +40,17 @@ class Reaper:
 
     def send(self, pipe: Any, names: list[str]) -> None:
         for name in names:
-            self.queue_for(name).reclaim(self.owner, self.max_crashes.get(name, MAX_CRASHES),
+            leasing(self.queue_for(name)).reclaim(self.owner, self.max_crashes.get(name, MAX_CRASHES),
                                          client=pipe)
 
     def send_sweeps(self, pipe: Any, names: list[str]) -> None:
         for name in names:
-            self.queue_for(name).sweep_expired(self.owner, client=pipe)
+            leasing(self.queue_for(name)).sweep_expired(self.owner, client=pipe)
 
     def swept(self, name: str, reply: Any) -> None:
         if isinstance(reply, Exception):
             return
-        ids = Queue.parse_sweep(reply)
+        ids = LeaseCalls.parse_sweep(reply)
         if ids:
             log.info("%d job(s) in %s expired before start: dead, never run", len(ids), name)
 
@@ -94,7 +95,7 @@ class Reaper:
     def answered(self, name: str, reply: Any, say: bool = False) -> None:
         if isinstance(reply, Exception):
             return
-        to_pending, to_dead, completed, ids = Queue.parse_reclaim(reply)
+        to_pending, to_dead, completed, ids = LeaseCalls.parse_reclaim(reply)
         if not ids:
             return
         self.metrics.reclaimed(name, len(ids))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forq import Queue
-from forq import transitions as tr
+from forq.store import transitions as tr
 
 log = logging.getLogger("forq.supervisor")
 

@@ -17,18 +17,20 @@ from typing import Any
 
 import redis
 
-from forq import Queue, topology
-from forq import transitions as tr
+from forq import Queue
 from forq.defaults import IDEMPOTENCY_TTL_MS
-from forq.keys import QueueKeys
+from forq.store import topology
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
+from forq.store.transitions import parse_progress
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.notes import JobNotes
-from forq.transitions import parse_progress
 
 log = logging.getLogger("forq.supervisor")
 
@@ -74,8 +76,8 @@ def open_batch(q: Queue, job_id: str, token: str, opened: dict[str, Any],
             record[name] = opened[name]
     for other in sorted({m["queue"] for m in members} - {q.name}):
         queue_for(other).send_specs([m for m in members if m["queue"] == other], pipe)
-    q.open_batch(opened["id"], record, [m for m in members if m["queue"] == q.name],
-                 opener=job_id, token=token, client=pipe)
+    leasing(q).open_batch(opened["id"], record, [m for m in members if m["queue"] == q.name],
+                          opener=job_id, token=token, client=pipe)
 
 
 class Reporter:
@@ -117,7 +119,7 @@ class Reporter:
         ack_at = {}
         for name, group in acks.items():
             ack_at[name] = len(pipe.command_stack)
-            self.queue_for(name).ack_many([ack for _, ack in group], client=pipe)
+            leasing(self.queue_for(name)).ack_many([ack for _, ack in group], client=pipe)
         return [(start, end, ack_at[name] if name else -1, position)
                 for start, end, name, position in spans]
 
@@ -129,14 +131,14 @@ class Reporter:
             if ack_at >= 0:
                 reply = replies[ack_at]
                 mine.append(reply if isinstance(reply, Exception)
-                            else Queue.parse_acks(reply)[position])
+                            else LeaseCalls.parse_acks(reply)[position])
             self.answered(item, mine)
 
     def send(self, pipe: Any, item: Pending) -> None:
         """Queue `item`'s transition (and what goes with it) on `pipe` (inside
         `send_batch`, an ack waits for the batch's one ack call of its queue)."""
         child, outcome, token = item.child, item.outcome, item.token
-        q = self.queue_for(child.queue)
+        q = leasing(self.queue_for(child.queue))
         job_id = child.job_id
         if item.progress is None:  # its last, if not yet written
             item.progress = JobNotes.progress_entry(child, token)
@@ -156,7 +158,7 @@ class Reporter:
                     specs = [f for f in outcome.followups if f["queue"] == other]
                     self.queue_for(other).send_specs(specs, pipe)
                 if outcome.batch is not None:
-                    open_batch(q, job_id, token, outcome.batch, self.queue_for, pipe)
+                    open_batch(q.queue, job_id, token, outcome.batch, self.queue_for, pipe)
                 item.writing = len(pipe.command_stack) - start  # the ack waits: `wrote`
                 return
             fields = child.lease.job.fields
@@ -248,7 +250,7 @@ class Reporter:
             log.error("job %s %s: report failed: %s", child.job_id, child.task, last)
             metric = None
         elif outcome.kind is Kind.FAIL:
-            result = Queue.parse_fail(last)
+            result = LeaseCalls.parse_fail(last)
             if result.outcome == "lost":
                 metric = "lease_lost"
             elif result.outcome == "dead":

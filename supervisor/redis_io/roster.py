@@ -1,5 +1,5 @@
 """The roster of live supervisors: each supervisor's own record, written every heartbeat
-(read by `forq.fleet` for `forq workers`, `forq web` and the "no supervisor" alert).
+(read by `forq.fleet` for `forq supervisors`, `forq web` and the "no supervisor" alert).
 
 A hash field per supervisor holds a JSON record refreshed every heartbeat; readers
 judge liveness by the heartbeat's age in Redis time, so no clock but Redis's matters.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from forq.fleet import redis_now
-from forq.keys import SUPERVISORS
+from forq.store.keys import SUPERVISORS
 
 if TYPE_CHECKING:
     from forq.supervisor.children.running import RunningChild

@@ -6,9 +6,18 @@ There is no leader. Every supervisor computes the same tick times (cron by crons
 tick wins, the others get "duplicate" and add nothing. The last fired tick is kept in
 the ``forq:schedules`` hash for catch-up after downtime and for `forq schedules`.
 
-Each supervisor also publishes the definitions it runs, with their next tick, in
-``forq:schedules:defs`` (at every pass, at least once a minute), so `forq schedules`
-and `forq web` show them from any machine without the supervisor's config file.
+Each supervisor also publishes the definitions of its config file, with their next
+tick, in ``forq:schedules:defs`` (at every pass, at least once a minute), so `forq
+schedules` and `forq web` show them from any machine without the supervisor's config
+file, and `forq schedule trigger` can run one.
+
+Beside its config's, every supervisor runs the schedules added at run time
+(`RuntimeSchedules`, reloaded within `forq.schedules.RELOAD_SECONDS` of a change).
+``overlap = "skip"``: before a tick is enqueued, the job of the last tick (or of the
+last trigger), named in the schedule's record, is looked up; while it is pending,
+scheduled, waiting or running, the tick is skipped (recorded as such, so it is not
+caught up later). Which supervisor looks does not matter: the tick is fired (by its
+key) or skipped, never fired twice.
 """
 
 from __future__ import annotations
@@ -23,10 +32,13 @@ from typing import Any
 import redis
 
 from forq import Queue
-from forq.keys import SCHEDULE_DEFS, SCHEDULES
+from forq.schedules import LIVE, RELOAD_SECONDS
+from forq.store import transitions as tr
+from forq.store.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config.load import ScheduleConfig
 from forq.supervisor.loop.timers import Timers
 from forq.supervisor.redis_io.health import RedisHealth
+from forq.supervisor.redis_io.runtime_schedules import RuntimeSchedules
 
 log = logging.getLogger("forq.scheduler")
 
@@ -54,41 +66,74 @@ class Scheduler:
                  queue_for: Callable[[str], Queue]) -> None:
         self.client = client
         self.queue_for = queue_for
-        self.schedules = list(schedules)
+        self.config_schedules = list(schedules)
+        self.runtime = RuntimeSchedules(client)
         self.next_tick: dict[str, dt.datetime] = {}
+
+    @property
+    def schedules(self) -> list[ScheduleConfig]:
+        """What this supervisor runs: its config's, then the run-time ones."""
+        return self.config_schedules + list(self.runtime.schedules.values())
 
     def replace(self, schedules: list[ScheduleConfig]) -> None:
         """New config (SIGHUP): keep the position of schedules that did not change."""
-        old = {s.name: s for s in self.schedules}
-        self.schedules = list(schedules)
+        old = {s.name: s for s in self.config_schedules}
+        self.config_schedules = list(schedules)
         for s in schedules:
             if old.get(s.name) != s:
                 self.next_tick.pop(s.name, None)
+        self.runtime.version = None  # the config's names decide which run-time ones run
+
+    def refresh_runtime(self) -> bool:
+        """Reload the run-time schedules if they changed (one HGET when not); a schedule
+        that changed, went or was paused starts afresh. True when they changed."""
+        before = dict(self.runtime.schedules)
+        if not self.runtime.refresh({s.name for s in self.config_schedules}):
+            return False
+        for name in set(before) | set(self.runtime.schedules):
+            if before.get(name) != self.runtime.schedules.get(name):
+                self.next_tick.pop(name, None)
+        log.info("run-time schedules: %d to run (version %s)", len(self.runtime.schedules),
+                 self.runtime.version or "0")
+        return True
 
     def run_on(self, timers: Timers, health: RedisHealth, stopped: Callable[[], bool]) -> None:
-        """Fire due ticks now and whenever the next one is due, until `stopped()`;
-        after a Redis error, try again once `health` allows."""
+        """Fire due ticks now and whenever the next one is due, until `stopped()`, and
+        look for changed run-time schedules every RELOAD_SECONDS; after a Redis error,
+        try again once `health` allows."""
+        next_pass = [0.0]  # monotonic time of the next fire_due
+
         def run() -> None:
             if stopped():
                 return
-            delay = 1.0
             if health.ready():
                 try:
-                    delay = self.fire_due()
+                    changed = self.refresh_runtime()
+                    if changed or time.monotonic() >= next_pass[0]:
+                        next_pass[0] = time.monotonic() + self.fire_due()
                 except (redis.RedisError, OSError) as exc:
                     health.failed("schedule", exc)
-            timers.schedule(delay + 0.002, run)
+            wait = max(0.0, next_pass[0] - time.monotonic())
+            timers.schedule(min(wait, RELOAD_SECONDS) + 0.002, run)
 
         timers.schedule(0, run)
 
-    def _last_fired(self) -> dict[str, float]:
+    def _records(self) -> dict[str, tuple[float | None, str | None]]:
+        """Each schedule's record: the last tick fired or skipped, and the last job."""
         raw: dict[str, str] = self.client.hgetall(SCHEDULES)  # type: ignore[assignment]
-        out = {}
+        out: dict[str, tuple[float | None, str | None]] = {}
         for name, value in raw.items():
             try:
-                out[name] = float(json.loads(value)["last"])
-            except (ValueError, KeyError, TypeError):
+                record = json.loads(value)
+            except ValueError:
                 continue
+            if isinstance(record, (int, float)) and not isinstance(record, bool):
+                out[name] = (float(record), None)
+            elif isinstance(record, dict):
+                last = record.get("last")
+                job = record.get("job")
+                out[name] = (float(last) if isinstance(last, (int, float)) else None,
+                             job if isinstance(job, str) else None)
         return out
 
     def _due(self, schedule: ScheduleConfig, last: float | None, now: dt.datetime) -> list[dt.datetime]:
@@ -127,13 +172,17 @@ class Scheduler:
         """Enqueue every due tick; returns seconds until the next tick (at most 60).
         On a Redis error the ticks stay due and are fired on the next call."""
         now = now or _now()
-        last = self._last_fired()
+        records = self._records()
         for schedule in self.schedules:
             before = self.next_tick.get(schedule.name)
-            ticks = self._due(schedule, last.get(schedule.name), now)
+            last, last_job = records.get(schedule.name, (None, None))
+            resumed = self.runtime.resumed.get(schedule.name)
+            if resumed and (last is None or resumed > last):
+                last = resumed  # ticks missed while it was paused are not caught up
+            ticks = self._due(schedule, last, now)
             try:
                 for tick in ticks:
-                    self._fire(schedule, tick)
+                    last_job = self._fire(schedule, tick, last_job)
             except (redis.RedisError, OSError):
                 if before is not None:
                     self.next_tick[schedule.name] = before
@@ -145,32 +194,41 @@ class Scheduler:
         return max(0.0, min(60.0, (soonest - _now()).total_seconds()))
 
     def _publish(self) -> None:
-        """One HSET of every definition this supervisor runs, with its next tick."""
-        if not self.schedules:
+        """One HSET of every definition of the config file, with its next tick (run-time
+        ones are read from their own hash)."""
+        if not self.config_schedules:
             return
         seen = time.time()
         defs: dict[str | bytes, str] = {}
-        for s in self.schedules:
+        for s in self.config_schedules:
             nxt = self.next_tick.get(s.name)
             defs[s.name] = json.dumps({
                 "cron": s.cron, "timezone": s.timezone, "queue": s.queue, "task": s.task,
+                "args": s.args, "kwargs": s.kwargs, "overlap": s.overlap, "source": "config",
                 "next": nxt.timestamp() if nxt else None, "seen": seen})
         self.client.hset(SCHEDULE_DEFS, mapping=defs)  # type: ignore[arg-type]
 
-    def _fire(self, schedule: ScheduleConfig, tick: dt.datetime) -> None:
+    def _fire(self, schedule: ScheduleConfig, tick: dt.datetime,
+              last_job: str | None) -> str | None:
+        """Enqueue the tick (or skip it: overlap = "skip" and `last_job` is live);
+        returns the schedule's last job now."""
         queue = self.queue_for(schedule.queue)
+        stamp = tick.timestamp()
+        if schedule.overlap == "skip" and last_job:
+            state = self.client.hget(queue.keys.job(last_job), "state")
+            if state in LIVE:
+                if queue.scripts.run(tr.schedule_fired_call(schedule.name, "skip", stamp)):
+                    log.info("schedule %s: skipped tick %s: the last run, job %s, is still %s",
+                             schedule.name, tick.isoformat(timespec="seconds"), last_job, state)
+                return last_job
         job = queue.enqueue(schedule.task, args=list(schedule.args),
                             kwargs=dict(schedule.kwargs), key=tick_key(schedule, tick),
                             unique_for=_keep_key_for(schedule, tick))
-        status = job.fields.get("enqueue_status")
-        stamp = tick.timestamp()
-        record = self.client.hget(SCHEDULES, schedule.name)
-        previous = json.loads(record)["last"] if record else None
-        if previous is None or stamp > float(previous):
-            self.client.hset(SCHEDULES, schedule.name, json.dumps({"last": stamp, "job": job.id}))
-        if status != "duplicate":
+        queue.scripts.run(tr.schedule_fired_call(schedule.name, "tick", stamp, job.id))
+        if job.fields.get("enqueue_status") != "duplicate":
             log.info("schedule %s: fired tick %s as job %s", schedule.name,
                      tick.isoformat(timespec="seconds"), job.id)
+        return job.id
 
 
 def config_defs(schedules: Sequence[ScheduleConfig], now: float) -> dict[str, dict[str, Any]]:
@@ -183,5 +241,5 @@ def config_defs(schedules: Sequence[ScheduleConfig], now: float) -> dict[str, di
         except (StopIteration, ValueError):
             nxt = None
         defs[s.name] = {"cron": s.cron, "timezone": s.timezone, "queue": s.queue,
-                        "task": s.task, "next": nxt, "seen": now}
+                        "task": s.task, "overlap": s.overlap, "next": nxt, "seen": now}
     return defs

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from forq.store.topology import is_cluster
 from forq.supervisor.redis_io.health import BACKOFF_MIN, RedisHealth
 from forq.supervisor.redis_io.shards import PLAIN, shard_of
-from forq.topology import is_cluster
 
 T = TypeVar("T")
 

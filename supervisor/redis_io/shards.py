@@ -31,9 +31,9 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, MovedError, TryAgainError
 
-from forq.keys import FORMAT as FORMAT_KEY
-from forq.scripts import finish_pipeline
-from forq.topology import is_cluster
+from forq.store.keys import FORMAT as FORMAT_KEY
+from forq.store.scripts import finish_pipeline
+from forq.store.topology import is_cluster
 
 PLAIN = ""  # the one shard of a plain Redis
 REFRESH_EVERY = 5.0  # seconds between two slot-map refreshes after a node failed

@@ -1,0 +1,187 @@
+"""The producer's operations as plans: what to send, and what the replies mean.
+
+A plan is a generator: it yields a batch of commands (sent as one round trip), gets
+their replies back, and returns its result — so `Queue` and `AsyncQueue` run the very
+same plans, each with its own I/O (`forq.store.pipelines.run_plan` and its awaiting twin).
+A command is a `ScriptCall` (a transition, see `forq.store.transitions`), a `WaitReplicas`,
+or a plain Redis command as a tuple (``("HGETALL", key)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from forq.errors import JobNotFound, JobStateError, PayloadError
+from forq.store import keys as keyspace
+from forq.store import topology
+from forq.store import transitions as tr
+from forq.store.keys import QueueKeys
+from forq.units import UnitError, parse_duration
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WaitReplicas:
+    """``WAIT replicas timeout_ms`` after the writes to `keys` (one per cluster node);
+    its reply is the list of the WAIT replies."""
+
+    replicas: int
+    timeout_ms: int
+    keys: tuple[str, ...]
+
+
+Command = tr.ScriptCall | WaitReplicas | tuple[Any, ...]
+Plan = Generator[list[Command], list[Any], T]
+Record = tuple[dict[str, str], list[str]]  # a job's hash and its history entries
+
+LAST_MINUTE = ("succeeded", "failed", "dead", "crashed", "retried")
+
+
+def enqueue(keys: QueueKeys, specs: Sequence[Mapping[str, Any]], *, register: bool,
+            replicas: int = 0, wait_ms: int = 0) -> Plan[list[tr.Enqueued]]:
+    """Enqueue validated specs; `register` adds the queue to the known queues first.
+    With `replicas`, raise `NotReplicated` naming the jobs when WAIT came back short."""
+    calls = tr.enqueue_calls(keys, specs)
+    commands: list[Command] = [("SADD", keyspace.QUEUES, keys.queue)] if register else []
+    first = len(commands)
+    commands += calls
+    if replicas:
+        commands.append(WaitReplicas(replicas, wait_ms, (keys.pending,)))
+    replies = yield commands
+    enqueued = [job for reply in replies[first:first + len(calls)]
+                for job in tr.parse_enqueue(reply)]
+    if replicas:
+        topology.check_wait(replies[-1], replicas, wait_ms, [job.id for job in enqueued])
+    return enqueued
+
+
+def get(keys: QueueKeys, job_id: str) -> Plan[Record]:
+    """The job's record and history; `JobNotFound` if it does not exist."""
+    record, history = yield [("HGETALL", keys.job(job_id)), ("LRANGE", keys.history(job_id), 0, -1)]
+    if not record:
+        raise JobNotFound(f"no job {job_id} in queue {keys.queue}")
+    return record, history
+
+
+def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
+    """The oldest dead jobs' records (two round trips however many)."""
+    (ids,) = yield [("ZRANGE", keys.dead, 0, limit - 1)]
+    if not ids:
+        return []
+    replies = yield [command for job_id in ids
+                     for command in (("HGETALL", keys.job(job_id)),
+                                     ("LRANGE", keys.history(job_id), 0, -1))]
+    return [(record, history)
+            for record, history in zip(replies[::2], replies[1::2], strict=True) if record]
+
+
+def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
+    """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
+    pending, scheduled, active, dead_count, totals, now, head, grouped, paused_at, waiting = \
+        yield [("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
+               ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
+               ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
+               ("HGET", keys.limits, "paused"), ("ZCARD", keys.waiting)]
+    pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    minute = now_ms // 60000
+    reads: list[Command] = [("HGETALL", keys.minute(minute)), ("HGETALL", keys.minute(minute - 1))]
+    if head:
+        reads.append(("HMGET", keys.job(head[0]), "enqueued_at", "run_at"))
+    replies = yield reads
+    # the current minute so far plus the previous one, weighted: a sliding minute
+    frac = (now_ms % 60000) / 60000
+    last_minute = {name: round(int(replies[0].get(name, 0))
+                               + int(replies[1].get(name, 0)) * (1 - frac))
+                   for name in LAST_MINUTE}
+    oldest = None
+    if head and replies[2][0]:
+        since = max(int(replies[2][0]), int(replies[2][1] or 0))
+        oldest = max(0.0, (now_ms - since) / 1000)
+    return {
+        "pending": pending,
+        "scheduled": scheduled,
+        "active": active,
+        "dead": dead_count,
+        "waiting": waiting,  # on their dependencies (depends_on)
+        "succeeded": int(totals.get("succeeded", 0)),
+        "failed": int(totals.get("failed", 0)),
+        "totals": {k: int(v) for k, v in totals.items()},
+        "last_minute": last_minute,
+        "oldest_pending_age": oldest,
+        "paused": paused_at is not None,
+    }
+
+
+def paused(keys: QueueKeys) -> Plan[bool]:
+    """Whether the queue is paused (`pause`): no supervisor claims from it."""
+    (found,) = yield [("HEXISTS", keys.limits, "paused")]
+    return bool(found)
+
+
+def script(call: tr.ScriptCall) -> Plan[Any]:
+    """One transition alone: its raw reply (the caller parses it)."""
+    (reply,) = yield [call]
+    return reply
+
+
+# -- changing a job that has not run yet (promote, reschedule, set_priority) -------------
+
+
+def new_run_at(at: Any = None, delay: Any = None) -> tuple[int, bool]:
+    """`reschedule`'s time: `at` (a datetime or Unix seconds) as Unix ms, or `delay` (a
+    duration: "30s", seconds) as ms from now by Redis's clock; (ms, relative)."""
+    if (at is None) == (delay is None):
+        raise PayloadError("give the new time as at= (a datetime or Unix seconds) or "
+                           "delay= (a duration such as \"30s\"), one of them")
+    if delay is not None:
+        if isinstance(delay, bool):
+            raise PayloadError(f"delay must be a duration, got {delay!r}")
+        return max(0, _delay_ms(delay)), True
+    when = at.timestamp() if hasattr(at, "timestamp") else at
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not 0 <= when < 2 ** 43 / 1000:
+        raise PayloadError(f"at must be a datetime or Unix seconds, got {at!r}"[:300])
+    return int(when * 1000), False
+
+
+def _delay_ms(delay: Any) -> int:
+    try:
+        return int(round(parse_duration(delay, where="delay") * 1000))
+    except UnitError as exc:
+        raise PayloadError(str(exc)) from None
+
+
+_APPLIES_TO = {
+    "promote": "only a scheduled job can be promoted (run now)",
+    "reschedule": "only a pending or scheduled job can be rescheduled",
+    "set_priority": "only a pending, scheduled or waiting job's priority can change",
+}
+_WHY_NOT = {
+    "pending": "it is pending already: the next free supervisor runs it",
+    "waiting": "it waits on its dependencies (depends_on) and runs once they end",
+    "active": "it is running",
+    "dead": "a dead job is requeued instead (forq dead requeue)",
+}
+
+
+def change(keys: QueueKeys, call: tr.ScriptCall, job_id: str) -> Plan[tr.Changed]:
+    """Send promote, reschedule or set_priority; `JobNotFound` when there is no such job,
+    `JobStateError` (saying why) when its state refused the change."""
+    (reply,) = yield [call]
+    changed = tr.parse_changed_job(reply)
+    if changed.outcome == "missing":
+        raise JobNotFound(f"no job {job_id} in queue {keys.queue}")
+    if changed.outcome == "refused":
+        if changed.why == "expires":
+            detail = ("its expiry before start (expires_in / expire_at) is not after the new "
+                      "run-at: it could never run")
+        else:
+            hint = _WHY_NOT.get(changed.state, "")
+            if changed.state == "pending" and call.script != "promote":
+                hint = ""
+            detail = _APPLIES_TO[call.script] + (f" ({hint})" if hint else "")
+        raise JobStateError(job_id, keys.queue, changed.state, call.script, detail)
+    return changed

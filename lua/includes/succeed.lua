@@ -1,0 +1,49 @@
+--[[
+  succeed: an active job's handler returned (ack), or its completion was recorded
+  before its ack was lost (claim, reclaim).
+]]
+--@include includes/job
+--@include includes/history
+--@include includes/counts
+--@include includes/groups
+--@include includes/enqueue_job
+--@include includes/finish
+
+-- The fields `succeed` needs, in this order; ack reads them with its token check.
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', unpack(LINK_FIELDS)}
+
+-- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
+-- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
+-- values when the caller has read them (from index `i`), else nil; `batched`: the
+-- caller removes the job from `active` and counts the success, for a whole batch at once.
+local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
+  if f == nil then
+    f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
+  end
+  if not batched then redis.call('ZREM', prefix .. 'active', id) end
+  redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
+    'attempts', (tonumber(f[i]) or 0) + 1)
+  redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
+  if source then
+    add_history(prefix, id, 'succeeded', at, {source = source})
+  else
+    push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
+  end
+  if not batched then count(prefix, 'succeeded', at) end
+  if f[i + 3] then group_release(prefix, f[i + 3], at) end
+  finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false,
+    'succeeded', {f[i + 4], f[i + 5], f[i + 6], f[i + 7]})
+end
+
+-- An idempotent job whose completion the parent recorded (`done` is the recorded
+-- result) but whose ack never landed: succeed it without running it again, and enqueue
+-- the same-queue follow-ups recorded with the completion, which that ack would have
+-- enqueued.
+local function succeed_recorded(prefix, id, jkey, done, at)
+  local queue = redis.call('HGET', jkey, 'queue')
+  succeed(prefix, id, jkey, done, at, 'completion recorded before')
+  local raw = redis.call('GET', prefix .. 'done-followups:' .. id)
+  if raw then
+    enqueue_followups(prefix, queue, id, cjson.decode(raw), at)
+  end
+end

@@ -1,0 +1,18 @@
+--[[
+  wake: tell supervisors blocked on forq:{q}:wake that there is work.
+]]
+
+-- Tell waiting supervisors there is work: "0" means pending now, otherwise the due time.
+local function wake(prefix, due)
+  redis.call('PUBLISH', prefix .. 'wake', tostring(due))
+end
+
+-- An active job left `active`. When a global max_in_flight may have held other
+-- supervisors back, wake them so they claim the freed slot now instead of polling.
+local function slot_freed(prefix)
+  if redis.call('HEXISTS', prefix .. 'limits', 'max_in_flight') == 1
+      and (redis.call('ZCARD', prefix .. 'pending') > 0
+           or redis.call('ZCARD', prefix .. 'groups:ready') > 0) then
+    wake(prefix, 0)
+  end
+end
