@@ -202,6 +202,7 @@ class Supervisor:
         return True
 
     def run(self) -> int:
+        self.spawner.strays.adopt()  # what a lost fork server's jobs leave comes to us
         try:  # before the fork server starts: it must live in the supervisor's own cgroup
             self.launcher.cgroups, memory_mode = cgroups.probe(self.config.job_cgroups)
         except cgroups.CgroupsUnavailable as exc:
@@ -210,7 +211,8 @@ class Supervisor:
             self.loop.close()
             return 1
         if not self._start_forking() or not protections.announce(
-                self.config, self.spawner.namespaces_problem, self.launcher):
+                self.config, self.spawner.namespaces_problem, self.launcher,
+                self.spawner.hidden):
             self.loop.close()
             return 2
         try:

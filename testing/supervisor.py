@@ -177,6 +177,15 @@ def _is_fork_server(proc: Any) -> bool:
     return "forq.supervisor.fork.server" in cmdline or cmdline.startswith("forq: fork server")
 
 
+def _is_zombie(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return True
+
+
 def _is_spare(proc: Any) -> bool:
     """An idle child its fork server forked in advance (no job yet)."""
     import psutil
@@ -222,6 +231,8 @@ def children_of(pid: int) -> list[int]:
         return []
     found = []
     for proc in direct:
+        if _is_zombie(proc):  # ended (a lost fork server's orphan, reaped soon by it)
+            continue
         if not _is_fork_server(proc):
             found.append(proc.pid)  # forked by the supervisor itself (fork_server = false)
             continue

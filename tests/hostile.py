@@ -75,7 +75,8 @@ def reach_redis(port: int):
 @task("hostile.escape")
 def escape(marker: str, then: str = "return"):
     """Leave a process behind: fork, `setsid`, fork again, and exec a long sleep named
-    `marker`; then return, sleep past the time limit ("hang") or wait to be killed."""
+    `marker`; then return, sleep past the time limit ("hang"), crash, or SIGKILL its
+    parent, the fork server ("kill its fork server")."""
     import time
 
     if os.fork() == 0:
@@ -85,6 +86,13 @@ def escape(marker: str, then: str = "return"):
         os._exit(0)
     time.sleep(0.2)
     if then == "hang":
+        time.sleep(3600)
+    if then == "crash":
+        os.abort()
+    if then == "kill its fork server":  # its parent: the supervisor's, or another's
+        import signal
+
+        os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(3600)
     return "left one behind"
 
@@ -107,6 +115,97 @@ def hog_outside(mib: int, marker: str):
         os._exit(0)
     time.sleep(3)
     return "held memory elsewhere"
+
+
+@task("hostile.hog_shared")
+def hog_shared(mib: int, where: str = "memfd", escape: bool = False):
+    """Write `mib` MiB to a memfd (`where` "memfd") or to a file in /dev/shm ("shm",
+    unlinked at once), never mapping it, and hold it open 3 s — in a double-forked,
+    `setsid` grandchild if `escape` — then return."""
+    import time
+
+    def hold() -> None:
+        if where == "memfd":
+            fd = os.memfd_create("hog")
+        else:
+            path = f"/dev/shm/forq-hog-{os.getpid()}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(path)
+        chunk = b"x" * (1 << 20)
+        for _ in range(mib):
+            os.write(fd, chunk)
+
+    if not escape:
+        hold()
+    elif os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            hold()
+            time.sleep(3600)
+        os._exit(0)
+    time.sleep(3)
+    return "held shared memory"
+
+
+@task("hostile.leave_tree")
+def leave_tree(marker: str, how: str = "subreaper"):
+    """Take a process out of the job's child's tree while the job runs — clear the
+    child's subreaper flag and double-fork ("subreaper"), or `clone(CLONE_PARENT)`, a
+    sibling of the child ("clone_parent") — as an exec'd sleep named `marker`; then
+    say how long it lived, up to 3 s, while the job ran."""
+    import ctypes
+    import select
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    read_fd, write_fd = os.pipe()
+    if how == "subreaper":
+        libc.prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+        if os.fork() == 0:
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.execv("/bin/sleep", [marker, "3600"])
+            os.write(write_fd, str(pid).encode())
+            os._exit(0)
+    else:  # x86_64: clone(flags, newsp = 0: this stack, copied) is a fork
+        pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)  # CLONE_PARENT | SIGCHLD
+        if pid == 0:
+            os.execv("/bin/sleep", [marker, "3600"])
+        if pid < 0:
+            return {"error": os.strerror(ctypes.get_errno())}
+        os.write(write_fd, str(pid).encode())
+    escapee = int(os.read(read_fd, 64))
+    started = time.monotonic()
+    try:
+        pidfd = os.pidfd_open(escapee)
+    except ProcessLookupError:
+        return {"lived": 0.0}
+    ended = select.select([pidfd], [], [], 3)[0]
+    return {"lived": round(time.monotonic() - started, 3) if ended else None}
+
+
+@task("hostile.many_files")
+def many_files(n: int):
+    """Hold `n` open files for 3 s (RLIMIT_NOFILE raised for them), then return."""
+    import resource
+    import time
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 64), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(n)]
+    time.sleep(3)
+    return len(held)
+
+
+@task("hostile.read_file")
+def read_file(path: str):
+    """What this job reads at `path` (the supervisor's config, its password file)."""
+    try:
+        with open(path) as f:
+            return {"read": f.read()}
+    except OSError as exc:
+        return {"error": exc.strerror}
 
 
 @task("hostile.fork_bomb")

@@ -968,7 +968,8 @@ network = "host"
         '[sandbox].network: expected one of "host", "none"')
     assert error(tmp_path, queue + '[sandbox]\nrequire = ["magic"]\n') == (
         '[sandbox].require: unknown protection "magic"; expected some of run_as, '
-        "scrubbed_env, private_config, namespaces, network, private_tmp, max_processes, job_cgroups")
+        "scrubbed_env, private_config, namespaces, network, private_tmp, max_processes, "
+        "job_processes, shared_memory, job_cgroups")
     assert error(tmp_path, queue + '[sandbox.tasks."x"]\nnetwork = 1\n').startswith(
         '[sandbox.tasks."x"].network: expected')
     assert error(tmp_path, queue + "[sandbox]\nnamespaces = 1\n") == (

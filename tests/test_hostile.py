@@ -359,13 +359,73 @@ def start_sup(tmp_path, redis_url, queue, extra="", concurrency=2, **options):
     return SupervisorProcess(config).start()
 
 
-@pytest.mark.parametrize("then", ["return", "hang"])
-def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then):
+# Where a job's processes are kept: a PID namespace of its own; or neither namespaces
+# nor a per-job cgroup, as in a container without privileges (subreapers: fork/orphans.py)
+SANDBOXES = {"namespaces": {"extra": NAMESPACES},
+             "bare": {"extra": "[sandbox]\n", "supervisor_extra": 'job_cgroups = "off"'}}
+
+
+@pytest.fixture(params=sorted(SANDBOXES))
+def sandbox(request) -> dict[str, str]:
+    """start_sup's options for each way a job's processes are kept (`SANDBOXES`)."""
+    return dict(SANDBOXES[request.param])
+
+
+def with_sandbox(sandbox: dict[str, str], more: str) -> dict[str, str]:
+    return {**sandbox, "extra": sandbox["extra"] + more}
+
+
+def assert_bare_line(sup) -> None:
+    """The start-up line of a bare sandbox says how escapees are handled instead."""
+    line = next(ln for ln in sup.log().splitlines() if "sandbox: on:" in ln)
+    assert "every process of a job ends with it" in line, line
+
+
+@pytest.mark.parametrize("then", ["return", "hang", "crash", "cancel"])
+def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then, sandbox):
     """Double fork + setsid leaves a process outside the job's process group: it still
-    dies when the job succeeds, or is killed at its time limit."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+    dies when the job succeeds, is killed at its time limit, crashes or is cancelled."""
+    sup = start_sup(tmp_path, redis_url, queue, **sandbox)
     try:
-        job = queue.enqueue("hostile.escape", marker, then, timeout="1s", max_attempts=1)
+        job = queue.enqueue("hostile.escape", marker, "hang" if then == "cancel" else then,
+                            timeout="30s" if then == "cancel" else "1s", max_attempts=1,
+                            max_crashes=1)
+        if then == "cancel":
+            wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
+            queue.cancel(job.id)
+        ended = {"return": "succeeded", "cancel": "cancelled"}.get(then, "dead")
+        done = wait_job(queue, job.id, (ended,), context=sup.log)
+        assert done.state == ended, done.history
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+
+
+def test_an_escapee_dies_when_its_job_kills_its_fork_server(tmp_path, redis_url, queue,
+                                                            marker):
+    """The fork server SIGKILLed (here by the job itself, as a `run_as` job may: same
+    user) cannot end what its jobs left: that comes to the supervisor, which does."""
+    sup = start_sup(tmp_path, redis_url, queue, **SANDBOXES["bare"])
+    try:
+        servers = fork_servers_of(sup.pid)
+        job = queue.enqueue("hostile.escape", marker, "kill its fork server", max_crashes=1)
+        wait_job(queue, job.id, ("dead",), context=sup.log)
+        assert f"fork server {servers[0]} lost" in sup.log(), sup.log()
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+@pytest.mark.parametrize("then", ["return", "hang"])
+def test_without_a_fork_server_an_escapee_dies_with_its_job(tmp_path, redis_url, queue,
+                                                           marker, then):
+    """Each child exec'd alone (`fork_server = false`): what it leaves is the
+    supervisor's, which ends it (not when the supervisor is SIGKILLed: the line says)."""
+    sup = start_sup(tmp_path, redis_url, queue, supervisor_extra="fork_server = false")
+    try:
+        assert "job_processes ([supervisor].fork_server = false" in sup.log(), sup.log()
+        job = queue.enqueue("hostile.escape", marker, then, timeout="3s", max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
         assert done.state == ("succeeded" if then == "return" else "dead"), done.history
         wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
@@ -373,8 +433,10 @@ def test_an_escapee_dies_with_its_job(tmp_path, redis_url, queue, marker, then):
         sup.stop()
 
 
-def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker):
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES)
+def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker, sandbox):
+    """SIGKILL of the supervisor: the fork server ends every job's processes before it
+    goes (its death signal is caught), or its PID namespace's end does."""
+    sup = start_sup(tmp_path, redis_url, queue, **sandbox)
     try:
         queue.enqueue("hostile.escape", marker, "hang")
         wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
@@ -384,9 +446,10 @@ def test_an_escapee_dies_with_its_supervisor(tmp_path, redis_url, queue, marker)
         sup.stop()
 
 
-def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, marker):
+def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, marker,
+                                                    sandbox):
     """300 MiB held by a setsid grandchild under a 100 MiB limit (RSS sampling)."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES, memory_limit="100MiB")
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **sandbox)
     try:
         job = queue.enqueue("hostile.hog_outside", 300, marker, max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
@@ -396,10 +459,57 @@ def test_an_escapees_memory_counts_against_its_job(tmp_path, redis_url, queue, m
         sup.stop()
 
 
-def test_a_fork_bomb_is_stopped_at_max_processes(tmp_path, redis_url, queue):
+@pytest.mark.parametrize("where,escape", [("memfd", False), ("shm", True)])
+def test_shared_memory_a_job_holds_counts_against_it(tmp_path, redis_url, queue, where,
+                                                     escape, sandbox):
+    """300 MiB written to a memfd, or to a file in /dev/shm held by a setsid grandchild,
+    never mapped (in no RSS), under a 100 MiB limit."""
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **sandbox)
+    try:
+        job = queue.enqueue("hostile.hog_shared", 300, where, escape, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "memory limit exceeded" in done.reason, done.history
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_a_job_whose_shared_memory_cannot_be_counted_is_stopped(tmp_path, redis_url, queue):
+    """More open files than the sampler looks through (4,096): its memory-backed files
+    could hide there, so the job is stopped, not trusted."""
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="100MiB", **SANDBOXES["bare"])
+    try:
+        job = queue.enqueue("hostile.many_files", 5000, max_attempts=1)
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "memory not measurable" in done.reason, done.history
+        assert "hold over 4096 open files" in done.reason, done.reason
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+@pytest.mark.parametrize("how", ["subreaper", "clone_parent"])
+def test_a_process_that_leaves_its_jobs_tree_is_killed_while_the_job_runs(
+        tmp_path, redis_url, queue, marker, how):
+    """Handler code clears its child's subreaper flag and double-forks, or makes a
+    sibling of its child (CLONE_PARENT): the process is the fork server's, outside the
+    tree whose memory is sampled, and it kills it within its scan (50 ms)."""
+    if how == "clone_parent" and os.uname().machine != "x86_64":
+        pytest.skip("the raw clone call is x86_64's")
+    sup = start_sup(tmp_path, redis_url, queue, **SANDBOXES["bare"])
+    try:
+        seen = queue.enqueue("hostile.leave_tree", marker, how).wait(timeout=20)
+        assert seen["lived"] is not None and seen["lived"] < 1.0, seen
+        assert not processes_named(marker)
+        assert_serving(sup, queue)
+    finally:
+        sup.stop()
+
+
+def test_a_fork_bomb_is_stopped_at_max_processes(tmp_path, redis_url, queue, sandbox):
     """As root no RLIMIT_NPROC holds: the sampler counts the job's processes."""
-    sup = start_sup(tmp_path, redis_url, queue, NAMESPACES + "max_processes = 20\n",
-                    memory_limit="1GiB")
+    sup = start_sup(tmp_path, redis_url, queue, memory_limit="1GiB",
+                    **with_sandbox(sandbox, "max_processes = 20\n"))
     try:
         job = queue.enqueue("hostile.fork_bomb", 200, max_attempts=1)
         done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
@@ -649,6 +759,94 @@ network = "none"
     finally:
         sup.stop()
     assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_without_namespaces_or_cgroups_a_run_as_jobs_processes_all_end_and_count(
+        tmp_path, redis_url, queue, system_python, marker):
+    """As in a container without privileges: no namespaces, no per-job cgroups, jobs as
+    `nobody`. Escapees die with their job and with their SIGKILLed supervisor; their
+    memory, memfds and /dev/shm files count; a fork bomb is stopped; a process taken out
+    of the job's tree is killed while the job runs."""
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                          memory_limit="100MiB", supervisor_extra='job_cgroups = "off"',
+                          extra='[sandbox]\nrun_as = "nobody"\nmax_processes = 20\n'
+                                'require = ["run_as", "job_processes", "shared_memory"]\n')
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        assert_bare_line(sup)
+        assert queue.enqueue("hostile.escape", marker).wait(timeout=20)
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+        for task, args in (("hostile.hog_outside", (300, marker)),
+                           ("hostile.hog_shared", (300, "memfd")),
+                           ("hostile.hog_shared", (300, "shm", True))):
+            job = queue.enqueue(task, *args, max_attempts=1)
+            done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+            assert done.state == "dead" and "memory limit exceeded" in done.reason, (
+                task, args, done.history)
+        job = queue.enqueue("hostile.fork_bomb", 200, max_attempts=1, memory_limit="1GiB")
+        done = wait_job(queue, job.id, ("succeeded", "dead"), context=sup.log)
+        assert done.state == "dead" and "too many processes" in done.reason, done.history
+        seen = queue.enqueue("hostile.leave_tree", marker).wait(timeout=20)
+        assert seen["lived"] is not None and seen["lived"] < 1.0, seen
+        # another job is the same user's (it can signal it); the supervisor is not
+        victim = queue.enqueue("tests.lineage", 5, max_crashes=1)
+        wait_for(lambda: queue.get(victim.id).state == "active", timeout=20, message="victim")
+        found = queue.enqueue("hostile.prowl", sup.pid).wait(timeout=20)
+        assert found["killed"], found
+        assert not any(found["supervisor"][k] for k in ("signal", "environ", "mem")), found
+        assert wait_job(queue, victim.id, ("dead",)).crashes == 1
+        queue.enqueue("hostile.escape", marker, "hang")
+        wait_for(lambda: processes_named(marker), timeout=20, message="the escapee")
+        assert pwd.getpwuid(psutil.Process(processes_named(marker)[0]).uids().real).pw_name \
+            == "nobody"
+        sup.kill()
+        wait_for(lambda: not processes_named(marker), timeout=5, message="the escapee gone")
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+@pytest.mark.parametrize("namespaces", ["every job", "one task"])
+def test_under_run_as_a_world_readable_config_and_password_file_are_empty_for_jobs(
+        shared_dir, locked_redis, system_python, namespaces):
+    """The fork server's own mount namespace (made where jobs get namespaces) has
+    /dev/null over both: a job reads nothing there, with namespaces of its own or not."""
+    secret = shared_dir / "redis.password"
+    secret.write_text(PASSWORD)
+    sandbox = ("namespaces = true\n" if namespaces == "every job"
+               else '[sandbox.tasks."hostile.dial"]\nnetwork = "none"\n')
+    config = write_config(shared_dir / "forq.toml", f"redis://127.0.0.1:{locked_redis.port}/0",
+                          {"locked": 1}, extra=f'[sandbox]\nrun_as = "nobody"\n'
+                          f'require = ["private_config"]\n{sandbox}')
+    config.write_text(config.read_text().replace(
+        "[redis]\n", f'[redis]\npassword_file = "{secret}"\n'))
+    for path in (config, secret):
+        path.chmod(0o644)
+    sup = SupervisorProcess(config, command=[system_python, "-m", "forq.supervisor.cli"]).start()
+    try:
+        assert "config and password file empty for nobody" in sup.log(), sup.log()
+        queue = Queue("locked", url=locked_redis.url)
+        for path in (config, secret):
+            assert queue.enqueue("hostile.read_file", str(path)).wait(timeout=20) == {"read": ""}
+        assert PASSWORD in secret.read_text()  # unchanged, outside
+    finally:
+        sup.stop()
+    assert "Traceback" not in sup.log(), sup.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs root")
+def test_without_namespaces_require_refuses_a_config_a_run_as_job_could_read(
+        shared_dir, redis_url, system_python):
+    config = write_config(shared_dir / "forq.toml", redis_url, {"q": 1},
+                          extra='[sandbox]\nrun_as = "nobody"\nrequire = ["private_config"]\n')
+    config.chmod(0o644)
+    proc = subprocess.run([system_python, "-m", "forq.supervisor.cli", "run", "--config",
+                           str(config)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "FORQ_REDIS_URL"})
+    assert proc.returncode == 2, proc.stderr
+    assert f"names private_config, which is off: {config} readable by nobody" in proc.stderr
 
 
 def _docs_acl_recipe() -> list[list[str]]:

@@ -393,42 +393,132 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
                 pass
 
 
-def _resident_pages(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as statm:
-        return int(statm.read().split()[1])
+def _holder(mib: int) -> subprocess.Popen:
+    """A process that holds `mib` MiB it touched, and says so once it has: its memory
+    is then far above what any per-CPU lag of the kernel's counters could hide."""
+    script = (f"held = bytearray({mib} << 20)\n"
+              "for i in range(0, len(held), 4096): held[i] = 1\n"
+              "print('ready', flush=True)\nimport time; time.sleep(30)\n")
+    proc = subprocess.Popen(["python3", "-c", script], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+class _NoFreeFds:
+    """Every fd of this process in use but `spare` (RLIMIT_NOFILE lowered to 64 above
+    the highest fd in use)."""
+
+    def __init__(self, spare: int) -> None:
+        import resource
+
+        self.spare = spare
+        self.limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.filler: list[int] = []
+
+    def __enter__(self) -> _NoFreeFds:
+        import errno
+        import resource
+
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 64, self.limits[1]))
+        try:
+            with pytest.raises(OSError) as full:
+                while True:
+                    self.filler.append(os.open("/dev/null", os.O_RDONLY))
+            assert full.value.errno == errno.EMFILE
+            for _ in range(self.spare):
+                os.close(self.filler.pop())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        import resource
+
+        for fd in self.filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.limits)
+
+
+def _child_of(pid: int, memory_limit: int = 0) -> RunningChild:
+    spec = ChildSpec(job_id="j1", queue="q", task="tests.echo", args=[], kwargs={},
+                     attempts=0, crashes=0, memory_limit=memory_limit, max_result_bytes=1024)
+    return RunningChild(None, spec, pid, -1, -1, 0.0, 0.0)  # type: ignore[arg-type]
 
 
 def test_a_supervisor_out_of_fds_still_samples_a_childs_memory():
     """A low RLIMIT_NOFILE and many children: the sampler cannot hold a child's /proc
-    files open, and reads them by path instead, rather than not sampling it."""
-    import errno
-    import resource
-
-    from forq.supervisor.fork.child import ChildSpec
-
-    spec = ChildSpec(job_id="j1", queue="q", task="tests.echo", args=[], kwargs={},
-                     attempts=0, crashes=0, memory_limit=0, max_result_bytes=1024)
-    sleeper = subprocess.Popen(["sleep", "30"])
-    # Popen returns when exec closes its error pipe, before the new image is mapped:
-    # until then the process has no resident pages to find.
-    wait_for(lambda: _resident_pages(sleeper.pid) > 0, timeout=10)
-    child = RunningChild(None, spec, sleeper.pid, -1, -1, 0.0, 0.0)  # type: ignore[arg-type]
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    filler: list[int] = []
+    files open, and reads them by path instead, rather than not sampling it. It read
+    0 bytes for a live `sleep` under load once, from /proc/PID/stat's RSS, which lags
+    the kernel's per-CPU counters: RSS comes from statm now (memory.py)."""
+    holder = _holder(16)
+    child = _child_of(holder.pid)
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-        with pytest.raises(OSError) as full:
-            while True:
-                filler.append(os.open("/dev/null", os.O_RDONLY))
-        assert full.value.errno == errno.EMFILE
-        os.close(filler.pop())  # one free fd: a read by path, not two held files
-        usage = child.tree_usage()
-        assert child.proc is None  # nothing held
-        assert usage is not None and usage[0] == 1 and usage[1] > 0, usage
+        with _NoFreeFds(spare=1):  # one free fd: a read by path, not held files
+            usage = child.tree_usage()
+            assert child.proc is None  # nothing held
+        assert usage is not None and usage[0] == 1 and usage[1] >= 16 << 20, usage
     finally:
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        sleeper.kill()
-        sleeper.wait()
+        holder.kill()
+        holder.wait()
     child.close_proc()
+
+
+def test_a_sample_that_cannot_be_taken_is_an_error_never_a_zero():
+    """Not one free fd: no /proc file can be read, and the sample says so — it is not
+    "one process using nothing", nor "exited"."""
+    from forq.supervisor.isolation.memory import SampleError, tree_usage
+
+    holder = _holder(16)
+    child = _child_of(holder.pid)
+    try:
+        with _NoFreeFds(spare=0):
+            with pytest.raises(SampleError, match="Too many open files"):
+                tree_usage(holder.pid)
+            with pytest.raises(SampleError, match="Too many open files"):
+                child.tree_usage()
+        assert child.tree_usage()[1] >= 16 << 20  # type: ignore[index]
+    finally:
+        holder.kill()
+        holder.wait()
+        child.close_proc()
+
+
+def test_memory_backed_files_count_once_and_files_on_disk_not_at_all(tmp_path):
+    """A memfd of 8 MiB held by a process and its child counts once; a file on disk and
+    the process's other fds count nothing; an unmapped memfd is in no RSS."""
+    from forq.supervisor.isolation.memory import SharedFiles, tree_usage
+
+    script = ("import os, time\n"
+              "fd = os.memfd_create('held')\n"
+              "os.write(fd, b'x' * (8 << 20))\n"
+              f"disk = open({str(tmp_path / 'on-disk')!r}, 'wb'); disk.write(b'y' * (4 << 20))\n"
+              "disk.flush()\n"
+              "if os.fork() == 0: time.sleep(30)\n"
+              "print('ready', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen(["python3", "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        wait_for(lambda: tree_usage(proc.pid)[0] == 2, timeout=10, message="the child")
+        processes, resident = tree_usage(proc.pid)
+        shared = SharedFiles()
+        processes_too, total = tree_usage(proc.pid, shared)
+        assert processes_too == processes == 2
+        assert shared.bytes == 8 << 20 and len(shared.seen) == 1, shared.seen
+        assert abs(total - resident - (8 << 20)) < 1 << 20  # RSS and the memfd, once
+    finally:
+        for pid in [proc.pid, *_children(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []

@@ -6,6 +6,7 @@
 | `running` | `Running`: the parent's view of one child (lease, limits, pipe, group) |
 | `launch` | `Launcher`: what a leased job's child needs, decided before the fork |
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
+| `strays` | `Strays`: the supervisor as the last subreaper: what jobs left behind ends |
 | `outcomes` | what an end means: ack, fail, expire, release or drop |
 | `output` | a job's stdout and stderr: captured, capped, attributed |
 | `answers` | `Answers`: what the supervisor writes back to a child, without blocking |

@@ -68,8 +68,18 @@ class Launcher:
                               [config.redis_password, config.redis_url])
         return Launch(tuple(config.imports), config.sandbox.run_as, tuple(sorted(env.items())),
                       probe=Launcher(config).wants_namespaces(),
+                      hide=Launcher.secret_files(config),
                       spares=Launcher.spares(config), version=config.version,
                       huge_pages=config.huge_pages)
+
+    @staticmethod
+    def secret_files(config: Config) -> tuple[str, ...]:
+        """The files a `run_as` job must not read, whatever their mode: the config and
+        the Redis password file (a job as the supervisor's own user reads them anyway)."""
+        if not config.sandbox.run_as:
+            return ()
+        return tuple(os.path.realpath(p) for p in (config.path, config.redis_password_file)
+                     if p)
 
     @staticmethod
     def spares(config: Config) -> int:

@@ -99,6 +99,10 @@ def classify(child: RunningChild, status: int) -> Outcome:
         why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
         return Outcome(Kind.FAIL, "memory", reason=why,
                        error={"type": "MemoryLimit", "message": why, "reason": why})
+    if reason == KillReason.UNMEASURABLE:
+        why = f"memory not measurable: {child.kill_detail}"
+        return Outcome(Kind.FAIL, "memory", reason=why,
+                       error={"type": "MemoryLimit", "message": why, "reason": why})
     if reason == KillReason.PROCESSES:
         why = f"too many processes ({child.kill_detail}, [sandbox].max_processes)"
         return Outcome(Kind.FAIL, "failed", reason=why,

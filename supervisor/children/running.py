@@ -29,7 +29,8 @@ from forq.supervisor.fork.messages import (
     Report,
 )
 from forq.supervisor.isolation.cgroups import kill_all
-from forq.supervisor.isolation.memory import RootFiles, tree_usage
+from forq.supervisor.isolation.memory import RootFiles, SampleError, SharedFiles, tree_usage
+from forq.supervisor.isolation.shared_memory import SHARED_EVERY, gone, readable_for
 
 log = logging.getLogger("forq.supervisor")
 
@@ -43,6 +44,7 @@ class KillReason(str, Enum):
     RELEASED = "released"  # drain: the lease goes back, nothing counted
     PROTOCOL = "protocol"  # it wrote something that is not a valid message
     PROCESSES = "processes"  # more processes than [sandbox].max_processes (sampled)
+    UNMEASURABLE = "unmeasurable"  # its memory cannot be counted (`shared_memory.Unmeasurable`)
 
     def __str__(self) -> str:
         return self.value
@@ -71,6 +73,10 @@ class RunningChild:
     output: int = -1  # the read end of its stdout and stderr (-1: none)
     out: OutputReader = field(init=False)
     proc: RootFiles | None = None  # its /proc files, once sampled (`tree_usage`)
+    unreadable_said: bool = False  # logged that some of its open files cannot be read
+    samples: int = 0  # memory samples taken that count its shared memory
+    shared_bytes: int = 0  # its memory-backed open files, at their last count
+    sample_failed: bool = False  # logged that a memory sample of it could not be taken
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
@@ -90,25 +96,55 @@ class RunningChild:
         self.output = -1
 
     def tree_usage(self) -> tuple[int, int] | None:
-        """(processes, resident bytes) of its process tree; None once it exited."""
+        """(processes, bytes) of its process tree — resident memory, and the
+        memory-backed files it holds open when they count (`counts_shared`); None once
+        it exited. Raises SampleError: a sample that could not be taken is never 0."""
+        shared = None
+        if self.counts_shared:
+            self.samples += 1
+            if (self.samples - 1) % SHARED_EVERY == 0:  # the first, then every SHARED_EVERY
+                shared = SharedFiles()
+        usage = self._tree_usage(shared)
+        if usage is None or not self.counts_shared:
+            return usage
+        if shared is not None:
+            self.shared_bytes = shared.bytes
+            if shared.unreadable and not self.unreadable_said:
+                self.unreadable_said = True
+                log.warning("job %s %s: the open files of its process %s cannot be read "
+                            "(permission denied): their shared memory is not counted",
+                            self.job_id, self.task, shared.unreadable[0])
+            return usage
+        return usage[0], usage[1] + self.shared_bytes  # the last count of its files
+
+    def _tree_usage(self, shared: SharedFiles | None) -> tuple[int, int] | None:
         if self.proc is None:
             try:
                 self.proc = RootFiles(self.pid)
             except OSError as exc:
+                if gone(exc):
+                    return None
                 if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                    return None  # gone
+                    raise SampleError(f"/proc of process {self.pid}: "
+                                      f"{exc.strerror or exc}") from exc
                 # out of fds (a low RLIMIT_NOFILE and many children): sampled by path,
-                # which holds none, rather than not at all
+                # which holds one at a time, rather than not at all
                 if self.forked_by_server and not self.alive():
                     return None
-                processes, resident = tree_usage(self.pid)
-                return (processes, resident) if processes else None
+                processes, total = tree_usage(self.pid, shared)
+                return (processes, total) if processes else None
             if self.forked_by_server and not self.alive():
                 # reaped by its fork server before we opened them: they may be a
                 # stranger's that was given its pid
                 self.close_proc()
                 return None
-        return self.proc.usage()
+        return self.proc.usage(shared)
+
+    @property
+    def counts_shared(self) -> bool:
+        """Whether its memory-backed open files are sampled: under a memory limit, and
+        where the supervisor may read them (`shared_memory.readable_for`)."""
+        return self.spec.memory_limit > 0 and readable_for(self.spec.run_as)
 
     def close_proc(self) -> None:
         if self.proc is not None:

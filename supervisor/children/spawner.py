@@ -10,7 +10,9 @@ Either way the end of a child reaches `on_exit(child, status, peak_rss, cause)` 
 the event loop: the fork server's exit report, or the child's pidfd becoming readable.
 
 A fork server that dies takes its children with it (PR_SET_PDEATHSIG): each ends as a
-crash — or with its result, if it had written one — and a new fork server takes over.
+crash — or with its result, if it had written one — and a new fork server takes over;
+what their jobs left behind comes to the supervisor, which ends it (`strays`), as it
+ends what a child exec'd alone leaves.
 A reload starts a new fork server, which imports the handler modules afresh; the old
 one forks no more, lets its spare children go at once (`ForkServer.retire`), and stops
 when its last child ends: running jobs finish in the code they started with. If the
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from forq.queue import Lease
 from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.children.strays import Strays
 from forq.supervisor.fork.alone import spawn
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.client import (
@@ -66,12 +69,23 @@ class Spawner:
         self.tasks: dict[str, TaskInfo] | None = None
         # why jobs cannot have namespaces of their own ("" they can; None: not asked)
         self.namespaces_problem: str | None = None
+        self.hidden: tuple[str, ...] = ()  # files no job can read (`ForkServer.hidden`)
         self.accepting = True  # False once draining: a lost server is not replaced
         # (every, call): what goes on while a new fork server starts (lease extension)
         self.while_waiting = while_waiting
         # a reload's new fork server while it imports: (server, enabled, on_done, timer)
         self.starting: tuple[ForkServer, bool, Callable[[ForkServerError | None], None],
                              list] | None = None
+        # what a job leaves behind that no fork server ended (`strays`)
+        self.strays = Strays(loop, self._started_here)
+
+    def _started_here(self) -> list[int]:
+        """The pids of the children the supervisor started: its fork servers (each its
+        `proc`: the process it exec'd; one still starting too) and the job children it
+        exec'd alone."""
+        starting = [self.starting[0]] if self.starting is not None else []
+        servers = [s.pid for s in [self.server, *self.retiring, *starting] if s is not None]
+        return servers + [c.pid for c in self.children() if not c.forked_by_server]
 
     def configure(self, enabled: bool, launch: Launch) -> None:
         """At start: the fork server (and the task table), waited for. Raises
@@ -141,6 +155,7 @@ class Spawner:
         """A fork server that started: its task table; it forks the jobs from now on,
         unless fork_server is off (then it was asked for its table only)."""
         self.tasks, self.namespaces_problem = server.tasks, server.namespaces_problem
+        self.hidden = server.hidden
         if self.enabled:
             self._take(server)
         else:  # each child is exec'd alone
@@ -251,6 +266,7 @@ class Spawner:
                 self._unwatch(server)
                 server.close()
         self.server, self.retiring = None, []
+        self.strays.sweep()
 
     # -- ends of children ------------------------------------------------------------
 
@@ -261,6 +277,7 @@ class Spawner:
         _, status, usage = os.wait4(child.pid, 0)
         self.loop.remove_reader(child.pidfd)
         self.on_exit(child, status, usage.ru_maxrss * 1024, "")
+        self.strays.sweep()  # what it left is ours now: it had no fork server to end it
 
     def _on_readable(self, server: ForkServer) -> None:
         try:
@@ -287,6 +304,7 @@ class Spawner:
             self.retiring.remove(server)
             self._unwatch(server)
             server.close()
+            self.strays.sweep()
             log.info("old fork server %d stopped", server.pid)
 
     def _retire(self) -> None:
@@ -325,6 +343,7 @@ class Spawner:
             # its status died with the fork server: a complete report means it finished
             status = 0 if child.report() is not None else signal.SIGKILL
             self.on_exit(child, status, 0, f"its fork server was lost ({exc})")
+        self.strays.sweep()  # what its jobs left, which it could not end
         now = time.monotonic()
         self.losses = [t for t in self.losses if now - t < 60] + [now]
         if len(self.losses) > MAX_LOSSES:

@@ -217,8 +217,8 @@ class Children:
             # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
             # counts the pages it shares with the fork server, charged to the server)
             child.oom = job_cgroups.oom_cause(child.spec.cgroup)
-            child.peak_rss = (job_cgroups.usage(child.spec.cgroup, peak=True)
-                              or max(child.peak_rss, peak_rss))
+            peak = job_cgroups.usage(child.spec.cgroup, peak=True)
+            child.peak_rss = peak if peak else max(child.peak_rss, peak_rss)
             job_cgroups.remove(child.spec.cgroup)
         else:
             child.peak_rss = max(child.peak_rss, peak_rss)

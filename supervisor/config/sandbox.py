@@ -17,7 +17,7 @@ from forq.supervisor.config.schema import Key, key
 NETWORKS = ("host", "none")
 # what `[sandbox].require` may name (supervisor/isolation/protections.py says which are on)
 PROTECTIONS = ("run_as", "scrubbed_env", "private_config", "namespaces", "network", "private_tmp",
-               "max_processes", "job_cgroups")
+               "max_processes", "job_processes", "shared_memory", "job_cgroups")
 
 
 def _run_as(value: object, where: str) -> str:

@@ -20,14 +20,15 @@ from typing import Any
 
 from forq import registry
 from forq.channel import Channel, LeaseLost, StepError
-from forq.supervisor.fork import namespaces, sandbox
+from forq.supervisor.fork import namespaces, orphans, sandbox
 from forq.supervisor.fork.messages import ERROR_CAPS, encode
 from forq.supervisor.isolation.cgroups import JOIN_FAILED
 
 PR_SET_PDEATHSIG = 1
 
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD,
-                  signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+                  signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                  orphans.DEATH_SIGNAL)
 _SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
                  "LISTEN_PID", "LISTEN_FDNAMES")
 
@@ -120,11 +121,13 @@ def scrub_service_vars() -> None:
 
 
 def detach(keep_stdin: bool = False) -> None:
-    """The part of `_isolate` that needs no job: a session of its own, default signals,
-    stdin from /dev/null. A spare does it while it waits (`server._wait_for_job`), so
-    that these calls, and the copy-on-write faults of their first touches, are off a
-    job's pick-up path."""
+    """The part of `_isolate` that needs no job: a session of its own, a child subreaper
+    (the orphans of its descendants stay in its tree: `orphans`), default signals, stdin
+    from /dev/null. A spare does it while it waits (`server._wait_for_job`), so that
+    these calls, and the copy-on-write faults of their first touches, are off a job's
+    pick-up path."""
     os.setsid()
+    orphans.become_subreaper(_PRCTL)
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
         # every one, even where Python's table says SIG_DFL: an extension module may

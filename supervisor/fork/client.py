@@ -24,6 +24,7 @@ from forq.supervisor.fork import hugepages
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.fingerprint import code_name, is_fingerprint
 from forq.supervisor.fork.messages import channel
+from forq.supervisor.fork.orphans import DEATH_SIGNAL
 from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
 from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
 from forq.supervisor.fork.tasks import parse as parse_tasks
@@ -41,6 +42,9 @@ class Launch:
     env: tuple[tuple[str, str], ...] = ()
     # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
     probe: tuple[bool, bool] | None = None
+    # files no job may read (the config, the password file): /dev/null in the mount
+    # namespace of a fork server that makes one (`namespaces.become_init`)
+    hide: tuple[str, ...] = ()
     # idle children the fork server keeps forked in advance (`Launcher.spares` says how
     # many); not compared: a reload that changes only concurrency keeps its fork server
     spares: int = dataclasses.field(default=0, compare=False)
@@ -57,7 +61,8 @@ class Launch:
                                                          self.probe, strict=True))
         return json.dumps({"path": sys.path, "imports": list(self.imports),
                            "run_as": self.run_as, "probe": probe, "spares": self.spares,
-                           "huge_pages": self.huge_pages, "restore_env": added or {}})
+                           "huge_pages": self.huge_pages, "restore_env": added or {},
+                           "hide": list(self.hide)})
 
     def server_env(self) -> dict[str, str]:
         """The fork server's exec environment: `env`, what `huge_pages` needs there
@@ -101,6 +106,8 @@ OUTPUT_CAP = 1 << 20  # what a fork server prints, logged over its life
 # fork server that stops answering must not stall lease extension for long
 REPLY_TIMEOUT = 3.0
 _FENCE_BATCH = 1000  # deadlines per message: well under the server's RECV_MAX
+# how long a fork server told to go gets to end its jobs' processes before SIGKILL
+CLOSE_GRACE = 1.0
 
 
 class ForkServer:
@@ -120,6 +127,7 @@ class ForkServer:
         self.launch = launch
         self.tasks: dict[str, TaskInfo] = {}
         self.namespaces_problem: str | None = None  # "" they work; None: not tried
+        self.hidden: tuple[str, ...] = ()  # of launch.hide, those no job can read
         # the handler code it imported: its fingerprint (`fingerprint`), and that with
         # [supervisor].version, as job records name it (`code_name`)
         self.fingerprint = ""
@@ -179,6 +187,9 @@ class ForkServer:
         # said by a process that ran handler modules: one printable line, capped
         self.huge_pages = "".join(c if c.isprintable() else "?"
                                   for c in str(message.get("huge_pages", ""))[:300])
+        hidden = message.get("hidden")
+        if isinstance(hidden, list):
+            self.hidden = tuple(p for p in self.launch.hide if p in hidden)
         try:
             self.tasks = parse_tasks(message.get("tasks"))
         except BadTaskTable as exc:
@@ -363,19 +374,24 @@ class ForkServer:
             pass
 
     def close(self) -> None:
-        """Stop it (its children die with it: PR_SET_PDEATHSIG) and reap it."""
+        """Stop it and reap it: its death signal first, on which it ends every process of
+        its jobs (escapees included: `orphans`), SIGKILL if it has not gone in
+        `CLOSE_GRACE` (its children still die with it: PR_SET_PDEATHSIG)."""
         if self.closed:
             return
         self.closed = True
         self.sock.close()
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.error("fork server %d did not die", self.pid)
+        for sig, wait in ((DEATH_SIGNAL, CLOSE_GRACE), (signal.SIGKILL, 5.0)):
+            try:
+                self.proc.send_signal(sig)
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                if sig == signal.SIGKILL:
+                    log.error("fork server %d did not die", self.pid)
         if self.output >= 0:
             self.out.read(self.output)
             self.out.finish()

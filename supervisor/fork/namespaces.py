@@ -6,11 +6,10 @@ namespace just before it forks C, and sets its own back right after
 namespace for `network = "none"`) and runs the handler (`enter_as_init`). Why:
 
 * Every process the job starts is in C's PID namespace, whatever it does (double fork,
-  `setsid`): when C ends, or is killed, or its fork server dies (C dies with it,
-  PR_SET_PDEATHSIG), the kernel kills them all. Orphans are re-parented to C, so they
-  stay in the tree whose memory the supervisor samples. A PID namespace rather than a
-  child subreaper in the fork server: a subreaper adopts the orphans of every job, and
-  cannot tell whose they are.
+  `setsid`, `clone(CLONE_PARENT)`): when C ends, or is killed, or its fork server dies
+  (C dies with it, PR_SET_PDEATHSIG), the kernel kills them all. Orphans are re-parented
+  to C, so they stay in the tree whose memory the supervisor samples. (Without
+  namespaces, subreapers do most of that: `orphans`.)
 * A job sees only its own processes (a fresh /proc) and cannot name any other process
   to signal, ptrace or `pidfd_getfd` it: not the supervisor, not another job.
 * Unprivileged (a `run_as` fork server, or a service user), the fork server first
@@ -49,6 +48,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_BIND = 0x1000
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
 
 PR_SET_PDEATHSIG = 1
@@ -129,13 +129,15 @@ def _back_to(base: int) -> None:
         os._exit(75)
 
 
-def become_init(close_in_parent: int) -> None:
+def become_init(close_in_parent: int, hide: tuple[str, ...] = ()) -> list[str]:
     """For an unprivileged fork server: go on in a user namespace of our own (our uid
     and gid mapped to themselves) as PID 1 of a PID namespace of our own, where we may
     make and leave a PID namespace per job (`fork_as_init`). The process we were stays
     behind, waits, and ends as we do (the supervisor watches it); `close_in_parent` is
-    its copy of our socket to the supervisor, which it must not keep open. Raises
-    NamespaceError (nothing changed) where user namespaces are not allowed."""
+    its copy of our socket to the supervisor, which it must not keep open. In the mount
+    namespace we make there, the files of `hide` (the config, the password file) are
+    /dev/null for us and for every job: returns those hidden. Raises NamespaceError
+    (nothing changed) where user namespaces are not allowed."""
     global _own_user_ns
     uid, gid = os.getuid(), os.getgid()
     _call("prctl", PR_SET_DUMPABLE, 1, 0, 0, 0)  # else our uid_map is root's to write
@@ -168,6 +170,23 @@ def become_init(close_in_parent: int) -> None:
         print(f"no /proc of its own PID namespace ({exc}): a job without namespaces of "
               f"its own reads the host's /proc, where its pid names another process",
               flush=True)
+        return []
+    return _hide(hide)
+
+
+def _hide(paths: tuple[str, ...]) -> list[str]:
+    """Bind /dev/null over each file of `paths` in our mount namespace, which every job
+    inherits: read there, it is empty, whatever its mode. A job cannot take it off: it
+    holds no capability, and in a user namespace of its own the mount is locked."""
+    hidden = []
+    for path in paths:
+        try:
+            if os.path.isfile(path):
+                _mount("/dev/null", path, "", MS_BIND)
+                hidden.append(path)
+        except (NamespaceError, OSError) as exc:
+            print(f"{path} is not hidden from jobs: {exc}", flush=True)
+    return hidden
 
 
 def holds_namespace_capabilities() -> bool:

@@ -31,7 +31,10 @@ idle is reaped without an exit report, one that reads EOF (the server retires,
 `{"retire": true}`) exits 0.
 
 It dies with the supervisor (PR_SET_PDEATHSIG), and a child dies with it, spares
-included; EOF on its socket (the supervisor closed it or died) ends it too.
+included; EOF on its socket (the supervisor closed it or died) ends it too. Every process
+a job starts ends with the job and with the fork server, escapees included: it is a
+child subreaper, kills what a job's tree leaves it, and when its supervisor dies ends
+them all before it goes (`orphans`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,15 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from forq import registry
-from forq.supervisor.fork import fingerprint, hugepages, leanfork, namespaces, sandbox, tasks
+from forq.supervisor.fork import (
+    fingerprint,
+    hugepages,
+    leanfork,
+    namespaces,
+    orphans,
+    sandbox,
+    tasks,
+)
 from forq.supervisor.fork.child import (
     _PRCTL,
     DEFAULT_PRIORITY,
@@ -107,9 +118,18 @@ class Server:
         # monotonic time of the last request or reaped job (`refill` waits for quiet)
         self.busy_at = float("-inf")
         self.huge_pages = huge_pages  # what the heap is on (`hugepages.report`)
+        # children of ours we did not fork for a job: what handler modules' top-level
+        # code started (at `serve`), left alone; any other is a stray (`kill_strays`)
+        self.own: set[int] = set()
+        self.strays_at = 0.0  # monotonic time of the next look for strays while jobs run
 
-    def serve(self, namespaces_problem: str | None = None) -> None:
+    def serve(self, namespaces_problem: str | None = None,
+              hidden: list[str] | None = None) -> None:
         table = tasks.describe(registry.registered())
+        try:
+            self.own = set(orphans.own_children())
+        except OSError:
+            pass
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -122,15 +142,19 @@ class Server:
             hello["huge_pages"] = self.huge_pages
         if namespaces_problem is not None:
             hello["namespaces"] = namespaces_problem  # "" when they work
+        if hidden:
+            hello["hidden"] = hidden  # files that read as empty for every job
         self.tell(hello)
         while True:
-            timeout = _earliest(self.refill(), self.fence_timeout())
+            timeout = _earliest(self.refill(), self.fence_timeout(), self.strays_timeout())
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
                 ready, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
             self.fence()
+            if self.children and time.monotonic() >= self.strays_at:
+                self.kill_strays()
             if self.wake_r in ready:
                 try:
                     os.read(self.wake_r, 512)
@@ -142,11 +166,11 @@ class Server:
 
     def tell(self, message: dict, fds: list[int] | None = None) -> None:
         """Send to the supervisor. If it has gone (it closed its end on the way out, and
-        kills us next), end quietly: our children die with us (PR_SET_PDEATHSIG)."""
+        kills us next), end quietly, and every job's processes with us."""
         try:
             send(self.sock, message, fds)
         except OSError:
-            os._exit(0)
+            orphans.end_every_child()
 
     def fence_timeout(self) -> float | None:
         if not self.fence_at:
@@ -177,25 +201,26 @@ class Server:
 
     def reap(self) -> None:
         """Report every exited child: its group SIGKILLed first (while the zombie still
-        holds its pid, so the group id cannot have been reused), then reaped. A spare
-        that ended idle is reaped without a report: the supervisor never knew it; nor
-        is what a job left behind when it ran without namespaces, which we inherit as
-        PID 1 of a namespace of our own (`namespaces.become_init`)."""
+        holds its pid, so the group id cannot have been reused), and what it left behind
+        (ours now: `kill_strays`), then reaped. A spare that ended idle is reaped without
+        a report: the supervisor never knew it; so is a stray."""
+        strays_ended = False
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
+                break
             if info is None or not info.si_pid:
-                return
+                break
             pid = info.si_pid
             if pid not in self.children:
-                self.forget_spare(pid)
+                strays_ended |= self.forget(pid)
                 continue
             try:
                 os.killpg(pid, signal.SIGKILL)  # no grandchild outlives its job
             except (ProcessLookupError, PermissionError):
                 pass
+            self.kill_strays()  # its orphans, re-parented to us as it exited
             _, status, usage = os.wait4(pid, 0)
             self.busy_at = time.monotonic()
             self.children.discard(pid)
@@ -205,24 +230,57 @@ class Server:
                 self.fenced.discard(pid)
                 exit_message["fenced"] = True
             self.tell(exit_message)
+        if strays_ended:  # the orphans of a stray are ours now too
+            self.kill_strays()
 
-    def forget_spare(self, pid: int) -> None:
-        """Reap a spare that ended before it was given a job (killed, or dismissed)."""
+    def strays_timeout(self) -> float | None:
+        if not self.children:
+            return None
+        return max(0.0, self.strays_at - time.monotonic())
+
+    def kill_strays(self) -> None:
+        """SIGKILL each child of ours that is neither a job's child, a spare, nor our own
+        from before `serve`: a process a job left behind (`orphans`). It is reaped, as
+        it ends, by `reap`."""
+        self.strays_at = time.monotonic() + orphans.STRAY_SCAN
+        try:
+            children = orphans.own_children()
+        except OSError as exc:  # never "none": say so, and look again on the next turn
+            print(f"fork server: cannot list its children to end what jobs left: {exc}",
+                  flush=True)
+            return
+        for pid in children:
+            if (pid in self.children or pid in self.idle or pid in self.dismissed
+                    or pid in self.own):
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)  # our child until we reap it: not another's
+            except ProcessLookupError:
+                pass
+
+    def forget(self, pid: int) -> bool:
+        """Reap a child that ran no job: a spare that ended before it was given one
+        (killed, or dismissed), or a stray (True)."""
         os.waitpid(pid, 0)
+        self.own.discard(pid)
         sock = self.idle.pop(pid, None)
         if sock is not None:
             sock.close()
-        self.dismissed.discard(pid)
+            return False
+        if pid in self.dismissed:
+            self.dismissed.discard(pid)
+            return False
+        return True
 
     def request(self) -> None:
         self.busy_at = time.monotonic()
         try:
             data, ancillary, flags, _ = self.sock.recvmsg(RECV_MAX, socket.CMSG_SPACE(12))
         except (ConnectionResetError, BrokenPipeError):
-            os._exit(0)
+            orphans.end_every_child()
         fds = fds_of(ancillary)
         if not data:  # the supervisor is gone (or closed us): the children go too
-            os._exit(0)
+            orphans.end_every_child()
         result_fd = fds[0] if fds else -1
         output_fd = fds[1] if len(fds) > 1 else -1
         try:
@@ -447,6 +505,19 @@ def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int,
 
 
 
+def _end_with(supervisor_pid: int) -> None:
+    """From now on, when the supervisor dies, end every job's processes, then exit
+    (`orphans`), rather than die at once by SIGKILL and leave their orphans to init. As
+    PID 1 of a PID namespace of our own (`namespaces.become_init`), SIGKILL it stays:
+    our end is the end of every process in that namespace."""
+    if _PRCTL is None or os.getpid() == 1:
+        return
+    signal.signal(orphans.DEATH_SIGNAL, lambda *_: orphans.end_every_child())
+    _PRCTL(PR_SET_PDEATHSIG, orphans.DEATH_SIGNAL, 0, 0, 0)
+    if os.getppid() != supervisor_pid:  # it died before we asked
+        orphans.end_every_child()
+
+
 def _fail(sock: socket.socket, why: str, module: str = "") -> None:
     """Start-up failed: say why in one message (the supervisor logs it and exits 2)."""
     try:
@@ -466,6 +537,8 @@ def main(argv: list[str]) -> None:
         os._exit(0)
     # before any handler code: whether a child may skip Python's after-fork hooks
     leanfork.watch_registrations()
+    # what handler modules, then jobs, leave behind is ours, not init's (`orphans`)
+    orphans.become_subreaper(_PRCTL)
     settings = json.loads(os.environ.pop("FORQ_FORKSERVER", "{}"))
     # the supervisor's import path, so handler modules resolve as they did there
     if settings.get("path"):
@@ -480,9 +553,10 @@ def main(argv: list[str]) -> None:
                     f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)")
     # before any handler code: can this user give a job namespaces of its own?
     probe = settings.get("probe")
+    hidden: list[str] = []
     if probe and os.geteuid() != 0:
         try:  # unprivileged: the privilege to make a PID namespace per job, in our own
-            namespaces.become_init(sock.fileno())
+            hidden = namespaces.become_init(sock.fileno(), tuple(settings.get("hide", ())))
         except OSError:
             pass  # no user namespaces for us: the probe says whether jobs can have any
     problem, init_forks = sandbox.probe_namespaces(**probe) if probe else (None, False)
@@ -510,12 +584,13 @@ def main(argv: list[str]) -> None:
     restore(settings.get("restore_env"))
     gc.collect()
     gc.freeze()  # the children's collectors never walk (so never copy) these objects
+    _end_with(supervisor_pid)
     huge_pages = settings.get("huge_pages") is not False
     # last, on the heap as the handler modules left it: every fork copies its page table
     pages = hugepages.report(huge_pages, hugepages.collapse() if huge_pages else "")
     spares = settings.get("spares", 0)
     Server(sock, supervisor_pid, spares if isinstance(spares, int) else 0,
-           set_title, init_forks, code, pages).serve(problem)
+           set_title, init_forks, code, pages).serve(problem, hidden)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 | --- | --- |
 | `limits` | `LimitPolice`: each child's time and memory limit, checked on one tick |
 | `memory` | resident memory of a child's whole process tree, sampled cheaply |
+| `shared_memory` | the memory-backed files (memfd, /dev/shm) a job's processes hold open |
 | `cgroups` | per-job cgroups (v2): the kernel's memory limit and OOM verdict |
 | `protections` | which protections are on or off and why (the start-up line, `require`) |
 

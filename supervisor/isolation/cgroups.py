@@ -203,13 +203,13 @@ class JobCgroups:
         return "limit" if events.get("oom") else "outside"
 
     @staticmethod
-    def usage(path: str, peak: bool = False) -> int:
+    def usage(path: str, peak: bool = False) -> int | None:
         """Bytes charged to the cgroup now (memory.current), or at most so far
-        (memory.peak, Linux 5.19+; 0 where absent)."""
+        (memory.peak, Linux 5.19+); None where it cannot be read (never a 0)."""
         try:
             return int(_read(f"{path}/{'memory.peak' if peak else 'memory.current'}"))
         except (OSError, ValueError):
-            return 0
+            return None
 
     def remove(self, path: str) -> None:
         """Remove a job's cgroup once its child has ended. Stragglers (a grandchild that

@@ -4,7 +4,9 @@ One tick for all children every `memory_sample_interval`, rather than a timer pe
 child (which would keep each finished child alive until its time limit). A child over
 its time limit gets SIGTERM, then SIGKILL after `KILL_GRACE`; one over its memory limit
 (RSS of its whole process tree) gets SIGKILL at once. In a per-job cgroup the kernel
-enforces the memory limit itself, and the tick only records the peak.
+enforces the memory limit itself, and the tick only records the peak. A sample that
+cannot be taken is skipped and said once per job, never counted as nothing; a job that
+makes its memory impossible to count (`shared_memory.Unmeasurable`) is killed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.isolation.cgroups import JobCgroups
+from forq.supervisor.isolation.shared_memory import SampleError, Unmeasurable
 
 log = logging.getLogger("forq.supervisor")
 
@@ -54,9 +57,24 @@ class LimitPolice:
             if not sampled:
                 continue
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
-                child.peak_rss = max(child.peak_rss, JobCgroups.usage(child.spec.cgroup))
+                charged = JobCgroups.usage(child.spec.cgroup)
+                if charged is not None:  # unreadable: no sample, never a 0
+                    child.peak_rss = max(child.peak_rss, charged)
                 continue
-            usage = child.tree_usage()
+            try:
+                usage = child.tree_usage()
+            except Unmeasurable as exc:
+                if child.kill_reason is None:
+                    log.info("job %s %s: %s, killing", child.job_id, child.task, exc)
+                    child.stop(KillReason.UNMEASURABLE, str(exc), grace=0)
+                continue
+            except SampleError as exc:  # not a zero: this sample is skipped, and said
+                if not child.sample_failed:
+                    child.sample_failed = True
+                    log.warning("job %s %s: a memory sample could not be taken (%s); "
+                                "skipped, not counted as nothing", child.job_id,
+                                child.task, exc)
+                continue
             if usage is None:
                 continue  # exited
             processes, rss = usage

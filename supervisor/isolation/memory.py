@@ -1,11 +1,24 @@
-"""Resident memory of a child's whole process tree, sampled cheaply and often.
+"""Memory of a child's whole process tree, sampled cheaply and often.
 
 A job's memory is its child's RSS plus every descendant's (a handler that shells out
-to ImageMagick is still one job). The direct children of a process are read from
-``/proc/PID/task/TID/children``, which costs a few small reads; where the kernel lacks
-it, psutil's scan of /proc is the fallback.
+to ImageMagick is still one job), plus the memory-backed files they hold open
+(`shared_memory`: memfds, /dev/shm), when asked. The direct children of a process are
+read from ``/proc/PID/task/TID/children``, which costs a few small reads; where the
+kernel lacks it, psutil's scan of /proc is the fallback. A job's child is a child
+subreaper (`fork.orphans`), so a double-forked, `setsid` process stays in that tree.
 
-This is how memory limits are enforced where per-job cgroups (supervisor/isolation/cgroups.py)
+RSS comes from /proc/PID/statm, not /proc/PID/stat: since Linux 6.2 a process's RSS
+counters are per CPU, and stat shows only what has been folded into their total, short
+by up to a batch of pages per CPU and counter. On this machine's Linux 6.18, a `sleep`
+just started read 0 bytes in stat in 204 of 300 tries, in statm in none: statm sums
+the per-CPU parts (where a kernel does not, it reads what stat does). The thread count
+(whose children files to read) is the link count of /proc/PID/task.
+
+A read that fails raises `SampleError` — the supervisor out of fds, a file it may not
+read — and is never taken for "uses nothing": only a process that is gone (ENOENT,
+ESRCH) counts as nothing.
+
+This is how memory limits are enforced where per-job cgroups (isolation/cgroups.py)
 cannot be used: on cgroup v1 and hybrid hosts, and without a delegated cgroup.
 """
 
@@ -15,8 +28,17 @@ import os
 
 import psutil
 
+from forq.supervisor.isolation.shared_memory import SampleError, SharedFiles, gone
+
+__all__ = ["RootFiles", "SampleError", "SharedFiles", "tree_usage"]
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+Usage = tuple[int, int]  # (live processes, bytes)
+
+
+def _failed(what: str, pid: int, exc: OSError) -> SampleError:
+    return SampleError(f"{what} of process {pid}: {exc.strerror or exc}")
 
 
 def _read(path: str) -> bytes:
@@ -40,26 +62,37 @@ def _pread_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _stat(pid: int) -> tuple[int, int]:
-    """(resident bytes, threads) of `pid` from one read of /proc/PID/stat; (0, 0) once
-    it is gone. Its rss is the one statm gives; the thread count says whether its
-    children can be read from one file (its only thread's) or need a listing."""
+def _resident(statm: bytes) -> int:
+    return int(statm.split()[1]) * PAGE
+
+
+def _process(pid: int) -> tuple[int, int] | None:
+    """(resident bytes, threads) of `pid`; None once it is gone. Raises SampleError."""
     try:
-        fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
-        return int(fields[21]) * PAGE, int(fields[17])  # rss, num_threads (man 5 proc)
-    except (OSError, IndexError, ValueError):
-        return 0, 0
+        resident = _resident(_read(f"/proc/{pid}/statm"))
+        threads = os.stat(f"/proc/{pid}/task").st_nlink - 2
+    except OSError as exc:
+        if gone(exc):
+            return None
+        raise _failed("memory", pid, exc) from exc
+    except (IndexError, ValueError) as exc:
+        raise SampleError(f"memory of process {pid}: unreadable statm") from exc
+    return resident, threads
 
 
 def rss(pid: int) -> int:
-    return _stat(pid)[0]
+    """Resident bytes of `pid` (0 once it is gone). Raises SampleError."""
+    found = _process(pid)
+    return found[0] if found else 0
 
 
 def _children_file(pid: int, tid: int | str) -> list[int]:
     try:
         return [int(p) for p in _read(f"/proc/{pid}/task/{tid}/children").split()]
-    except (OSError, ValueError):
-        return []
+    except OSError as exc:
+        if gone(exc):
+            return []  # the thread, or the process, ended: its children are elsewhere now
+        raise _failed("children", pid, exc) from exc
 
 
 def _direct_children(pid: int, threads: int = 0) -> list[int]:
@@ -69,78 +102,109 @@ def _direct_children(pid: int, threads: int = 0) -> list[int]:
         return _children_file(pid, pid)
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
+    except OSError as exc:
+        if gone(exc):
+            return []
+        raise _failed("threads", pid, exc) from exc
     return [child for tid in tids for child in _children_file(pid, tid)]
 
 
-def tree_usage(pid: int) -> tuple[int, int]:
-    """(processes, resident bytes) of `pid` and its live descendants: two small reads a
-    process for most, so that sampling 1,000 jobs' trees stays cheap."""
+def tree_usage(pid: int, shared: SharedFiles | None = None) -> Usage:
+    """(processes, bytes) of `pid` and its live descendants — resident memory, and the
+    memory-backed files they hold open if `shared` tallies them: two small reads a
+    process for most, so that sampling 1,000 jobs' trees stays cheap. (0, 0) if `pid`
+    is gone. Raises SampleError."""
+    count, resident = _walk(pid, shared)
+    return count, resident + (shared.bytes if shared is not None and count else 0)
+
+
+def _walk(pid: int, shared: SharedFiles | None) -> Usage:
+    """(processes, resident bytes) of `pid`'s tree; its open files into `shared`."""
     if not _HAS_CHILDREN_FILE:
         pids = _psutil_tree(pid)
+        if shared is not None:
+            for p in pids:
+                shared.add(p)
         return len(pids), sum(rss(p) for p in pids)
     count, total, todo = 0, 0, [pid]
     while todo:
         current = todo.pop()
-        resident, threads = _stat(current)
-        if not threads:
-            continue  # gone: so are the children it had, reparented away from the tree
+        found = _process(current)
+        if found is None:
+            continue  # gone: so are the children it had, re-parented away from the tree
+        resident, threads = found
         count, total = count + 1, total + resident
+        if shared is not None:
+            shared.add(current)
         todo.extend(_direct_children(current, threads))
     return count, total
 
 
 class RootFiles:
     """A job's root process's /proc files, held open for its repeated samples: each is
-    then one pread, not an open, a read and a close (a supervisor with 1,000 children
-    spent most of its CPU on those), and a held file answers for the process it was
-    opened on only, never for a later one given the same pid (ESRCH once it is gone).
-    The caller checks that the process was still its own once these were opened."""
+    then one pread or fstat, not an open, a read and a close (a supervisor with 1,000
+    children spent most of its CPU on those), and a held file answers for the process
+    it was opened on only, never for a later one given the same pid (ESRCH once it is
+    gone). The caller checks that the process was still its own once these were
+    opened."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        self.children = -1  # without the kernel's children files: psutil, by path
+        self.fds: list[int] = []
         try:
-            if _HAS_CHILDREN_FILE:
-                self.children = os.open(f"/proc/{pid}/task/{pid}/children",
-                                        os.O_RDONLY | os.O_CLOEXEC)
+            self.statm = self._open(f"/proc/{pid}/statm")
+            self.task = self._open(f"/proc/{pid}/task", os.O_DIRECTORY)
+            # without the kernel's children files: psutil, by path
+            self.children = (self._open(f"/proc/{pid}/task/{pid}/children")
+                             if _HAS_CHILDREN_FILE else -1)
         except OSError:
-            os.close(self.stat)
+            self.close()
             raise
 
-    def usage(self) -> tuple[int, int] | None:
-        """(processes, resident bytes) of the root and its live descendants; None once
-        the root is gone."""
+    def _open(self, path: str, flags: int = 0) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
+        self.fds.append(fd)
+        return fd
+
+    def usage(self, shared: SharedFiles | None = None) -> Usage | None:
+        """(processes, bytes) of the root and its live descendants (with `shared`:
+        their memory-backed open files too); None once the root is gone. Raises
+        SampleError."""
+        if self.children < 0:
+            found = tree_usage(self.pid, shared)
+            return found if found[0] else None
         try:
-            fields = os.pread(self.stat, 4096, 0).rsplit(b")", 1)[1].split()
-            count, total = 1, int(fields[21]) * PAGE
-            if self.children < 0:
-                return tree_usage(self.pid)
-            if int(fields[17]) == 1:  # one thread: its children are all in one file
+            count, total = 1, _resident(os.pread(self.statm, 4096, 0))
+            if os.fstat(self.task).st_nlink == 3:  # one thread: one children file
                 kids = [int(p) for p in _pread_all(self.children).split()]
             else:
                 kids = _direct_children(self.pid)
-        except (OSError, IndexError, ValueError):
-            return None
+        except OSError as exc:
+            if gone(exc):
+                return None
+            raise _failed("memory", self.pid, exc) from exc
+        except (IndexError, ValueError) as exc:
+            raise SampleError(f"memory of process {self.pid}: unreadable statm") from exc
+        if shared is not None:
+            shared.add(self.pid)
         for kid in kids:
-            processes, resident = tree_usage(kid)
+            processes, resident = _walk(kid, shared)
             count, total = count + processes, total + resident
-        return count, total
+        return count, total + (shared.bytes if shared is not None else 0)
 
     def close(self) -> None:
-        for fd in (self.stat, self.children):
-            if fd >= 0:
-                os.close(fd)
-        self.stat = self.children = -1
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def _psutil_tree(pid: int) -> list[int]:
     """`pid` and its live descendants, by psutil's scan of /proc (kernels without the
-    children files)."""
+    children files); [] if `pid` is gone. Raises SampleError."""
     try:
         proc = psutil.Process(pid)
         return [pid] + [c.pid for c in proc.children(recursive=True)]
-    except psutil.Error:
-        return [pid]
+    except psutil.NoSuchProcess:
+        return []
+    except (psutil.Error, OSError) as exc:
+        raise SampleError(f"processes of {pid}: {exc}") from exc

@@ -1,0 +1,82 @@
+"""The supervisor as the last subreaper: what a job leaves behind when its fork server
+is gone, or when there is none, ends too.
+
+The fork server ends whatever a job's tree leaves it (`fork.orphans`), and when its
+supervisor dies it ends them all first. But a fork server can die before it could do
+so — SIGKILLed by the OOM killer, or by a job of its own user (under `run_as`, a job
+may signal it) — and then its job children die (PR_SET_PDEATHSIG) and leave their
+orphans to the next subreaper up. Children exec'd alone (`[supervisor].fork_server =
+false`, `fork.oneshot`) have no fork server at all. So the supervisor is a child
+subreaper too (`Strays.adopt`, from `Supervisor.run`: never in a process that merely
+builds a supervisor, such as a test's), and every child of its own that is neither a
+fork server nor a job child it started is SIGKILLed: when a fork server is lost, when a
+child it started ends, and every `orphans.STRAY_SCAN`. Each one killed is watched by
+its pidfd and reaped when it ends (its own children are ours then: the next sweep).
+
+It cannot help when the supervisor itself is SIGKILLed: with no fork server, the
+processes such a job left are init's (the start-up line says so: `job_processes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+
+from forq.supervisor.fork import orphans
+from forq.supervisor.fork.child import _PRCTL
+from forq.supervisor.loop.eventloop import EventLoop
+
+log = logging.getLogger("forq.supervisor")
+
+
+class Strays:
+    def __init__(self, loop: EventLoop, known: Callable[[], Iterable[int]]) -> None:
+        self.loop = loop
+        self.known = known  # the pids of the children we started: fork servers, jobs
+        self.active = False  # a subreaper: orphans come to us (`adopt`)
+        self.watched: dict[int, int] = {}  # stray pid -> its pidfd, until reaped
+
+    def adopt(self) -> None:
+        """Become a child subreaper and sweep on a timer from now on."""
+        if self.active or not orphans.become_subreaper(_PRCTL):
+            return
+        self.active = True
+        self.loop.timers.every(orphans.STRAY_SCAN, self.sweep)
+
+    def sweep(self) -> None:
+        """SIGKILL every child of ours we did not start: a pid stays ours until we reap
+        it, so none is another process's."""
+        if not self.active:
+            return
+        try:
+            children = orphans.own_children()
+        except OSError as exc:
+            log.error("cannot list the supervisor's children to end what jobs left: %s", exc)
+            return
+        known = set(self.known())
+        for pid in children:
+            if pid in known or pid in self.watched:
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # reaped meanwhile
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            self.watched[pid] = pidfd
+            self.loop.add_reader(pidfd, functools.partial(self._reap, pid))
+
+    def _reap(self, pid: int, _fd: object = None, _mask: int = 0) -> None:
+        pidfd = self.watched.pop(pid)
+        self.loop.remove_reader(pidfd)
+        os.close(pidfd)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        self.sweep()  # its children are ours now
