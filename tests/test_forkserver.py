@@ -271,7 +271,7 @@ def test_a_job_starts_in_a_spare_forked_before_it_and_the_spare_is_replaced(tmp_
         for spare in spares:
             assert psutil.Process(spare).ppid() == server
             # it holds nothing of any job, nor of its fork server: stdio, its own socket
-            # and its fork server's pidfd (to check it is alive, `_die_with_parent`)
+            # and its fork server's pidfd (to check it is alive, `die_with_parent`)
             fds = fds_of(spare)
             assert len(fds) == 5 and {0, 1, 2} <= fds.keys(), fds
             assert sorted(target.split(":")[0] for fd, target in fds.items() if fd > 2) == [

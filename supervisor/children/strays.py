@@ -26,7 +26,7 @@ import signal
 from collections.abc import Callable, Iterable
 
 from forq.supervisor.fork import orphans
-from forq.supervisor.fork.child import _PRCTL
+from forq.supervisor.fork.child import PRCTL
 from forq.supervisor.loop.eventloop import EventLoop
 
 log = logging.getLogger("forq.supervisor")
@@ -41,7 +41,7 @@ class Strays:
 
     def adopt(self) -> None:
         """Become a child subreaper and sweep on a timer from now on."""
-        if self.active or not orphans.become_subreaper(_PRCTL):
+        if self.active or not orphans.become_subreaper(PRCTL):
             return
         self.active = True
         self.loop.timers.every(orphans.STRAY_SCAN, self.sweep)

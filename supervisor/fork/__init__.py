@@ -17,6 +17,7 @@ supervisor: the fork server must stay small, and a child must not carry the pare
 | `tasks` | the registered tasks, as the fork server reports them |
 | `fingerprint` | the handler code it imported, as a fingerprint of the application's files |
 | `sandbox` | privileges and namespaces of the fork server and of each child |
+| `orphans` | what a job leaves behind ends with it: subreapers, strays, the death signal |
 | `namespaces` | a job in namespaces of its own (`[sandbox].namespaces = true`) |
 | `leanfork` | a fork without Python's after-fork work, where it has nothing to do |
 | `oneshot` | one job's child exec'd alone, without a fork server |

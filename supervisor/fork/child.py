@@ -82,16 +82,16 @@ def _find_prctl() -> Any:
         return None
 
 
-_PRCTL = _find_prctl()  # resolved once in the supervisor, not in every child
+PRCTL = _find_prctl()  # resolved once in the supervisor, not in every child
 
 
-def _die_with_parent(parent_pid: int, parent_pidfd: int = -1) -> None:
+def die_with_parent(parent_pid: int, parent_pidfd: int = -1) -> None:
     """Ask the kernel for SIGKILL when the parent dies (the fork server, which dies with
     the supervisor; or the supervisor), then re-check: if the parent died between fork
     and prctl, nobody else will kill us. By its pidfd when it gave us one (readable
     once it exited): PID 1 of a namespace of its own has no parent pid to compare."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     ppid = os.getppid()  # 0 for PID 1 of a namespace: then only the pidfd can tell
     if ppid:
         if ppid != parent_pid:
@@ -127,7 +127,7 @@ def detach(keep_stdin: bool = False) -> None:
     these calls, and the copy-on-write faults of their first touches, are off a job's
     pick-up path."""
     os.setsid()
-    orphans.become_subreaper(_PRCTL)
+    orphans.become_subreaper(PRCTL)
     signal.set_wakeup_fd(-1)
     for sig in _RESET_SIGNALS:
         # every one, even where Python's table says SIG_DFL: an extension module may
@@ -350,7 +350,7 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
     code = 0
     try:
         if preset is None:  # a spare asked, and checked, before it waited
-            _die_with_parent(parent_pid, parent_pidfd)
+            die_with_parent(parent_pid, parent_pidfd)
         # its own process group and default signals first: joining a cgroup can wait for
         # an RCU grace period, and a SIGTERM meanwhile must reach it, not be ignored
         fd = _isolate(spec, result_fd, output_fd, detached=preset is not None)

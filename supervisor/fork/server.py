@@ -63,12 +63,12 @@ from forq.supervisor.fork import (
     tasks,
 )
 from forq.supervisor.fork.child import (
-    _PRCTL,
+    PRCTL,
     DEFAULT_PRIORITY,
     PR_SET_PDEATHSIG,
     ChildSpec,
     Priority,
-    _die_with_parent,
+    die_with_parent,
     detach,
     preset_priority,
     priority_of,
@@ -485,7 +485,7 @@ def _wait_for_job(sock: socket.socket, server_pid: int, server_pidfd: int,
     """A spare's life: wait for one request (sent by `Server.hand_to_spare`, checked by
     the server), then run it as a freshly forked child would; EOF: not needed, exit 0."""
     try:
-        _die_with_parent(server_pid, server_pidfd)
+        die_with_parent(server_pid, server_pidfd)
         detach()
         preset_priority(priority)
         rehearse(last_request)
@@ -510,10 +510,10 @@ def _end_with(supervisor_pid: int) -> None:
     (`orphans`), rather than die at once by SIGKILL and leave their orphans to init. As
     PID 1 of a PID namespace of our own (`namespaces.become_init`), SIGKILL it stays:
     our end is the end of every process in that namespace."""
-    if _PRCTL is None or os.getpid() == 1:
+    if PRCTL is None or os.getpid() == 1:
         return
     signal.signal(orphans.DEATH_SIGNAL, lambda *_: orphans.end_every_child())
-    _PRCTL(PR_SET_PDEATHSIG, orphans.DEATH_SIGNAL, 0, 0, 0)
+    PRCTL(PR_SET_PDEATHSIG, orphans.DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != supervisor_pid:  # it died before we asked
         orphans.end_every_child()
 
@@ -531,14 +531,14 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     sock.set_inheritable(False)
     supervisor_pid = os.getppid()
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != supervisor_pid:
         os._exit(0)
     # before any handler code: whether a child may skip Python's after-fork hooks
     leanfork.watch_registrations()
     # what handler modules, then jobs, leave behind is ours, not init's (`orphans`)
-    orphans.become_subreaper(_PRCTL)
+    orphans.become_subreaper(PRCTL)
     settings = json.loads(os.environ.pop("FORQ_FORKSERVER", "{}"))
     # the supervisor's import path, so handler modules resolve as they did there
     if settings.get("path"):
