@@ -63,13 +63,13 @@ from forq.supervisor.fork import (
     tasks,
 )
 from forq.supervisor.fork.child import (
-    PRCTL,
     DEFAULT_PRIORITY,
     PR_SET_PDEATHSIG,
+    PRCTL,
     ChildSpec,
     Priority,
-    die_with_parent,
     detach,
+    die_with_parent,
     preset_priority,
     priority_of,
     run_child,
