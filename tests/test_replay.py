@@ -23,7 +23,8 @@ def snapshot(queue) -> dict:
         out[key] = (kind, r.hgetall(key) if kind == "hash" else
                     r.zrange(key, 0, -1, withscores=True) if kind == "zset" else
                     r.lrange(key, 0, -1) if kind == "list" else
-                    sorted(r.smembers(key)) if kind == "set" else r.get(key))
+                    sorted(r.smembers(key)) if kind == "set" else
+                    r.xrange(key) if kind == "stream" else r.get(key))
     return out
 
 

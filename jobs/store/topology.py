@@ -152,12 +152,20 @@ def url_problem(url: str) -> str | None:
 
 
 class _ScriptKeys:
-    """redis-py 8 asks the server (COMMAND GETKEYS, one extra round trip) for the keys
-    of every EVALSHA in a cluster pipeline; they are right there in its arguments."""
+    """redis-py 8 asks a server (COMMAND GETKEYS, one extra round trip) for the keys of
+    every command whose keys move: EVALSHA, and XREAD. They are right there in its
+    arguments; and the node it asks may be the one that is down, which would stall a
+    `job.wait` on a healthy shard."""
 
     def _get_command_keys(self, *args: Any) -> Any:
-        if len(args) > 2 and str(args[0]).upper() in ("EVAL", "EVALSHA"):
+        name = str(args[0]).upper() if args else ""
+        if len(args) > 2 and name in ("EVAL", "EVALSHA"):
             return list(args[3:3 + int(args[2])])
+        if name == "XREAD":
+            words = [str(a).upper() for a in args]
+            if "STREAMS" in words:
+                rest = args[words.index("STREAMS") + 1:]
+                return list(rest[:len(rest) // 2])
         return super()._get_command_keys(*args)  # type: ignore[misc]
 
 
