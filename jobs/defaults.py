@@ -36,7 +36,7 @@ class PolicyKey:
 
     name: str  # as written: "timeout", or "backoff.base" inside `backoff = {...}`
     field: str  # what a job record stores: "timeout_ms"
-    kind: Literal["duration", "size", "integer", "number"]  # durations are stored in ms
+    kind: Literal["duration", "size", "integer", "number", "boolean"]  # durations in ms
     default: str | int | float  # as a config writes it: "5m", "512MiB", 5
     doc: str
     minimum: float = 0
@@ -51,6 +51,8 @@ class PolicyKey:
             return int(round(parse_duration(value) * 1000))
         if self.kind == "size":
             return parse_size(value)
+        if self.kind == "boolean":
+            return int(bool(value))  # 1 or 0: a job record and the Lua scripts read numbers
         return int(value) if self.kind == "integer" else float(value)
 
 
@@ -66,7 +68,17 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("max_snoozes", "max_snoozes", "integer", 100,
               "Times a handler may put its job off (`Retry`, `throttle`) before it is dead."),
     PolicyKey("result_ttl", "result_ttl_ms", "duration", "1d",
-              "How long a result is kept (0 keeps none)."),
+              "The longest a succeeded or cancelled record is kept (0 keeps none); see keep_succeeded."),
+    PolicyKey("keep_succeeded.age", "keep_succeeded_ms", "duration", "1h",
+              "A succeeded job's record is trimmed this long after its end (docs/retention.md)."),
+    PolicyKey("keep_succeeded.count", "keep_succeeded_count", "integer", 10000,
+              "At most this many succeeded records per queue (jobs sharing this count)."),
+    PolicyKey("keep_dead.age", "keep_dead_ms", "duration", "30d",
+              "A dead job's record is trimmed this long after its death."),
+    PolicyKey("keep_dead.count", "keep_dead_count", "integer", 10000,
+              "At most this many dead records per queue (jobs sharing this count)."),
+    PolicyKey("keep_history", "keep_history", "boolean", False,
+              "A succeeded record keeps its history and payload (else state, result, times)."),
     PolicyKey("idempotency_ttl", "idempotency_ttl_ms", "duration", "1d",
               "An idempotent task's completed run is never repeated within this.",
               positive=True, scopes=(DEFAULTS, QUEUE, TASKS)),

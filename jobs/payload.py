@@ -26,8 +26,12 @@ MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 # a job policy key set per job (a forq.defaults row with the enqueue scope), as
 # its option ("backoff" for backoff.base, …) and as the field a spec stores
 PER_JOB_POLICY = tuple(key for key in POLICY_KEYS if ENQUEUE in key.scopes)
-BACKOFF_PARTS = tuple(key.name.partition(".")[2] for key in PER_JOB_POLICY
-                      if key.name.startswith("backoff."))
+# the options that take a mapping ("backoff", "keep_succeeded", "keep_dead") and their parts
+NESTED_PARTS: dict[str, tuple[str, ...]] = {
+    option: tuple(k.name.partition(".")[2] for k in PER_JOB_POLICY
+                  if k.name.startswith(option + "."))
+    for option in dict.fromkeys(k.name.partition(".")[0] for k in PER_JOB_POLICY if "." in k.name)
+}
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure", "lifo",
@@ -147,6 +151,10 @@ def _policy_value(task: str, key: PolicyKey, value: Any) -> int | float:
     """One per-job policy option, stored as its row says and within its row's bounds
     (the same bounds a config has), or a PayloadError naming it."""
     where = f"task {task!r}: {key.name}"
+    if key.kind == "boolean":  # a flag: True or False, not 1 or "yes"
+        if isinstance(value, bool):
+            return key.stored(value)
+        raise PayloadError(f"{where} must be true or false, got {value!r}")
     if key.kind in ("integer", "number") and (
             isinstance(value, bool) or not isinstance(value, (int, float))
             or (key.kind == "integer" and not isinstance(value, int))):
@@ -168,21 +176,18 @@ def _policy_value(task: str, key: PolicyKey, value: Any) -> int | float:
 
 def _policy(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
     """The per-job policy options (forq.defaults rows with the enqueue scope) into `spec`."""
-    backoff = options.get("backoff")
-    if backoff is not None:
-        if not isinstance(backoff, Mapping):
-            raise PayloadError(f"task {task!r}: backoff must be a mapping of "
-                               f"{'/'.join(BACKOFF_PARTS)}, got {type(backoff).__name__}")
-        unknown = sorted(str(k) for k in backoff if k not in BACKOFF_PARTS)
+    for option, parts in NESTED_PARTS.items():
+        given = options.get(option)
+        if given is not None and not isinstance(given, Mapping):
+            raise PayloadError(f"task {task!r}: {option} must be a mapping of "
+                               f"{'/'.join(parts)}, got {type(given).__name__}")
+        unknown = sorted(str(k) for k in (given or ()) if k not in parts)
         if unknown:
-            raise PayloadError(f"task {task!r}: backoff has unknown key(s) {', '.join(unknown)}"
-                               f" (known: {', '.join(BACKOFF_PARTS)})")
+            raise PayloadError(f"task {task!r}: {option} has unknown key(s) {', '.join(unknown)}"
+                               f" (known: {', '.join(parts)})")
     for key in PER_JOB_POLICY:
         option, _, part = key.name.partition(".")
-        if part:
-            value = backoff.get(part) if backoff is not None else None
-        else:
-            value = options.get(option)
+        value = (options.get(option) or {}).get(part) if part else options.get(option)
         if value is not None:
             spec[key.field] = _policy_value(task, key, value)
 

@@ -79,7 +79,7 @@ def test_bad_input_is_refused_before_anything_is_sent(queue):
 
 def test_get_wait_and_failures(queue):
     async def body(aq):
-        ok, bad, slow = (await aq.enqueue("t.ok"), await aq.enqueue("t.bad"),
+        ok, bad, slow = (await aq.enqueue("t.ok", keep_history=True), await aq.enqueue("t.bad"),
                          await aq.enqueue("t.slow"))
         leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, LONG).leases}
 

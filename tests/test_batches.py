@@ -189,7 +189,7 @@ def test_bad_batches_are_refused_naming_the_argument(queue):
 
 def test_a_job_waits_for_its_parents_and_runs_once_they_all_succeeded(queue):
     a, b = queue.enqueue("t"), queue.enqueue("t")
-    child = queue.enqueue("t", depends_on=[a, b.id])
+    child = queue.enqueue("t", depends_on=[a, b.id], keep_history=True)
     assert child.fields["enqueue_status"] == "waiting"
     job = queue.get(child.id)
     assert (job.state, job.fields["waiting_on"], json.loads(job.fields["depends_on"])) == (

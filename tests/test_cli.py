@@ -400,7 +400,7 @@ def test_stats_watch_bad_interval(forq):
 
 
 def test_job_json_shape_and_history(forq, queue):
-    job_id = queue.enqueue("examples.add", 1, 2).id
+    job_id = queue.enqueue("examples.add", 1, 2, keep_history=True).id
     lease = leasing(queue).claim(OWNER, 1, LONG).leases[0]
     leasing(queue).ack(lease.id, lease.token, json.dumps(3))
     as_json, as_text = forq.many(["job", job_id, "--json"], ["job", job_id])

@@ -429,7 +429,7 @@ def test_max_in_flight_across_three_supervisors_sampled_continuously(tmp_path, r
 
 def test_idempotent_ack_lost_then_reclaimed_is_succeeded_not_rerun(queue, r):
     """At the API level, deterministically: claimed, completion recorded, ack lost."""
-    jid = queue.enqueue("t.charge", idempotent=True).id
+    jid = queue.enqueue("t.charge", idempotent=True, keep_history=True).id
     (lease,) = leasing(queue).claim("ghost:1", 1, 50).leases  # a 50 ms lease nobody extends
     leasing(queue).record_done(jid, json.dumps({"charged": 10}), 60_000)
     # the ack never comes; once the lease has expired the reaper finds the completion
@@ -457,7 +457,7 @@ def followups_of(job_id: str, queue: Queue, *items: int) -> list[dict[str, Any]]
 def test_completion_record_keeps_the_followups_a_lost_ack_carried(queue, r):
     """The same-queue follow-ups travel in the ack. When the ack is lost, the completion
     record brings them: whichever of claim or reclaim finds it enqueues them, once."""
-    lost_ack, released = (j.id for j in queue.enqueue_many([{"task": "t.parent"}] * 2))
+    lost_ack, released = (j.id for j in queue.enqueue_many([{"task": "t.parent", "keep_history": True}] * 2))
     leases = {lease.id: lease for lease in leasing(queue).claim("ghost:1", 2, 50).leases}
     leasing(queue).record_done(lost_ack, '"A"', 60_000, followups=followups_of(lost_ack, queue, 1, 2))
     leasing(queue).record_done(released, '"B"', 60_000, followups=followups_of(released, queue, 3))
@@ -514,8 +514,8 @@ def test_idempotent_ack_lost_is_acked_by_a_supervisors_reaper_and_its_followup_k
     reaper finds the completion: the job succeeds without running again, and the
     follow-up is enqueued exactly once and runs."""
     runs = tmp_path / "runs"
-    jid = queue.enqueue("tests.touch", str(runs), idempotent=True).id
-    vid = queue.enqueue("examples.vote", "item-7", "ada").id
+    jid = queue.enqueue("tests.touch", str(runs), idempotent=True, keep_history=True).id
+    vid = queue.enqueue("examples.vote", "item-7", "ada", keep_history=True).id
     for job_id, (lease, ) in ((jid, leasing(queue).claim("ghost:1", 1, 100).leases),
                              (vid, leasing(queue).claim("ghost:1", 1, 100).leases)):
         assert lease.id == job_id

@@ -85,7 +85,7 @@ def test_a_job_killed_after_step_two_runs_only_step_three_again(sup, queue, tmp_
 
 
 def test_a_stale_token_cannot_record_a_step(queue):
-    queue.enqueue("tests.echo", job_id="stale-step")
+    queue.enqueue("tests.echo", job_id="stale-step", keep_history=True)
     lease = leasing(queue).claim("me", 1, 60_000).leases[0]
     assert leasing(queue).record_step(lease.id, "not-the-token", "one", '"x"') == "lost"
     assert leasing(queue).record_step(lease.id, lease.token, "one", '"first"') == "ok"

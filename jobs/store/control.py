@@ -1,11 +1,18 @@
 """A handler's own transitions as calls (sans-IO, as `forq.store.transitions`): its
 throttle of its queue or group (lua/throttle.lua) and an operator's (set_throttle.lua),
 and the read of its parents' results (parents.lua). A snooze is a mode of `fail_call`.
+
+And retention (trim.lua): a job that ends succeeded or dead enters its queue's retention
+index (lua/includes/retain.lua), the zset ``kept:<state>:<count>`` of the jobs sharing
+that keep count, scored by the time their keep age runs out, listed in the set ``kept``.
+The reaper's pass (`trim_call`) deletes what is past its age or beyond its count, a
+bounded number per call; `forq purge` sends chosen ids the same way (`purge_call`), so
+both keep every live job and every record a waiting job still needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from forq.store.keys import QueueKeys
@@ -63,3 +70,52 @@ def parse_parents(reply: Sequence[Any]) -> ParentsPage:
         return ParentsPage(str(reply[0]), 0, -1, [])
     return ParentsPage("ok", int(reply[0]), int(reply[1]),
                        [[str(part) for part in entry] for entry in reply[2:]])
+
+
+# -- retention ----------------------------------------------------------------------------
+
+TRIM_BATCH = 1000  # index entries a reaper pass looks at, per queue (O(log n) each)
+KEPT_STATES = ("succeeded", "dead")
+
+
+class TrimResult(NamedTuple):
+    succeeded: int  # succeeded records deleted
+    dead: int  # dead records deleted
+    kept_back: int  # past their window, but still needed (idempotency key, depends_on)
+    more: bool  # the budget ran out: more may be due
+
+
+def trim_call(keys: QueueKeys, limit: int = TRIM_BATCH) -> ScriptCall:
+    """The reaper's pass over one queue's retention index."""
+    return ScriptCall("trim", (keys.kept, keys.dead), (keys.prefix, "pass", limit))
+
+
+def purge_call(keys: QueueKeys, targets: Iterable[tuple[str, str]]) -> ScriptCall:
+    """Delete the ended jobs `targets` ((state, id) pairs) now, as a trim would: a job
+    no longer in that state, or still needed, stays."""
+    return ScriptCall("trim", (keys.kept, keys.dead),
+                      (keys.prefix, "ids", 0, *(f"{state}:{jid}" for state, jid in targets)))
+
+
+def parse_trim(reply: Sequence[Any]) -> TrimResult:
+    return TrimResult(int(reply[0]), int(reply[1]), int(reply[2]), bool(int(reply[3])))
+
+
+def bucket_state(bucket: str) -> str:
+    """"succeeded" for the bucket "succeeded:10000"."""
+    return bucket.partition(":")[0]
+
+
+def retained_counts(client: Any, keys: QueueKeys) -> dict[str, int]:
+    """How many succeeded and dead records the queue's retention index holds now (two
+    round trips; a few buckets per queue)."""
+    buckets = sorted(str(b) for b in client.smembers(keys.kept))
+    pipe = client.pipeline(transaction=False)
+    for bucket in buckets:
+        pipe.zcard(keys.kept_bucket(bucket))
+    counts = dict.fromkeys(KEPT_STATES, 0)
+    for bucket, n in zip(buckets, pipe.execute() if buckets else [], strict=True):
+        state = bucket_state(bucket)
+        if state in counts:
+            counts[state] += int(n)
+    return counts

@@ -55,6 +55,19 @@ class QueueKeys:
         return self.prefix + "finished"
 
     @property
+    def kept(self) -> str:
+        """Set of the retention buckets "<state>:<count>" (lua/trim.lua, docs/retention.md)."""
+        return self.prefix + "kept"
+
+    def kept_bucket(self, bucket: str) -> str:
+        """Zset of the ended jobs of a bucket, by the time their keep age runs out."""
+        return f"{self.prefix}kept:{bucket}"
+
+    def needed_by(self, job_id: str) -> str:
+        """Set: the jobs that will read this ended job's record (its depends_on waiters)."""
+        return f"{self.prefix}job:{job_id}:needed_by"
+
+    @property
     def expiring(self) -> str:
         """Jobs with an expiry before start, by expire_at (ms): the reaper's sweep."""
         return self.prefix + "expiring"

@@ -26,7 +26,8 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
                      "promote", "reschedule", "set_priority", "find",
-                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents"]
+                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents",
+                     "trim"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis

@@ -5,6 +5,7 @@
 --@include includes/enqueue_job
 --@include includes/finish
 --@include includes/events
+--@include includes/needed
 
 -- The ids in `spec.depends_on` that no job has, given the ids enqueued before it in the
 -- same call (`earlier`). Returns the first unknown id, or nil.
@@ -52,7 +53,10 @@ local function enqueue_waiting(prefix, queue, spec, at)
       local st = redis.call('HGET', pkey, 'state')
       if st == 'dead' or st == 'cancelled' then
         if not spec['allow_failure'] and not failed then failed, fstate = pid, st end
-      elseif st and st ~= 'succeeded' then
+        if spec['allow_failure'] then needed_by(pkey, id) end
+      elseif st == 'succeeded' then
+        needed_by(pkey, id) -- ended: the job reads its record when it runs
+      elseif st then
         redis.call('SADD', pkey .. ':dependents', id)
         redis.call('HSET', pkey, 'dependents', 1)
         waiting_on = waiting_on + 1

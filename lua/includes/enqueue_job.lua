@@ -15,7 +15,8 @@
 local OPTION_FIELDS = {'timeout_ms', 'memory_limit', 'max_attempts', 'max_crashes',
   'result_ttl_ms', 'max_result_bytes', 'backoff_base_ms', 'backoff_factor',
   'backoff_max_ms', 'backoff_jitter', 'idempotent', 'parent', 'traceparent', 'group', 'lifo',
-  'max_snoozes'}
+  'max_snoozes', 'keep_succeeded_ms', 'keep_succeeded_count', 'keep_dead_ms',
+  'keep_dead_count', 'keep_history'}
 
 -- A spec's links (batch membership, dependencies) as fields of its new job record.
 local function add_link_fields(spec, fields)

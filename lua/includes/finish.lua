@@ -11,6 +11,8 @@
 --@include includes/pending
 --@include includes/batches
 --@include includes/on_dead
+--@include includes/needed
+--@include includes/retain
 
 local FINISHED_CAP = 10000 -- the "recently finished" index keeps this many newest ids
 
@@ -18,13 +20,16 @@ local FINISHED_CAP = 10000 -- the "recently finished" index keeps this many newe
 -- until `unique_until`), start the record's retention clock, and list it in the capped
 -- "recently finished" index (zset by finish time; two commands, O(log n) each). `key` is
 -- the job's idempotency key when the caller has read it already (false: it has none).
+-- Retention: `retention_ms` is its result_ttl (0: the record goes now; -1 for a death);
+-- a succeeded or dead job enters the retention index (`retain`; `keep` is a succeeded
+-- job's, read by `succeed`), a cancelled one expires after `retention_ms`.
 -- A finished job's links to other jobs, read with its end: its batch (id, the batch's
 -- queue), a batch it opened from its handler, and whether jobs wait on it (depends_on).
 -- `links_ended` (below) acts on them; nil fields mean no link, and cost nothing more.
 local LINK_FIELDS = {'batch', 'batch_queue', 'child_batch', 'dependents'}
 local links_ended -- defined at the end of this file: it enqueues and finishes jobs
 
-local function finish(prefix, id, retention_ms, at, key, state, links)
+local function finish(prefix, id, retention_ms, at, key, state, links, keep)
   local jkey = job_key(prefix, id)
   if links == nil then
     links = redis.call('HMGET', jkey, 'state', unpack(LINK_FIELDS))
@@ -50,11 +55,19 @@ local function finish(prefix, id, retention_ms, at, key, state, links)
   end
   if retention_ms ~= nil and retention_ms >= 0 then
     if retention_ms == 0 then
-      redis.call('DEL', jkey, jkey .. ':history')
+      redis.call('DEL', jkey, jkey .. ':history', jkey .. ':needed_by')
+    elseif state == 'succeeded' then
+      -- kept by the reaper's trim (its keep), not by a key expiry: result_ttl caps the age
+      retain(prefix, id, state, at + math.min(keep[1], retention_ms), keep[2])
     else
       redis.call('PEXPIRE', jkey, retention_ms)
       redis.call('PEXPIRE', jkey .. ':history', retention_ms)
+      if links[4] then redis.call('PEXPIRE', jkey .. ':needed_by', retention_ms) end
     end
+  elseif state == 'dead' then
+    local f = redis.call('HMGET', jkey, 'policy', 'task', unpack(KEEP_FIELDS.dead))
+    keep = keep_of(prefix, 'dead', f[1], f[2], f, 3)
+    retain(prefix, id, state, at + keep[1], keep[2])
   end
 end
 
@@ -106,6 +119,7 @@ local function release_dependents(prefix, parent, pstate, at)
     local f = redis.call('HMGET', ckey, 'state', 'allow_failure')
     if f[1] == 'waiting' then
       if pstate == 'succeeded' or f[2] then
+        needed_by(job_key(prefix, parent), cid) -- it will read this parent's record
         add_history(prefix, cid, 'dependency ended', at, {parent = parent, state = pstate})
         if redis.call('HINCRBY', ckey, 'waiting_on', -1) <= 0 then
           release_waiting(prefix, cid, ckey, at)

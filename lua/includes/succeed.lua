@@ -9,9 +9,18 @@
 --@include includes/enqueue_job
 --@include includes/finish
 --@include includes/events
+--@include includes/retain
 
 -- The fields `succeed` needs, in this order; ack reads them with its token check.
-local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', unpack(LINK_FIELDS)}
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', 'batch', 'batch_queue',
+  'child_batch', 'dependents', 'policy', 'task', 'keep_succeeded_ms', 'keep_succeeded_count',
+  'keep_history'}
+
+-- The fields a compact succeeded record keeps besides its end (state, result, attempts,
+-- finished_at), when its policy's keep_history is off: what a reader of its result
+-- needs, and what retention reads (its idempotency key, its links).
+local COMPACT_FIELDS = {'id', 'task', 'queue', 'enqueued_at', 'started_at', 'crashes', 'key',
+  'unique_until', 'batch', 'batch_queue', 'parent', 'depends_on', 'callback_of', 'idempotent'}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
@@ -23,18 +32,35 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
   end
   emit(prefix, 'succeeded', id, nil, true) -- first: it reads the lease's owner
   if not batched then redis.call('ZREM', prefix .. 'active', id) end
-  redis.call('HSET', jkey, 'state', 'succeeded', 'finished_at', at, 'result', result,
-    'attempts', (tonumber(f[i]) or 0) + 1)
-  redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested', 'error_pending')
-  if source then
-    add_history(prefix, id, 'succeeded', at, {source = source})
+  local keep = keep_of(prefix, 'succeeded', f[i + 8], f[i + 9], f, i + 10)
+  local ended = {'state', 'succeeded', 'finished_at', at, 'result', result,
+    'attempts', (tonumber(f[i]) or 0) + 1}
+  if keep[3] == 0 then
+    -- compact: written anew without its history, arguments, steps and lease, so a small
+    -- record is a listpack again (a hash once past 64-byte values stays a hashtable)
+    local v = redis.call('HMGET', jkey, unpack(COMPACT_FIELDS))
+    for k, name in ipairs(COMPACT_FIELDS) do
+      if v[k] then
+        ended[#ended + 1] = name
+        ended[#ended + 1] = v[k]
+      end
+    end
+    redis.call('DEL', jkey, jkey .. ':history')
+    redis.call('HSET', jkey, unpack(ended))
   else
-    push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
+    redis.call('HSET', jkey, unpack(ended))
+    redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested',
+      'error_pending')
+    if source then
+      add_history(prefix, id, 'succeeded', at, {source = source})
+    else
+      push_history(prefix, id, '{"event":"succeeded","at":' .. at .. '}')
+    end
   end
   if not batched then count(prefix, 'succeeded', at) end
   if f[i + 3] then group_release(prefix, f[i + 3], at) end
   finish(prefix, id, tonumber(f[i + 1]) or DEFAULT_RESULT_TTL_MS, at, f[i + 2] or false,
-    'succeeded', {f[i + 4], f[i + 5], f[i + 6], f[i + 7]})
+    'succeeded', {f[i + 4], f[i + 5], f[i + 6], f[i + 7]}, keep)
 end
 
 -- An idempotent job whose completion the parent recorded (`done` is the recorded

@@ -1,4 +1,6 @@
-"""forq dead list | show | requeue | purge: the dead-letter set of a queue."""
+"""forq dead list | show | requeue | purge: the dead-letter set of a queue; and
+forq purge: ended jobs (succeeded or dead) deleted now by state, task and age, as the
+reaper's retention trim deletes them (lua/trim.lua: a live or still-needed record stays)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import argparse
 import sys
 from typing import Any
 
-from forq import Job, find_job
+from forq import Job, Queue, find_job
+from forq.store.control import KEPT_STATES, bucket_state, parse_trim, purge_call
 from forq.supervisor.cli import render, terminal
 from forq.supervisor.cli.base import (
     Failure,
@@ -16,8 +19,10 @@ from forq.supervisor.cli.base import (
     queue_named,
     redis_for,
 )
+from forq.units import UnitError, parse_duration
 
 REQUEUE_BATCH = 10000  # dead jobs per script call of `--all`
+PURGE_PAGE = 500  # ended jobs looked at, then purged, per round trip of `forq purge`
 
 
 def _dead_row(job: Job) -> dict[str, Any]:
@@ -103,6 +108,63 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
     return _dead_action(args, "purge")
 
 
+def _candidates(queue: Queue, state: str) -> Any:
+    """Pages of the ids of `state`: dead from the dead-letter set (it holds dead jobs
+    from before retention too), succeeded from the retention index. ZSCAN: a page's
+    deletions neither repeat nor skip the rest."""
+    client = queue.redis
+    if state == "dead":
+        zsets = [queue.keys.dead]
+    else:
+        buckets = sorted(str(b) for b in client.smembers(queue.keys.kept))
+        zsets = [queue.keys.kept_bucket(b) for b in buckets if bucket_state(b) == state]
+    page: list[str] = []
+    for zset in zsets:
+        for jid, _score in client.zscan_iter(zset, count=PURGE_PAGE):
+            page.append(jid)
+            if len(page) == PURGE_PAGE:
+                yield page
+                page = []
+    if page:
+        yield page
+
+
+def purge_ended(queue: Queue, state: str, task: str | None = None,
+                older_ms: int | None = None) -> int:
+    """Delete the `state` jobs of `queue` (of `task`, ended more than `older_ms` ago).
+    Returns how many went."""
+    client, purged = queue.redis, 0
+    seconds, micros = client.time()
+    cutoff = int(seconds) * 1000 + int(micros) // 1000 - (older_ms or 0)
+    for page in _candidates(queue, state):
+        pipe = client.pipeline(transaction=False)
+        for jid in page:
+            pipe.hmget(queue.keys.job(jid), "task", "finished_at")
+        chosen = [(state, jid) for jid, (jtask, ended) in zip(page, pipe.execute(), strict=True)
+                  if (task is None or jtask == task)
+                  and (older_ms is None or int(ended or 0) <= cutoff)]
+        if chosen:
+            result = parse_trim(queue.scripts.run(purge_call(queue.keys, chosen)))
+            purged += result.succeeded + result.dead
+    return purged
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    older_ms = None
+    if args.older_than is not None:
+        try:
+            older_ms = int(parse_duration(args.older_than, where="--older-than") * 1000)
+        except UnitError as exc:
+            raise UsageError(str(exc)) from None
+    queue = queue_named(args.queue, redis_for(args))
+    n = purge_ended(queue, args.state, args.task, older_ms)
+    if args.json:
+        emit({"queue": queue.name, "state": args.state, "purged": n})
+    else:
+        print(f"purged {n} {args.state} job{'s' if n != 1 else ''} of queue {queue.name}")
+    return 0
+
+
 def register(sub: Any, parents: Parents) -> None:
     listing = [parents.inspect, parents.with_config]
     p = sub.add_parser("dead", help="the dead-letter set: list, show, requeue, purge")
@@ -122,3 +184,11 @@ def register(sub: Any, parents: Parents) -> None:
         d.add_argument("ids", nargs="*", metavar="ID")
         d.add_argument("--all", action="store_true", help="every dead job of the queue")
         d.set_defaults(func=func)
+    p = sub.add_parser("purge", parents=listing,
+                       help="ended jobs deleted now, by state, task and age (docs/retention.md)")
+    p.add_argument("-q", "--queue", required=True)
+    p.add_argument("--state", required=True, choices=KEPT_STATES,
+                   help="succeeded or dead (a live job is never purged)")
+    p.add_argument("--task", help="only this task's jobs")
+    p.add_argument("--older-than", metavar="DURATION", help='only those ended before, e.g. "1h"')
+    p.set_defaults(func=cmd_purge)

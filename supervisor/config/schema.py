@@ -108,6 +108,8 @@ def _policy_reader(policy: PolicyKey) -> read.Reader:
         return read.sizes(minimum=int(policy.minimum))
     if policy.kind == "integer":
         return read.integers(int(policy.minimum))
+    if policy.kind == "boolean":  # stored as 1/0: the policy a claim stores holds numbers
+        return read.Reader("true or false", lambda value, where: int(read.boolean(value, where)))
     return read.numbers(policy.minimum, policy.maximum)
 
 

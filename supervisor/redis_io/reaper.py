@@ -6,7 +6,9 @@ counted, or to dead past `max_crashes`, at a cost of O(expired). It runs every
 crashed child (`expire`), so a crash is back in pending within milliseconds.
 
 Each timed pass also sweeps the jobs whose expiry before start passed while they
-waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run.
+waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run,
+and trims the records of ended jobs past their keep age or count (trim.lua, at most
+`TRIM_BATCH` index entries per queue a pass; docs/retention.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import redis
 
 from forq import Queue
 from forq.defaults import MAX_CRASHES
+from forq.store.control import parse_trim, trim_call
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.health import RedisHealth
@@ -47,6 +50,20 @@ class Reaper:
         for name in names:
             leasing(self.queue_for(name)).sweep_expired(self.owner, client=pipe)
 
+    def send_trims(self, pipe: Any, names: list[str]) -> None:
+        for name in names:
+            queue = self.queue_for(name)
+            queue.scripts.run(trim_call(queue.keys), pipe)
+
+    def trimmed(self, name: str, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            log.warning("retention trim of %s failed: %s", name, reply)
+            return
+        result = parse_trim(reply)
+        if result.succeeded or result.dead:
+            log.debug("trimmed %d succeeded and %d dead record(s) in %s", result.succeeded,
+                      result.dead, name)
+
     def swept(self, name: str, reply: Any) -> None:
         if isinstance(reply, Exception):
             return
@@ -57,7 +74,7 @@ class Reaper:
     def reap(self, client: Any, names: list[str], health: RedisHealth, relay: BatchRelay,
              shards: ShardHealth | None = None) -> None:
         """The periodic pass, every served queue in one round trip: expired leases,
-        expired pending jobs, and the ends of batch members the `relay` carries to
+        expired pending jobs, retention's trim, and the ends of batch members the `relay` carries to
         batches on other queues. On a cluster (`shards`), one pipeline per shard, the
         shards backing off left out: one shard down does not stop the others' pass."""
         if shards is None and not health.ready():
@@ -69,6 +86,7 @@ class Reaper:
         pipe = client.pipeline(transaction=False)
         self.send(pipe, names)
         self.send_sweeps(pipe, names)
+        self.send_trims(pipe, names)
         relay.send(pipe, names)
         try:
             sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
@@ -87,8 +105,10 @@ class Reaper:
             self.answered(name, reply, say=True)
         for name, reply in zip(names, replies[n:2 * n], strict=True):
             self.swept(name, reply)
+        for name, reply in zip(names, replies[2 * n:3 * n], strict=True):
+            self.trimmed(name, reply)
         try:
-            relay.deliver(client, names, replies[2 * n:])
+            relay.deliver(client, names, replies[3 * n:])
         except (redis.RedisError, OSError) as exc:
             health.failed("relay", exc)
 

@@ -1,0 +1,316 @@
+"""Retention (issue 26 item 1): ended jobs' records are bounded by configuration, not by
+history. A succeeded or dead job enters its queue's retention index; the reaper's trim
+(lua/trim.lua) deletes records past their keep age or beyond their keep count, a bounded
+number per pass, and never a live job or a record someone still needs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from forq import Queue
+from forq.errors import PayloadError
+from forq.store.control import TrimResult, parse_trim, purge_call, retained_counts, trim_call
+from forq.supervisor.config.load import ConfigError, load_config
+from forq.supervisor.leases.calls import leasing
+from tests.helpers import wait_for, wait_job
+from tests.supervisors import REPO, SupervisorProcess, write_config
+
+OWNER = "retention-test:1"
+LONG = 60_000
+GONE = {"age": "0s"}  # trimmed by the next pass
+
+
+def trim(queue: Queue, limit: int = 1000) -> TrimResult:
+    return parse_trim(queue.scripts.run(trim_call(queue.keys, limit)))
+
+
+def succeed(queue: Queue, task: str = "t.x", policy: str = "", **options) -> str:
+    jid = queue.enqueue(task, **options).id
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG, policy).leases
+    assert lease.id == jid
+    assert leasing(queue).ack(jid, lease.token, json.dumps({"n": 1})) == "ok"
+    return jid
+
+
+def die(queue: Queue, task: str = "t.x", **options) -> str:
+    jid = queue.enqueue(task, **options).id
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
+    assert leasing(queue).fail(jid, lease.token, {"message": "poison"}, "fatal").outcome == "dead"
+    return jid
+
+
+def exists(queue: Queue, jid: str) -> bool:
+    return bool(queue.redis.exists(queue.keys.job(jid)))
+
+
+# -- the record -----------------------------------------------------------------------------
+
+
+def test_a_succeeded_record_is_compact_and_indexed(queue: Queue, r: redis_lib.Redis):
+    jid = succeed(queue, args=["x" * 200])
+    fields = r.hgetall(queue.keys.job(jid))
+    assert set(fields) <= {"id", "queue", "task", "state", "result", "enqueued_at",
+                           "started_at", "finished_at", "attempts", "crashes"}
+    assert fields["state"] == "succeeded" and fields["result"] == '{"n": 1}'
+    assert not r.exists(queue.keys.history(jid))
+    assert r.smembers(queue.keys.kept) == {"succeeded:10000"}
+    score = r.zscore(queue.keys.kept_bucket("succeeded:10000"), jid)
+    assert score == int(fields["finished_at"]) + 3_600_000  # the default age: 1 h
+    assert r.pttl(queue.keys.job(jid)) == -1  # the reaper trims it, no key expiry
+    assert retained_counts(r, queue.keys) == {"succeeded": 1, "dead": 0}
+
+
+def test_keep_history_keeps_the_whole_record(queue: Queue, r: redis_lib.Redis):
+    jid = succeed(queue, args=[1, 2], keep_history=True)
+    job = queue.get(jid)
+    assert job.args == [1, 2] and [e["event"] for e in job.history][-1] == "succeeded"
+
+
+def test_a_dead_record_is_indexed_for_30_days(queue: Queue, r: redis_lib.Redis):
+    jid = die(queue)
+    assert queue.get(jid).history  # a dead record keeps its story: it is read
+    finished = int(r.hget(queue.keys.job(jid), "finished_at"))
+    assert r.zscore(queue.keys.kept_bucket("dead:10000"), jid) == finished + 30 * 86_400_000
+    assert trim(queue) == (0, 0, 0, False)
+    assert queue.get(jid).state == "dead"
+
+
+# -- trimming -------------------------------------------------------------------------------
+
+
+def test_trim_by_age(queue: Queue, r: redis_lib.Redis):
+    old = succeed(queue, keep_succeeded=GONE)
+    young = succeed(queue)
+    dead = die(queue, keep_dead=GONE)
+    assert trim(queue) == (1, 1, 0, False)
+    assert not exists(queue, old) and not r.exists(queue.keys.history(dead))
+    assert not exists(queue, dead) and r.zscore(queue.keys.dead, dead) is None
+    assert r.zscore(queue.keys.finished, old) is None
+    assert queue.get(young).state == "succeeded"
+    assert r.smembers(queue.keys.kept) == {"succeeded:10000"}  # empty buckets go
+
+
+def test_trim_by_count_keeps_the_newest(queue: Queue):
+    ids = [succeed(queue, keep_succeeded={"count": 3}) for _ in range(5)]
+    dead = [die(queue, keep_dead={"count": 1}) for _ in range(3)]
+    assert trim(queue) == (2, 2, 0, False)
+    assert [exists(queue, jid) for jid in ids] == [False, False, True, True, True]
+    assert [exists(queue, jid) for jid in dead] == [False, False, True]
+    assert queue.stats()["dead"] == 1
+    assert trim(queue) == (0, 0, 0, False)
+
+
+def test_a_pass_is_bounded(queue: Queue):
+    ids = [succeed(queue, keep_succeeded=GONE) for _ in range(25)]
+    assert trim(queue, limit=10) == (10, 0, 0, True)
+    assert trim(queue, limit=10) == (10, 0, 0, True)
+    assert trim(queue, limit=10).succeeded == 5
+    assert not any(exists(queue, jid) for jid in ids)
+
+
+def test_count_zero_keeps_none_and_result_ttl_zero_indexes_nothing(queue: Queue, r):
+    jid = succeed(queue, keep_succeeded={"count": 0})
+    assert trim(queue).succeeded == 1 and not exists(queue, jid)
+    succeed(queue, result_ttl=0)
+    assert r.scard(queue.keys.kept) == 0
+
+
+def test_result_ttl_caps_the_keep_age(queue: Queue, r):
+    jid = succeed(queue, result_ttl="10s")
+    finished = int(r.hget(queue.keys.job(jid), "finished_at"))
+    assert r.zscore(queue.keys.kept_bucket("succeeded:10000"), jid) == finished + 10_000
+
+
+def test_the_lua_keep_defaults_are_forq_defaults():
+    import re
+
+    from forq.defaults import JOB_POLICY
+    from forq.store.scripts import source
+
+    text = source("ack")
+    found = re.search(r"KEEP_DEFAULTS = \{succeeded = \{(\d+), (\d+), (\d+)\}, "
+                      r"dead = \{(\d+), (\d+), (\d+)\}\}", text)
+    assert found, "retain.lua's KEEP_DEFAULTS"
+    assert [int(v) for v in found.groups()] == [
+        JOB_POLICY["keep_succeeded_ms"], JOB_POLICY["keep_succeeded_count"],
+        JOB_POLICY["keep_history"], JOB_POLICY["keep_dead_ms"], JOB_POLICY["keep_dead_count"],
+        JOB_POLICY["keep_history"]]
+
+
+# -- never a live job -----------------------------------------------------------------------
+
+
+def test_purge_never_deletes_a_live_job(queue: Queue):
+    """Pending, scheduled, active, waiting: whatever an index or a purge names, a record
+    whose state is not the one trimmed stays."""
+    pending = queue.enqueue("t.p").id
+    active = queue.enqueue("t.a").id
+    leasing(queue).claim(OWNER, 1, LONG)  # the oldest: `pending` is now active
+    scheduled = queue.enqueue("t.s", delay="1h").id
+    parent = queue.enqueue("t.parent", delay="1h").id
+    waiting = queue.enqueue("t.w", depends_on=[parent]).id
+    live = [pending, active, scheduled, parent, waiting]
+    targets = [(state, jid) for jid in live for state in ("succeeded", "dead")]
+    assert parse_trim(queue.scripts.run(purge_call(queue.keys, targets))) == (0, 0, 0, False)
+    assert all(exists(queue, jid) for jid in live)
+    assert queue.get(waiting).state == "waiting"
+
+
+def test_a_requeued_dead_job_is_not_trimmed(queue: Queue, r):
+    """A dead job requeued may run again (its durable steps with it): its index entry
+    goes, its record stays."""
+    jid = die(queue, keep_dead=GONE)
+    r.hset(queue.keys.job(jid), "step:charge", '{"n":1,"at":1,"result":7}')
+    assert queue.requeue_dead([jid])[0] == 1
+    assert trim(queue) == (0, 0, 0, False)
+    assert queue.get(jid).state == "pending"
+    assert r.hget(queue.keys.job(jid), "step:charge")
+    assert r.scard(queue.keys.kept) == 0
+
+
+def test_an_idempotency_key_within_its_ttl_keeps_its_record(queue: Queue, r):
+    jid = succeed(queue, key="order-7", unique_for="1h", keep_succeeded=GONE)
+    assert trim(queue) == (0, 0, 1, False)
+    assert exists(queue, jid)
+    again = queue.enqueue("t.x", key="order-7")
+    assert again.id == jid and again.fields["enqueue_status"] == "duplicate"
+    # looked at again when the key's hold ends, not at every pass
+    until = int(r.hget(queue.keys.job(jid), "unique_until"))
+    assert r.zscore(queue.keys.kept_bucket("succeeded:10000"), jid) == until
+    assert trim(queue) == (0, 0, 0, False)
+
+
+def test_a_record_a_waiting_job_needs_stays_until_it_ends(queue: Queue):
+    """A parent's result is read by the job that depends on it when that one runs."""
+    done = succeed(queue, "t.parent", keep_succeeded=GONE)
+    later = queue.enqueue("t.parent2", keep_succeeded=GONE).id
+    child = queue.enqueue("t.child", depends_on=[done, later]).id
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
+    assert lease.id == later
+    assert leasing(queue).ack(later, lease.token, "2") == "ok"  # the child is released now
+    bucket = queue.keys.kept_bucket("succeeded:10000")
+    assert trim(queue) == (0, 0, 2, False)
+    assert exists(queue, done) and exists(queue, later)
+    assert queue.redis.zscore(bucket, done) > queue.redis.time()[0] * 1000  # looked at later
+    (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
+    assert lease.id == child
+    queue.redis.zadd(bucket, {done: 0, later: 0})  # that later is now
+    assert trim(queue).kept_back == 2  # it runs: it may still read them
+    assert leasing(queue).ack(child, lease.token, "3") == "ok"
+    queue.redis.zadd(bucket, {done: 0, later: 0})
+    assert trim(queue).succeeded == 2
+    assert not exists(queue, done) and not exists(queue, later)
+
+
+# -- per task and per job -------------------------------------------------------------------
+
+
+def test_a_tasks_own_keep_comes_from_its_policy(queue: Queue, r):
+    policy = json.dumps({"defaults": {"keep_succeeded_count": 50},
+                         "tasks": {"t.small": {"keep_succeeded_count": 2,
+                                               "keep_history": 1}}})
+    ids = [succeed(queue, "t.small", policy) for _ in range(3)]
+    other = succeed(queue, "t.other", policy)
+    assert r.smembers(queue.keys.kept) == {"succeeded:2", "succeeded:50"}
+    assert queue.get(ids[0]).history  # the task keeps its history
+    assert not r.exists(queue.keys.history(other))
+    assert trim(queue).succeeded == 1
+    assert not exists(queue, ids[0]) and exists(queue, other)
+
+
+def test_per_job_options_are_checked(queue: Queue):
+    with pytest.raises(PayloadError, match=r"keep_succeeded has unknown key\(s\) ttl"):
+        queue.enqueue("t.x", keep_succeeded={"ttl": "1h"})
+    with pytest.raises(PayloadError, match="keep_dead must be a mapping"):
+        queue.enqueue("t.x", keep_dead=5)
+    with pytest.raises(PayloadError, match="keep_dead.count must be at least 0"):
+        queue.enqueue("t.x", keep_dead={"count": -1})
+    with pytest.raises(PayloadError, match="keep_history must be true or false"):
+        queue.enqueue("t.x", keep_history="yes")
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[defaults]\nkeep_succeeded = { age = "forever" }\n', "[defaults].keep_succeeded.age"),
+    ('[defaults]\nkeep_dead = { count = -5 }\n', "[defaults].keep_dead.count"),
+    ('[defaults]\nkeep_dead = { size = 5 }\n', "size"),
+    ('[tasks."t.x"]\nkeep_history = "yes"\n', "keep_history: expected true or false"),
+])
+def test_config_errors_name_the_key(tmp_path: Path, toml: str, message: str):
+    path = tmp_path / "forq.toml"
+    path.write_text('[redis]\nurl = "redis://127.0.0.1:6379/7"\n[[queue]]\nname = "q"\n'
+                    'concurrency = 1\n' + toml)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_queue_and_task_keep_reach_the_claimed_policy(tmp_path: Path):
+    path = tmp_path / "forq.toml"
+    path.write_text('[redis]\nurl = "redis://127.0.0.1:6379/7"\n'
+                    '[defaults]\nkeep_dead = { age = "7d" }\n'
+                    '[[queue]]\nname = "q"\nconcurrency = 1\n'
+                    'keep_succeeded = { age = "30s", count = 500 }\n'
+                    '[tasks."t.x"]\nkeep_history = true\n')
+    policy = load_config(path).job_policy("q")
+    assert policy["defaults"]["keep_succeeded_ms"] == 30_000
+    assert policy["defaults"]["keep_succeeded_count"] == 500
+    assert policy["defaults"]["keep_dead_ms"] == 7 * 86_400_000
+    assert policy["defaults"]["keep_history"] == 0
+    assert policy["tasks"]["t.x"]["keep_history"] == 1
+
+
+# -- the reaper, in a real supervisor -------------------------------------------------------
+
+
+def test_the_supervisors_reaper_trims(tmp_path: Path, redis_url: str, queue: Queue):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                          reaper_interval="100ms", max_attempts=1,
+                          defaults='keep_succeeded = { age = "0s" }\n'
+                                   'keep_dead = { count = 1 }')
+    jobs = [queue.enqueue("tests.echo", i) for i in range(3)]
+    poison = [queue.enqueue("tests.fatal") for _ in range(3)]
+    with SupervisorProcess(config).start() as sup:
+        for job in jobs + poison:
+            wait_job(queue, job.id, ("succeeded", "dead", "missing"),
+                     context=lambda: sup.log()[-3000:])
+        wait_for(lambda: retained_counts(queue.redis, queue.keys) == {"succeeded": 0, "dead": 1},
+                 message="the reaper trimmed to the configured keep")
+    assert not any(exists(queue, job.id) for job in jobs)
+    assert queue.stats()["dead"] == 1
+
+
+# -- forq purge -----------------------------------------------------------------------------
+
+
+def forq(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url,
+                           *args], capture_output=True, text=True, timeout=30, cwd=REPO)
+
+
+def test_forq_purge_by_state_task_and_age(redis_url: str, queue: Queue, r):
+    keep = succeed(queue, "t.keep")
+    drop = [succeed(queue, "t.drop") for _ in range(3)]
+    dead = die(queue, "t.drop")
+    out = forq(redis_url, "purge", "-q", queue.name, "--state", "succeeded", "--task", "t.drop",
+               "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"queue": queue.name, "state": "succeeded", "purged": 3}
+    assert exists(queue, keep) and exists(queue, dead)
+    assert not any(exists(queue, jid) for jid in drop)
+    out = forq(redis_url, "purge", "-q", queue.name, "--state", "dead", "--older-than", "1h")
+    assert out.returncode == 0 and "purged 0 dead" in out.stdout
+    out = forq(redis_url, "purge", "-q", queue.name, "--state", "dead")
+    assert out.returncode == 0 and "purged 1 dead" in out.stdout
+    assert not exists(queue, dead) and r.zcard(queue.keys.dead) == 0
+
+
+def test_forq_purge_refuses_a_live_state(redis_url: str, queue: Queue):
+    out = forq(redis_url, "purge", "-q", queue.name, "--state", "pending")
+    assert out.returncode == 2
+    assert "--state" in out.stderr and "Traceback" not in out.stderr
