@@ -6,6 +6,8 @@
   lease_ttl + reaper_interval (+ tolerance) ago.
 * A supervisor that exits on its own (not killed or drained by chaos) is recorded
   and restarted.
+* In a soak with retention (chaos/soak.py), each ended job's record is copied as it
+  enters its queue's retention index, before the reaper trims it (`Context.kept`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import redis
 
 from forq.store.keys import QueueKeys
 
-from .context import QUEUE, Context
+from . import soak
+from .context import OTHER_QUEUE, QUEUE, Context
 from .producer import client
 
 SNAPSHOT = """
@@ -129,6 +132,8 @@ class Monitor(threading.Thread):
         self.flagged: set[tuple[str, str]] = set()
         self.snapshots = 0
         self.failed_snapshots = 0
+        self.copied: dict[str, float] = {}  # ended job -> the index score it was copied at
+        self.floor: dict[str, float] = {}  # retention bucket -> highest score copied
 
     def run(self) -> None:
         r = client(self.ctx.redis.url, timeout=1.0)
@@ -137,6 +142,8 @@ class Monitor(threading.Thread):
             try:
                 self.check_supervisors()
                 self.snapshot(script)
+                if self.ctx.settings.soak and soak.redis_bounded():
+                    self.keep(r)
             except Exception as exc:  # noqa: BLE001
                 self.ctx.errors.append(f"monitor: {type(exc).__name__}: {exc}")
 
@@ -179,6 +186,32 @@ class Monitor(threading.Thread):
                 self.violation("lease of a dead supervisor",
                                f"{job} still leased to {owner}, dead for {now - died:.1f}s "
                                f"(bound {bound:.2f}s)", now, key=(job, owner))
+
+    def keep(self, r) -> None:
+        """Copy the records that entered a retention index since the last look: each
+        bucket is scored by when its records may go, rising for its new entries."""
+        try:
+            for name in (QUEUE, OTHER_QUEUE):
+                keys = QueueKeys(name)
+                for bucket in r.smembers(keys.kept):
+                    zset = keys.kept_bucket(bucket)
+                    fresh = [(jid, score) for jid, score in r.zrangebyscore(
+                        zset, self.floor.get(zset, "-inf"), "+inf", withscores=True)
+                        if self.copied.get(jid) != score]
+                    if not fresh:
+                        continue
+                    pipe = r.pipeline(transaction=False)
+                    for jid, _ in fresh:
+                        pipe.hgetall(keys.job(jid))
+                        pipe.lrange(keys.history(jid), 0, -1)
+                    replies = pipe.execute()
+                    for i, (jid, score) in enumerate(fresh):
+                        if replies[2 * i]:
+                            self.ctx.kept[jid] = (name, replies[2 * i], replies[2 * i + 1])
+                            self.copied[jid] = score
+                    self.floor[zset] = max(score for _, score in fresh)
+        except (redis.RedisError, OSError):
+            pass  # Redis down or full (a fault): the next look copies what this one missed
 
     def violation(self, kind: str, detail: str, at: float, key: tuple[str, str] | None = None) -> None:
         key = key or (kind, detail)

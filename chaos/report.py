@@ -156,7 +156,7 @@ def render_soak(soak: dict[str, Any]) -> list[str]:
     per_job = soak["redis_per_job"]
     if per_job.get("used_memory") is not None:
         why = ("judged: retention bounds it" if soak["redis_bounded"]
-               else "not judged: no retention yet, records stay for result_ttl")
+               else "not judged: retention off (chaos/soak.py RETENTION_DEFAULTS)")
         lines.append(f"  redis grows {amount('used_memory', per_job['used_memory'])} and "
                      f"{per_job['keys'] or 0:.2f} keys per job told ({why})")
     mark = "ok  " if soak["ok"] else "FAIL"

@@ -31,16 +31,16 @@ from .producer import client
 from .report import LABEL, amount
 from .trend import Fit, fit, verdict
 
-# Retention (issue 26: `keep_succeeded` / `keep_dead`, trimmed by the reaper) is not in
-# forq yet: until it is, every succeeded job's record stays for result_ttl (24 h), so
-# Redis's memory and key count grow with every job. The soak then reports that growth
-# per job and does not judge it. THE switch, once retention lands: the TOML lines that
-# bound the records with short windows (added to every chaos supervisor's [defaults])
-# and the longest age in them. The warm-up then covers two windows, and Redis's series
-# are judged like the processes'. (The checker must then accept a succeeded record
-# trimmed after its window: today invariant 1 would count it lost.)
-RETENTION_DEFAULTS = ""  # e.g. 'keep_succeeded = { age = "2m", count = 5000 }'
-RETENTION_WINDOW_S = 0.0
+# Retention (docs/operations/retention.md): every chaos supervisor of a soak keeps ended
+# records for a short window (these TOML lines join its [defaults]), so Redis's memory
+# and key count are bounded by it, not by the jobs told: the warm-up covers two windows
+# and Redis's series are judged like the processes'. The monitor copies each ended
+# record before the reaper trims it (chaos/monitor.py), so the checker still reads it.
+# An empty RETENTION_DEFAULTS turns this off: Redis's growth per job is then reported,
+# not judged.
+RETENTION_DEFAULTS = ('keep_succeeded = { age = "30s", count = 20000 }\n'
+                      'keep_dead = { age = "30s", count = 20000 }')
+RETENTION_WINDOW_S = 30.0
 
 # what a soak injects unless --faults says otherwise: nothing that replaces a measured
 # process (sup_kill and sup_term restart a supervisor, and its fork server with it)

@@ -53,6 +53,7 @@ from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.observe.metrics_server import MetricsServer
+from forq.supervisor.observe.retention import RetentionCollector
 from forq.supervisor.redis_io import checks as redis_checks
 from forq.supervisor.redis_io.claimer import Claimer
 from forq.supervisor.redis_io.health import RedisHealth, wait_until_reachable
@@ -89,6 +90,8 @@ class Supervisor:
         self.want_claim = True
         self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served()),
                                name=self.name)
+        self.metrics.registry.register(RetentionCollector(
+            lambda: self.redis, self.served, lambda: self.metrics.redis_error("scrape")))
         self.metrics_server: MetricsServer | None = None
         self.heartbeat = Heartbeat(self)
         self.notifier = Notifier.from_env()

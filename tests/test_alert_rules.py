@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.retention import RetentionCollector
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "etc" / "prometheus" / "forq-alerts.yml"
@@ -45,6 +46,8 @@ def exported_names() -> set[str]:
     m.reclaimed("q", 1)
     m.redis_error("claim")
     m.shard_state("10.0.0.2:7001", True)
+    # registered by the supervisor; its families are declared even when a read fails
+    m.registry.register(RetentionCollector(lambda: None, lambda: ["q"], lambda: None))
     names = set()
     for family in text_string_to_metric_families(m.render().decode()):
         names.add(family.name)
@@ -316,6 +319,27 @@ UNIT_TESTS = [
               {"severity": "warning", "instance": "a:9464", "shard": "10.0.0.2:7001"}),
             A("ForqRedisShardDown", "12m"),
         ],
+    },
+    {
+        "interval": "1m",
+        "input_series": [  # two supervisors see one Redis filling up; another has no limit
+            S(f'forq_redis_memory_used_bytes{{{SUP["a"]}}}', "700+10x30"),
+            S(f'forq_redis_memory_max_bytes{{{SUP["a"]}}}', "1000x30"),
+            S(f'forq_redis_memory_used_bytes{{{SUP["b"]}}}', "700+10x30"),
+            S(f'forq_redis_memory_max_bytes{{{SUP["b"]}}}', "1000x30"),
+        ],
+        "alert_rule_test": [
+            A("ForqRedisMemoryHigh", "15m"),  # above 80% from minute 11, for 10m: not yet
+            A("ForqRedisMemoryHigh", "25m", {"severity": "warning"}),
+        ],
+    },
+    {
+        "interval": "1m",
+        "input_series": [  # no maxmemory (0): nothing to compare with
+            S(f'forq_redis_memory_used_bytes{{{SUP["a"]}}}', "5000x30"),
+            S(f'forq_redis_memory_max_bytes{{{SUP["a"]}}}', "0x30"),
+        ],
+        "alert_rule_test": [A("ForqRedisMemoryHigh", "25m")],
     },
 ]
 

@@ -338,8 +338,12 @@ def test_stats_table_and_json(forq, queue):
 
     header, row = ok(text).splitlines()
     assert header.split() == ["queue", "pending", "scheduled", "active", "dead", "ok/1m",
-                              "failed/1m", "oldest"]
+                              "failed/1m", "oldest", "kept-ok", "kept-bytes"]
     assert row.split()[:7] == [queue.name, "1", "1", "0", "1", "1", "1"]
+    assert row.split()[-2] == "1"  # the succeeded record kept (docs/operations/retention.md)
+    kept = mine["retained"]
+    assert kept["succeeded"]["count"] == 1 and kept["dead"]["count"] == 1
+    assert 100 < kept["succeeded"]["bytes"] < 5000 and kept["dead"]["bytes"] > 100
 
 
 def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from forq.errors import PayloadError
 from forq.store.control import TrimResult, parse_trim, purge_call, retained_counts, trim_call
 from forq.supervisor.config.load import ConfigError, load_config
 from forq.supervisor.leases.calls import leasing
+from forq.testing.redis import free_port
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
 
@@ -268,11 +270,28 @@ def test_queue_and_task_keep_reach_the_claimed_policy(tmp_path: Path):
 # -- the reaper, in a real supervisor -------------------------------------------------------
 
 
-def test_the_supervisors_reaper_trims(tmp_path: Path, redis_url: str, queue: Queue):
+def scrape(url: str, name: str, **labels: str) -> float | None:
+    """One sample of a supervisor's /metrics, or None when absent."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        head, _, rest = series.partition("{")
+        if head == name and ",".join(sorted(rest.rstrip("}").split(","))) == want:
+            return float(value)
+    return None
+
+
+def test_the_supervisors_reaper_trims_and_its_metrics_show_it(tmp_path: Path, redis_url: str,
+                                                              queue: Queue):
     config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
                           reaper_interval="100ms", max_attempts=1,
                           defaults='keep_succeeded = { age = "0s" }\n'
                                    'keep_dead = { count = 1 }')
+    port = free_port()
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+    url = f"http://127.0.0.1:{port}/metrics"
     jobs = [queue.enqueue("tests.echo", i) for i in range(3)]
     poison = [queue.enqueue("tests.fatal") for _ in range(3)]
     with SupervisorProcess(config).start() as sup:
@@ -281,6 +300,12 @@ def test_the_supervisors_reaper_trims(tmp_path: Path, redis_url: str, queue: Que
                      context=lambda: sup.log()[-3000:])
         wait_for(lambda: retained_counts(queue.redis, queue.keys) == {"succeeded": 0, "dead": 1},
                  message="the reaper trimmed to the configured keep")
+        wait_for(lambda: scrape(url, "forq_retained_jobs", queue=queue.name, state="dead") == 1,
+                 message="forq_retained_jobs shows the one dead record kept")
+        assert scrape(url, "forq_retained_jobs", queue=queue.name, state="succeeded") == 0
+        info = queue.redis.info("memory")
+        assert scrape(url, "forq_redis_memory_max_bytes") == float(info["maxmemory"])
+        assert (scrape(url, "forq_redis_memory_used_bytes") or 0) > 0
     assert not any(exists(queue, job.id) for job in jobs)
     assert queue.stats()["dead"] == 1
 

@@ -19,6 +19,8 @@ from forq import Queue, known_queues
 from forq.fleet import CHILD_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
+from forq.store.pipelines import run_plan
+from forq.store.plans import retained
 
 PAGE_SIZE = 50
 CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
@@ -116,6 +118,8 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         })
         if head:
             heads.append((len(queues) - 1, QueueKeys(name).job(head[0])))
+    for q in queues:  # the ended records each keeps (docs/operations/retention.md)
+        q["retained"] = kept_records(client, q["name"], q["dead"])
     if heads:
         pipe = client.pipeline(transaction=False)
         for _, key in heads:
@@ -125,6 +129,15 @@ def overview(client: redis.Redis) -> dict[str, Any]:
                 since = max(_int(enqueued), _int(run_at))
                 queues[index]["oldest_pending_age"] = max(0.0, (now_ms - since) / 1000)
     return {"now_ms": now_ms, "queues": queues, "supervisors": live_supervisors(client)}
+
+
+def kept_records(client: redis.Redis, name: str, dead: int) -> dict[str, Any]:
+    """A queue's kept succeeded and dead records: counts and bytes (sampled)."""
+    queue = Queue(name, redis=client)
+    buckets = sorted(str(b) for b in client.smembers(queue.keys.kept))
+    kept = run_plan(client, queue.scripts, retained(queue.keys, buckets, dead))
+    return {"succeeded": kept["succeeded"]["count"], "dead": kept["dead"]["count"],
+            "bytes": kept["succeeded"]["bytes"] + kept["dead"]["bytes"]}
 
 
 # -- running now ------------------------------------------------------------------------

@@ -82,11 +82,12 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
     (pending, scheduled, active, dead_count, totals, now, head, grouped, (paused_at, throttled_until),
-     waiting) = yield [
+     waiting, buckets) = yield [
         ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
         ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
         ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
-        ("HMGET", keys.limits, "paused", "throttled_until"), ("ZCARD", keys.waiting)]
+        ("HMGET", keys.limits, "paused", "throttled_until"), ("ZCARD", keys.waiting),
+        ("SMEMBERS", keys.kept)]
     pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
@@ -103,6 +104,7 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     if head and replies[2][0]:
         since = max(int(replies[2][0]), int(replies[2][1] or 0))
         oldest = max(0.0, (now_ms - since) / 1000)
+    kept = yield from retained(keys, sorted(str(b) for b in buckets or ()), int(dead_count))
     return {
         "pending": pending,
         "scheduled": scheduled,
@@ -117,7 +119,45 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         "paused": paused_at is not None,
         # seconds until a throttle of the whole queue ends (`current().throttle`), or None
         "throttled_for": _left(throttled_until, now_ms),
+        # ended records kept (docs/operations/retention.md): count and estimated bytes
+        "retained": kept,
     }
+
+
+RETAINED_SAMPLE = 3  # records per state whose MEMORY USAGE estimates the rest
+
+
+def retained(keys: QueueKeys, buckets: list[str], dead: int) -> Plan[dict[str, Any]]:
+    """The succeeded and dead records a queue keeps: how many, and their bytes, estimated
+    from `MEMORY USAGE` of the newest few (record and history) times the count, plus
+    the index sets' own. Two round trips, whatever the counts."""
+    sets = [(bucket.partition(":")[0], keys.kept_bucket(bucket)) for bucket in buckets]
+    sets.append(("dead", keys.dead))
+    replies = yield [cmd for _, zset in sets
+                     for cmd in (("ZCARD", zset), ("ZRANGE", zset, -RETAINED_SAMPLE, -1))]
+    counts = {"succeeded": 0, "dead": dead}
+    sampled: dict[str, list[str]] = {"succeeded": [], "dead": []}
+    for i, (state, _zset) in enumerate(sets):
+        if state == "succeeded":
+            counts[state] += int(replies[2 * i])
+        if state in sampled and len(sampled[state]) < RETAINED_SAMPLE:
+            sampled[state] += list(replies[2 * i + 1])[:RETAINED_SAMPLE - len(sampled[state])]
+    reads: list[Command] = [("MEMORY", "USAGE", zset) for _, zset in sets]
+    order = [(state, jid) for state in sampled for jid in sampled[state]]
+    reads += [("MEMORY", "USAGE", key) for _, jid in order
+              for key in (keys.job(jid), keys.history(jid))]
+    usage = yield reads
+    out = {state: {"count": counts[state], "bytes": 0} for state in counts}
+    for (state, _zset), used in zip(sets, usage, strict=False):
+        if state in out:
+            out[state]["bytes"] += int(used or 0)
+    records = usage[len(sets):]
+    for state in out:
+        mine = [int(records[2 * k] or 0) + int(records[2 * k + 1] or 0)
+                for k, (s, _) in enumerate(order) if s == state]
+        if mine:
+            out[state]["bytes"] += round(sum(mine) / len(mine) * counts[state])
+    return out
 
 
 def _left(until_ms: str | None, now_ms: int) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from forq import Job
 from forq.fleet import code_status
-from forq.units import age, relative, when, when_ms
+from forq.units import age, format_size, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
 
@@ -155,16 +155,20 @@ NO_QUEUES = "no queues yet"
 
 
 def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
-    header = ("queue", "pending", "scheduled", "active", "dead", "ok/1m", "failed/1m", "oldest")
+    header = ("queue", "pending", "scheduled", "active", "dead", "ok/1m", "failed/1m", "oldest",
+              "kept-ok", "kept-bytes")
     rows: list[Sequence[Any]] = []
     for name, s in sorted(stats.items()):
         last = s.get("last_minute", {})
         shown = f"{name} (paused)" if s.get("paused") else name  # forq pause
         if s.get("throttled_for"):  # current().throttle, forq throttle
             shown += f" (throttled {age(s['throttled_for'])})"
+        kept = s.get("retained") or {}  # succeeded and dead records kept, and their bytes
+        kept_bytes = sum(int(k.get("bytes", 0)) for k in kept.values())
         rows.append((shown, s["pending"], s["scheduled"], s["active"], s["dead"],
                      last.get("succeeded", 0), last.get("failed", 0),
-                     age(s.get("oldest_pending_age"))))
+                     age(s.get("oldest_pending_age")),
+                     (kept.get("succeeded") or {}).get("count", 0), format_size(kept_bytes)))
     return header, rows
 
 
