@@ -155,7 +155,7 @@ def render_soak(soak: dict[str, Any]) -> list[str]:
                      f"{amount(m, row.get('per_hour'), True):>10} {ci:>24}  {row['verdict']}")
     per_job = soak["redis_per_job"]
     if per_job.get("used_memory") is not None:
-        why = ("judged: retention bounds it" if soak["redis_bounded"]
+        why = ("memory judged: retention bounds it" if soak["redis_bounded"]
                else "not judged: retention off (chaos/soak.py RETENTION_DEFAULTS)")
         lines.append(f"  redis grows {amount('used_memory', per_job['used_memory'])} and "
                      f"{per_job['keys'] or 0:.2f} keys per job told ({why})")

@@ -37,9 +37,14 @@ from .trend import Fit, fit, verdict
 # and Redis's series are judged like the processes'. The monitor copies each ended
 # record before the reaper trims it (chaos/monitor.py), so the checker still reads it.
 # An empty RETENTION_DEFAULTS turns this off: Redis's growth per job is then reported,
-# not judged.
+# not judged. The key count is reported, not judged, either way: a batch's record lives a
+# day whatever the keep (lua/includes/batches.lua), so a short run sees keys grow by
+# about one per batch member. idempotency_ttl (the completion records of idempotent jobs)
+# gets a short window too, longer than any reclaim a fault causes; result_ttl stays (a
+# cancelled record expires by it, and the checker reads it at the end).
 RETENTION_DEFAULTS = ('keep_succeeded = { age = "30s", count = 20000 }\n'
-                      'keep_dead = { age = "30s", count = 20000 }')
+                      'keep_dead = { age = "30s", count = 20000 }\n'
+                      'idempotency_ttl = "2m"')
 RETENTION_WINDOW_S = 30.0
 
 # what a soak injects unless --faults says otherwise: nothing that replaces a measured
@@ -213,7 +218,7 @@ def judge(samples: list[dict[str, Any]], *, interval: float, warmup: float,
     per_job: dict[str, float | None] = {}
     for metric in ("used_memory", "keys"):
         points = [(s["t"], s["redis"][metric]) for s in redis_points]
-        series.append(_series("redis", metric, points, t0, bounded))
+        series.append(_series("redis", metric, points, t0, bounded and metric == "used_memory"))
         by_job: Fit | None = fit([s["told"] for s in redis_points],
                                  [s["redis"][metric] for s in redis_points])
         per_job[metric] = by_job.slope if by_job else None
