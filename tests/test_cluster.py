@@ -31,6 +31,7 @@ from forq import JobFailed, Queue
 from forq.payload import build_spec
 from forq.schedules import Schedules
 from forq.store.connection import connect
+from forq.store.control import parse_trim, trim_call
 from forq.store.scripts import TRANSITIONS
 from forq.store.topology import ForqCluster, is_cluster, parse_url
 from forq.supervisor.leases.calls import LeaseCalls, leasing
@@ -262,6 +263,7 @@ def workout(queues: list[Queue], rc) -> None:
         leasing(q).record_done(dead_id, '"r"', 60_000)
         assert leasing(q).fail(dead_id, lease.token, {"message": "x"}, mode="fatal").outcome == "dead"
         assert q.purge_dead() == (1, [])
+        assert parse_trim(q.scripts.run(trim_call(q.keys))).more is False  # retention
         q.set_limits(rate=None, max_in_flight=None)
         assert q.stats()["succeeded"] == 1
         assert q.pause() and leasing(q).claim(OWNER, 5, LONG).leases == []
