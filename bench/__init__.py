@@ -10,5 +10,7 @@ to end), `scale` (claim+ack at big backlogs), `peers` (the other queues, run in 
 own venv), `report` (RESULTS.md). `core.py` is the core (enqueue, claim+ack) benchmark.
 `appsize` forks with a real application loaded (`apps`: a heap of a given size, or
 Django + pandas + numpy) beside RQ's forking worker and Dramatiq; `prefetch` measures
-what prefetch buys and what it costs a fleet's latency; `childcost` one job's child.
+what prefetch buys and what it costs a fleet's latency; `childcost` one job's child;
+`retention` what an ended job keeps in Redis, flat memory under load, a poison storm
+(bench/RESULTS-retention.md).
 """
