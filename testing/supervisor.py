@@ -27,12 +27,12 @@ def write_config(path: Path, redis_url: str, queues: dict[str, int], *,
                  memory_limit: str = "256MiB", max_attempts: int = 3, max_crashes: int = 3,
                  backoff: str = '{ base = "50ms", factor = 2.0, max = "500ms", jitter = 0.1 }',
                  defaults: str = "", extra: str = "", name: str = "", queue_extra: str = "",
-                 supervisor_extra: str = "", keep_history: bool = True) -> Path:
+                 supervisor_extra: str = "", keep_history: bool | None = True) -> Path:
     """A small config: `queues` maps each queue name to its concurrency; `imports` are
     the handler modules. `defaults`, `queue_extra`, `supervisor_extra` and `extra` are
     raw TOML appended to their tables (extra: after the last one). A test reads the
     whole story of a job that succeeded, so its record keeps its history (`keep_history`,
-    unlike production's compact default)."""
+    unlike production's compact default; None leaves the key out, for a forq before it)."""
     queue_tables = "\n".join(
         f'[[queue]]\nname = "{q}"\nconcurrency = {n}\n{queue_extra}' for q, n in queues.items()
     )
@@ -55,7 +55,7 @@ memory_limit = "{memory_limit}"
 max_attempts = {max_attempts}
 max_crashes = {max_crashes}
 backoff = {backoff}
-keep_history = {'true' if keep_history else 'false'}
+{'' if keep_history is None else f"keep_history = {str(keep_history).lower()}"}
 {defaults}
 
 {queue_tables}

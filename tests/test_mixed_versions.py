@@ -68,7 +68,7 @@ def test_the_previous_version_and_this_one_share_a_redis(tmp_path):
     with RedisServer() as server:
         r = connect(server.url)
         config_old = write_config(tmp_path / "old.toml", server.url, {"to-old": 1},
-                                  imports=("forq.examples",))
+                                  imports=("forq.examples",), keep_history=None)
         config_new = write_config(tmp_path / "new.toml", server.url, {"to-new": 1},
                                   imports=("forq.examples",))
         old_sup = SupervisorProcess(config_old, command=[sys.executable, "-m",
