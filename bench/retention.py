@@ -12,9 +12,10 @@ On one private Redis, through the public lease API from one client (as bench/gro
 * **commands per job** of that claim + ack drain (INFO commandstats, those run inside
   the scripts included), this checkout against `BEFORE`: what retention adds.
 * **flat memory**: a constant load (enqueue, claim and ack `--rate` jobs/s) for `--flat`
-  seconds with `keep_succeeded.age = --window`, the reaper's trim every 200 ms as a
-  supervisor's pass; `used_memory` sampled each second and the slope after the window
-  fitted (bytes/s; flat is within noise).
+  seconds with `keep_succeeded.age = --window`, and a supervisor's reaper as far as
+  retention goes: one trim pass a second (reaper_interval's default, at most 1,000
+  records a pass), in a thread of its own; `used_memory` sampled each second and the
+  slope after two windows fitted (bytes/s; flat is within noise).
 * **poison storm**: `--poison` jobs that all die (fail fatal) with `keep_dead.count =
   10000`, trimmed by reaper passes: dead jobs left, and `used_memory` before and after.
 Writes bench/RESULTS-retention.md and bench/results-retention.json.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -125,10 +127,21 @@ def per_job(client: Any, n: int, before: bool, dead: bool) -> dict[str, Any]:
             "commands_per_job": cost["total"], "top": cost["top"]}
 
 
-def flat(client: Any, seconds: float, rate: int, window: str) -> dict[str, Any]:
+def reaper(url: str, name: str, stop: threading.Event, interval: float = 1.0) -> None:
+    """A supervisor's reaper, as far as retention goes: one trim pass of the queue every
+    `interval` (reaper_interval's default), on its own connection."""
+    q = Queue(name, redis=connect(url))
+    while not stop.wait(interval):
+        parse_trim(q.scripts.run(trim_call(q.keys)))
+
+
+def flat(client: Any, url: str, seconds: float, rate: int, window: str) -> dict[str, Any]:
     q = Queue("bf" + uuid.uuid4().hex[:8], redis=client)
     extra = {"keep_succeeded": {"age": window}}
     samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+    trimmer = threading.Thread(target=reaper, args=(url, q.name, stop), daemon=True)
+    trimmer.start()
     t0 = time.monotonic()
     next_sample = t0
     sent = 0
@@ -138,11 +151,12 @@ def flat(client: Any, seconds: float, rate: int, window: str) -> dict[str, Any]:
             fill(q, due, extra)
             drain(q, due)
             sent += due
-        parse_trim(q.scripts.run(trim_call(q.keys)))
         if now >= next_sample:
             samples.append((now - t0, used(client)))
             next_sample += 1.0
         time.sleep(0.2)
+    stop.set()
+    trimmer.join()
     window_s = float(window.rstrip("s"))
     tail = [(t, m) for t, m in samples if t > 2 * window_s]
     slope = _slope(tail)
@@ -190,7 +204,8 @@ def render(res: dict[str, Any]) -> str:
     f, p = res["flat"], res["poison"]
     lines = [
         "# Retention (python -m bench.retention)", "",
-        f"Run {res['date']} on one private Redis {res['redis']}; arguments: {res['args']}.", "",
+        f"Runs {res.get('runs', res['date'])} on one private Redis {res['redis']}; "
+        f"arguments: {res['args']}.", "",
         "## Bytes and commands per job (defaults)", "",
         "Bytes per record: `used_memory` freed by deleting the ended jobs' keys and index "
         "entries. Bytes per job, all: `used_memory` after the drain less before the enqueue, "
@@ -213,8 +228,8 @@ def render(res: dict[str, Any]) -> str:
         f"bytes/s ({f['retained_end']:,} records retained at the end).", "",
         "## Poison storm", "",
         f"{p['jobs']:,} jobs dead (fail fatal) with keep_dead.count = {p['keep_dead_count']:,}, "
-        f"in {p['seconds']:.0f} s: **{p['dead_left']:,} dead left**; at most "
-        f"{p['peak_dead_between_passes']:,} between the trim passes of the run; used_memory "
+        f"in {p['seconds']:.0f} s, trimmed after each 20,000: **{p['dead_left']:,} dead left**; "
+        f"at most {p['peak_dead_between_passes']:,} between the trim passes; used_memory "
         f"{p['used_before'] / 1e6:.1f} MB before, {p['used_after'] / 1e6:.1f} MB after "
         f"({p['bytes_per_kept_dead']:,.0f} bytes per kept dead job).", "",
     ]
@@ -229,22 +244,40 @@ def main() -> None:
     ap.add_argument("--flat", type=float, default=120.0, help="seconds of constant load")
     ap.add_argument("--rate", type=int, default=300)
     ap.add_argument("--window", default="30s")
+    ap.add_argument("--parts", default="per_job,flat,poison",
+                    help="which parts to run; the others keep their figures from the last "
+                         "run's bench/results-retention.json")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    last = HERE / "results-retention.json"
+    old: dict[str, Any] = json.loads(last.read_text()) if last.exists() else {}
     with RedisServer() as server:
         client = connect(server.url())
         res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "redis": server.version(), "args": vars(args)}
-        log("retention: bytes and commands per job")
-        res["succeeded_before"] = per_job(client, args.jobs, True, False)
-        res["succeeded"] = per_job(client, args.jobs, False, False)
-        res["dead_before"] = per_job(client, args.jobs, True, True)
-        res["dead"] = per_job(client, args.jobs, False, True)
-        client.flushall()
-        log(f"retention: {args.flat:.0f} s of constant load")
-        res["flat"] = flat(client, args.flat, args.rate, args.window)
-        client.flushall()
-        log(f"retention: {args.poison:,} poison jobs")
-        res["poison"] = poison(client, args.poison, args.keep_dead)
+        res["runs"] = {**old.get("runs", {}), **{part: res["date"] for part in parts}}
+        res["args"] = {**old.get("args", {}), **vars(args)}
+        if "per_job" in parts:
+            log("retention: bytes and commands per job")
+            res["succeeded_before"] = per_job(client, args.jobs, True, False)
+            res["succeeded"] = per_job(client, args.jobs, False, False)
+            res["dead_before"] = per_job(client, args.jobs, True, True)
+            res["dead"] = per_job(client, args.jobs, False, True)
+            client.flushall()
+        else:
+            res.update({k: old[k] for k in ("succeeded_before", "succeeded", "dead_before",
+                                            "dead")})
+        if "flat" in parts:
+            log(f"retention: {args.flat:.0f} s of constant load")
+            res["flat"] = flat(client, server.url(), args.flat, args.rate, args.window)
+            client.flushall()
+        else:
+            res["flat"] = old["flat"]
+        if "poison" in parts:
+            log(f"retention: {args.poison:,} poison jobs")
+            res["poison"] = poison(client, args.poison, args.keep_dead)
+        else:
+            res["poison"] = old["poison"]
     (HERE / "results-retention.json").write_text(json.dumps(res, indent=2) + "\n")
     text = render(res)
     (HERE / "RESULTS-retention.md").write_text(text)
