@@ -40,7 +40,7 @@ from forq.supervisor.fork.client import (
     ForkServerFatal,
     Launch,
 )
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.loop.eventloop import EventLoop
 
 log = logging.getLogger("forq.supervisor")

@@ -25,9 +25,8 @@ from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.fingerprint import code_name, is_fingerprint
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.orphans import DEATH_SIGNAL
-from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
-from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
-from forq.supervisor.fork.tasks import parse as parse_tasks
+from forq.supervisor.fork.protocol import BadTaskTable, TaskInfo, encode, fds_of, send_encoded
+from forq.supervisor.fork.protocol import parse as parse_tasks
 
 log = logging.getLogger("forq.supervisor")
 
