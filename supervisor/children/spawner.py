@@ -38,8 +38,8 @@ from forq.supervisor.fork.client import (
     ForkServer,
     ForkServerError,
     ForkServerFatal,
-    Launch,
 )
+from forq.supervisor.fork.environment import Launch
 from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.loop.eventloop import EventLoop
 

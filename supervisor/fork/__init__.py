@@ -21,6 +21,6 @@ supervisor: the fork server must stay small, and a child must not carry the pare
 | `namespaces` | a job in namespaces of its own (`[sandbox].namespaces = true`) |
 | `leanfork` | a fork without Python's after-fork work, where it has nothing to do |
 | `oneshot` | one job's child exec'd alone, without a fork server |
-| `environment` | the environment block the fork server starts with |
+| `environment` | how the fork server is started (`Launch`): its settings and environment block |
 | `hugepages` | the fork server's memory on transparent huge pages: cheap to fork when big |
 """
