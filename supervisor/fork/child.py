@@ -208,7 +208,7 @@ def _limit(spec: ChildSpec, preset: Priority | None = None) -> None:
         _set_oom_score_adj(spec.oom_score_adj)
         if spec.nice:
             os.nice(spec.nice)
-    elif preset != priority_of(spec):  # not handed such a job (`Server.hand_to_spare`)
+    elif preset != priority_of(spec):  # not handed such a job (`Spares.fits`)
         raise ValueError(f"a spare preset to {preset} got a job of {priority_of(spec)}")
 
 
