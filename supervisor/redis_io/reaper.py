@@ -69,6 +69,8 @@ class Reaper:
         pipe = client.pipeline(transaction=False)
         self.send(pipe, names)
         self.send_sweeps(pipe, names)
+        for name in names:  # the circuit breakers' cool-downs: two reads when none tripped
+            leasing(self.queue_for(name)).resume_tasks(client=pipe)
         relay.send(pipe, names)
         try:
             sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
@@ -87,10 +89,22 @@ class Reaper:
             self.answered(name, reply, say=True)
         for name, reply in zip(names, replies[n:2 * n], strict=True):
             self.swept(name, reply)
+        for name, reply in zip(names, replies[2 * n:3 * n], strict=True):
+            self.resumed(name, reply)
         try:
-            relay.deliver(client, names, replies[2 * n:])
+            relay.deliver(client, names, replies[3 * n:])
         except (redis.RedisError, OSError) as exc:
             health.failed("relay", exc)
+
+    def resumed(self, name: str, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            return
+        done = LeaseCalls.parse_resume_tasks(reply)
+        if done.untripped:
+            log.warning("%d task(s) of %s resumed after their circuit breaker's cool-down",
+                        done.untripped, name)
+        if done.moved:
+            self.on_reclaimed()  # jobs back in pending: claim
 
     def answered(self, name: str, reply: Any, say: bool = False) -> None:
         if isinstance(reply, Exception):
