@@ -13,7 +13,11 @@ from pathlib import Path
 import redis as redis_lib
 
 from forq import Queue
+from forq.supervisor.cli import render
 from forq.supervisor.leases.calls import leasing
+from forq.supervisor.loop.status import read_depths
+from forq.supervisor.observe.metrics import Metrics
+from forq.web.data import overview
 from tests.helpers import wait_for
 from tests.supervisors import REPO, SupervisorProcess, write_config
 
@@ -67,6 +71,7 @@ def test_twenty_crashes_of_one_task_trip_it_and_claim_parks_only_its_jobs(queue:
         assert queue.get(job_id).history[-1]["event"] == "parked"
     stats = queue.stats()
     assert stats["parked"] == 5 and stats["tripped"]["t.bad"]["parked"] == 5
+    assert "pending  (parked: task t.bad tripped" in render.job(queue.get(bad[0]))
 
     assert queue.resume(task="t.bad") is True
     assert queue.resume(task="t.bad") is False  # not tripped any more
@@ -116,6 +121,7 @@ def test_resume_puts_back_a_cancelled_parked_job_nowhere(queue: Queue):
     bad = [queue.enqueue("t.bad", i).id for i in range(3)]
     leasing(queue).claim(OWNER, 3, LONG)
     assert queue.cancel(bad[1]) == "cancelled"
+    assert queue.stats()["parked"] == 2
     queue.resume(task="t.bad")
     assert queue.get(bad[1]).state == "cancelled"
     assert queue.redis.zrange(queue.keys.pending, 0, -1) == [bad[0], bad[2]]
@@ -218,3 +224,14 @@ def test_a_handler_names_no_task_but_its_own_nor_a_pattern_of_its_choosing(
     assert stats["tripped"]["tests.liar"]["pattern"] == "exception:" + "X" * 64
     keys = r.keys(queue.keys.prefix + "breaker:*")
     assert all(len(k) < 200 for k in keys)  # hashed: no key grows with a child's word
+
+
+def test_the_dashboard_and_the_metrics_show_a_tripped_task(queue: Queue, r: redis_lib.Redis):
+    crash(queue, "t.bad", 20)
+    (row,) = [q for q in overview(r)["queues"] if q["name"] == queue.name]
+    assert row["tripped"] == {"t.bad": "signal:SIGSEGV"}
+
+    metrics = Metrics(lambda: read_depths(r, [queue.name], metrics.set_tripped))
+    assert f'forq_task_tripped{{queue="{queue.name}",task="t.bad"}} 1.0' in metrics.render().decode()
+    queue.resume(task="t.bad")
+    assert "forq_task_tripped{" not in metrics.render().decode()  # the series is gone

@@ -109,8 +109,9 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     if head and replies[2][0]:
         since = max(int(replies[2][0]), int(replies[2][1] or 0))
         oldest = max(0.0, (now_ms - since) / 1000)
+    parked_total = sum(parked.values())
     return {
-        "pending": pending,
+        "pending": pending + parked_total,  # parked jobs are pending too (below)
         "scheduled": scheduled,
         "active": active,
         "dead": dead_count,
@@ -124,10 +125,10 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         # seconds until a throttle of the whole queue ends (`current().throttle`), or None
         "throttled_for": _left(throttled_until, now_ms),
         # tasks their circuit breaker tripped: {task: {pattern, jobs, ..., parked}}, and
-        # the jobs parked (pending, not claimable until their task resumes)
+        # the pending jobs parked (not claimable until their task resumes)
         "tripped": {task: trip_reason(raw, parked.get(task, 0), now_ms)
                     for task, raw in tripped.items()},
-        "parked": sum(parked.values()),
+        "parked": parked_total,
     }
 
 

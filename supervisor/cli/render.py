@@ -62,7 +62,9 @@ def job(job: Job) -> str:
 
     row("task", job.task)
     row("queue", job.queue)
-    row("state", job.state + ("  (cancel requested)" if f.get("cancel_requested") else ""))
+    row("state", job.state + ("  (cancel requested)" if f.get("cancel_requested") else "")
+        + (f"  (parked: task {f['parked']} tripped its circuit breaker)"
+           if f.get("parked") and job.state == "pending" else ""))
     row("attempts", f"{job.attempts}" + (f" of {f['max_attempts']}" if "max_attempts" in f else "")
         + f"    crashes {job.crashes}" + (f" of {f['max_crashes']}" if "max_crashes" in f else "")
         + (f"    snoozes {job.snoozes}" + (f" of {f['max_snoozes']}" if "max_snoozes" in f
