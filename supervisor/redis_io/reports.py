@@ -52,6 +52,7 @@ class Pending:
     # scripts (batch.lua, enqueue.lua) but lets the ack land: they would be lost
     writing: int = 0
     written: bool = False
+    refused: bool = False  # a full Redis refused it once (said once, then sent again)
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -244,6 +245,20 @@ class Reporter:
             if not self.wrote(item, replies[-n:]):
                 return None
             replies = ["lost"]  # the opening found the lease gone: as a lost ack
+        last_reply: Any = replies[-1] if replies else None
+        if isinstance(last_reply, redis.OutOfMemoryError):
+            # a full Redis refused the transition itself (its first write may be one a
+            # full Redis denies): the report waits, and its lease stays in the keeper,
+            # extended (extend runs when Redis is full) until the report lands. Dropped
+            # here, the lease would expire and the reaper would take the job as a crash
+            # it cannot explain, or run a finished job again
+            if not item.refused:
+                log.warning("job %s %s: its report waits: %s", child.job_id, child.task,
+                            last_reply)
+            item.refused = True
+            self.again.append(item)
+            self.again_errors.append(last_reply)
+            return None
         if self.leases.token(child.job_id) == item.token:
             self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric: Metric | None = outcome.metric
