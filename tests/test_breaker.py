@@ -235,3 +235,18 @@ def test_the_dashboard_and_the_metrics_show_a_tripped_task(queue: Queue, r: redi
     assert f'forq_task_tripped{{queue="{queue.name}",task="t.bad"}} 1.0' in metrics.render().decode()
     queue.resume(task="t.bad")
     assert "forq_task_tripped{" not in metrics.render().decode()  # the series is gone
+
+
+def test_timeouts_and_the_memory_limit_are_patterns_the_parent_names(
+        tmp_path: Path, redis_url: str, queue: Queue):
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 3}, max_attempts=1,
+                          timeout="300ms", memory_limit="64MiB",
+                          defaults='breaker = { failures = 3, cooldown = "0s" }')
+    for _ in range(3):
+        queue.enqueue("examples.sleep", 30)
+        queue.enqueue("examples.hog", 256, timeout="30s")
+    with SupervisorProcess(config).start() as sup:
+        stats = until(lambda: len(queue.stats()["tripped"]) == 2 and queue.stats(), sup,
+                      "both tasks tripped")
+    assert {t: why["pattern"] for t, why in stats["tripped"].items()} == {
+        "examples.sleep": "timeout", "examples.hog": "memory"}
