@@ -250,3 +250,19 @@ def test_timeouts_and_the_memory_limit_are_patterns_the_parent_names(
                       "both tasks tripped")
     assert {t: why["pattern"] for t, why in stats["tripped"].items()} == {
         "examples.sleep": "timeout", "examples.hog": "memory"}
+
+
+def test_a_parked_grouped_job_gives_its_group_slot_back_and_returns_to_its_group(
+        queue: Queue):
+    crash(queue, "t.bad", 20)
+    bad = queue.enqueue("t.bad", group="g").id  # one job at a time in group g
+    good = queue.enqueue("t.good", group="g").id
+    calls = leasing(queue)
+    claim = calls.claim(OWNER, 1, LONG)
+    while not claim.leases:
+        claim = calls.claim(OWNER, 1, LONG)
+    assert [lease.id for lease in claim.leases] == [good]  # the bad one parked, not holding g
+    assert parked_state(queue, bad) == ("pending", "t.bad")
+    assert calls.ack(claim.leases[0].id, claim.leases[0].token, "null") == "ok"
+    queue.resume(task="t.bad")
+    assert [lease.id for lease in calls.claim(OWNER, 1, LONG).leases] == [bad]
