@@ -12,8 +12,10 @@
   ARGV[2]  the task to resume, or "" for the cool-down pass
   ARGV[3]  the most parked jobs to move back in this call
 
-  Returns {untripped, moved, left}: how many tasks this call untripped, how many jobs it
-    moved back to pending, how many parked jobs of untripped tasks wait for the next call.
+  Returns {untripped, moved, left, tripped}: how many tasks this call untripped, how many
+    jobs it moved back to pending, how many parked jobs of untripped tasks wait for the
+    next call, and the tasks still tripped as a flat list {task1, reason1, ...} (the
+    supervisors log a task that tripped since their last pass).
   A parked job stays `pending` (its `parked` field names its task); one that left pending
   meanwhile (cancelled, expired before start) is dropped from the parked set, not moved.
   Transitions: none
@@ -30,7 +32,7 @@ local budget = tonumber(ARGV[3]) or 1000
 local parked_tasks = prefix .. 'parked_tasks'
 if only == '' and redis.call('HLEN', tripped_key) == 0
     and redis.call('EXISTS', parked_tasks) == 0 then
-  return {0, 0, 0} -- the reaper's usual pass: two reads
+  return {0, 0, 0, {}} -- the reaper's usual pass: two reads
 end
 local at = now_ms()
 local untripped = 0
@@ -74,4 +76,4 @@ for _, task in ipairs(tasks) do
   end
 end
 if moved > 0 or untripped > 0 then wake(prefix, 0) end
-return {untripped, moved, left}
+return {untripped, moved, left, redis.call('HGETALL', tripped_key)}

@@ -172,6 +172,8 @@ def test_a_segfaulting_deploy_trips_its_task_alone_and_the_cli_resumes_it(
         # the queue goes on: a job of the other task enqueued now runs at once
         after = queue.enqueue("tests.echo", "after")
         until(lambda: queue.get(after.id).state == "succeeded", sup, "ran after the trip")
+        until(lambda: "task tests.segv of " in sup.log(), sup, "the trip logged")
+        assert "tripped its circuit breaker: 5 jobs ended signal:SIGSEGV" in sup.log()
         text = forq(redis_url, "stats", "-q", queue.name)
         assert "tests.segv" in text.stdout and "SIGSEGV" in text.stdout, text.stdout
 

@@ -46,6 +46,7 @@ class TaskResumed(NamedTuple):
     untripped: int  # tasks this call untripped
     moved: int  # parked jobs put back in pending
     left: int  # parked jobs of untripped tasks still to put back (the next call)
+    tripped: dict[str, str]  # the tasks still tripped: task -> its reason (JSON)
 
 
 RESUME_BATCH = 1000  # parked jobs put back per call
@@ -58,7 +59,9 @@ def resume_task_call(keys: QueueKeys, task: str = "", most: int = RESUME_BATCH) 
 
 
 def parse_resume_task(reply: Sequence[Any]) -> TaskResumed:
-    return TaskResumed(int(reply[0]), int(reply[1]), int(reply[2]))
+    flat = list(reply[3]) if len(reply) > 3 else []
+    return TaskResumed(int(reply[0]), int(reply[1]), int(reply[2]),
+                       dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 class ParentsPage(NamedTuple):
