@@ -268,3 +268,13 @@ def test_a_parked_grouped_job_gives_its_group_slot_back_and_returns_to_its_group
     assert calls.ack(claim.leases[0].id, claim.leases[0].token, "null") == "ok"
     queue.resume(task="t.bad")
     assert [lease.id for lease in calls.claim(OWNER, 1, LONG).leases] == [bad]
+
+
+def test_a_parked_job_past_its_expiry_before_start_is_swept_from_its_parked_set(
+        queue: Queue):
+    crash(queue, "t.bad", 20)
+    job = queue.enqueue("t.bad", expires_in=0.2)
+    leasing(queue).claim(OWNER, 1, LONG)
+    assert queue.stats()["parked"] == 1
+    wait_for(lambda: leasing(queue).sweep_expired(OWNER) == [job.id], message="swept")
+    assert queue.get(job.id).state == "dead" and queue.stats()["parked"] == 0
