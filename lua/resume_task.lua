@@ -25,6 +25,7 @@
 --@include includes/history
 --@include includes/wake
 --@include includes/pending
+--@include includes/groups
 
 local tripped_key, limits_key = KEYS[1], KEYS[2]
 local prefix, only = ARGV[1], ARGV[2]
@@ -62,10 +63,13 @@ for _, task in ipairs(tasks) do
     for i = 1, #ids, 2 do
       local id, score = ids[i], ids[i + 1]
       local jkey = job_key(prefix, id)
-      local f = redis.call('HMGET', jkey, 'state', 'parked', 'group')
-      if f[1] == 'pending' and f[2] then
+      local f = redis.call('HMGET', jkey, 'state', 'parked', 'group', 'score')
+      -- rescheduled and promoted meanwhile, it may be waiting already: not twice
+      local there = f[3] and redis.call('ZSCORE', group_pending_key(prefix, f[3]), id)
+      if f[1] == 'pending' and f[2] and not there then
         redis.call('HDEL', jkey, 'parked')
-        to_pending(prefix, id, score, f[3], at)
+        -- its record's score: a priority changed while it was parked (set_priority)
+        to_pending(prefix, id, tonumber(f[4]) or score, f[3], at)
         add_history(prefix, id, 'unparked', at, {task = task})
         moved = moved + 1
       end

@@ -278,3 +278,12 @@ def test_a_parked_job_past_its_expiry_before_start_is_swept_from_its_parked_set(
     assert queue.stats()["parked"] == 1
     wait_for(lambda: leasing(queue).sweep_expired(OWNER) == [job.id], message="swept")
     assert queue.get(job.id).state == "dead" and queue.stats()["parked"] == 0
+
+
+def test_a_parked_job_keeps_a_priority_changed_meanwhile(queue: Queue):
+    crash(queue, "t.bad", 20)
+    first, second = (queue.enqueue("t.bad", i).id for i in range(2))
+    leasing(queue).claim(OWNER, 2, LONG)
+    queue.set_priority(second, 5)
+    queue.resume(task="t.bad")
+    assert queue.redis.zrange(queue.keys.pending, 0, -1) == [second, first]
