@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -53,6 +53,7 @@ class Pending:
     writing: int = 0
     written: bool = False
     refused: bool = False  # a full Redis refused it once (said once, then sent again)
+    ended: float = field(default_factory=time.monotonic)  # when the child's end was seen
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -146,8 +147,10 @@ class Reporter:
         if item.progress is not None:
             q.record_progress([item.progress], client=pipe)
         output = child.out.record()
-        if output:  # before the transition: it needs the lease still held
-            q.set_output(job_id, token, output, client=pipe)
+        # the death report's memory samples: for a job that did not succeed
+        trail = "" if outcome.kind is Kind.ACK else child.trail.json(item.ended)
+        if output or trail:  # before the transition: it needs the lease still held
+            q.set_output(job_id, token, output, client=pipe, trail=trail)
         if outcome.kind is Kind.ACK:
             same = [f for f in outcome.followups if f["queue"] == child.queue]
             # other queues' follow-ups first (deterministic ids, so a re-run adds none):
