@@ -25,9 +25,8 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
-                     "promote", "reschedule", "set_priority", "find",
-                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents",
-                     "resume_task"]
+                     "promote", "reschedule", "set_priority", "find", "resume_task",
+                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis
@@ -269,8 +268,8 @@ def fail_call(keys: QueueKeys, job_id: str, token: str, error: Mapping[str, Any]
               delay_ms: int = 0, counted: bool = False, pattern: str = "") -> ScriptCall:
     """`jitter`, a uniform draw from [0, 1), is passed in so the script stays
     deterministic (Redis replicates scripts by effect, but tests like a fixed draw).
-    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`).
-    `pattern`: how the job ended, for its task's circuit breaker ("" counts none)."""
+    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`); `pattern`:
+    how the job ended, for its task's circuit breaker ("" counts none)."""
     draw = random.random() if jitter is None else jitter
     return ScriptCall("fail", (keys.active, keys.scheduled, keys.dead),
                       (keys.prefix, job_id, token, json.dumps(error), mode, draw,
@@ -281,8 +280,8 @@ def parse_fail(reply: Sequence[Any]) -> FailOutcome:
     return FailOutcome(str(reply[0]), int(reply[1]), int(reply[2]))
 
 
-def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str,
-                pattern: str = "") -> ScriptCall:
+def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str, pattern: str = ""
+                ) -> ScriptCall:
     return ScriptCall("expire", (keys.active,), (keys.prefix, job_id, token, reason, pattern))
 
 
