@@ -25,7 +25,7 @@ from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
