@@ -284,6 +284,15 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        # set by the depth reader at each scrape (before this gauge is collected)
+        self.task_tripped = Gauge(
+            "forq_task_tripped",
+            "1 while a task's circuit breaker has it tripped: its jobs parked on every "
+            "supervisor until `forq resume QUEUE --task T` or its cool-down.",
+            ["queue", "task"],
+            registry=r,
+        )
+        self._tripped: dict[str, set[str]] = {}
         self.info = Gauge(
             "forq_supervisor_info",
             "Always 1; labels identify the supervisor config and forq version.",
@@ -382,6 +391,15 @@ class Metrics:
         child = self.reclaimed_jobs.labels(queue=queue)
         if n > 0:
             child.inc(n)
+
+    def set_tripped(self, queue: str, tasks: Iterable[str]) -> None:
+        """The queue's tripped tasks now: 1 each, the series of those resumed removed."""
+        now = set(tasks)
+        for task in self._tripped.get(queue, set()) - now:
+            self.task_tripped.remove(queue, task)
+        for task in now:
+            self.task_tripped.labels(queue=queue, task=task).set(1)
+        self._tripped[queue] = now
 
     def redis_error(self, op: str) -> None:
         """A Redis call for operation ``op`` failed (claim, extend, ack, reclaim, scrape, ...)."""
