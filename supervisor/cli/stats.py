@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from forq import Queue, QueueEvent, known_queues, units
+from forq import JobNotFound, Queue, QueueEvent, known_queues, units
 from forq.store.events import KINDS
 from forq.supervisor.cli import render, terminal
 from forq.supervisor.cli.base import (
@@ -44,6 +44,23 @@ def _warn_eviction(client: redis.Redis) -> None:
               "it fills up; set maxmemory-policy noeviction", file=sys.stderr)
 
 
+def _memory_notes(client: redis.Redis, only: str | None) -> list[str]:
+    """Admission by memory, from the live supervisors' heartbeats: their budgets, and
+    the jobs refused as over a whole budget that have not run since."""
+    from forq.fleet import live_supervisors, memory_admission
+
+    def unfinished(job: dict[str, Any]) -> bool:
+        try:
+            state = queue_named(job["queue"], client).get(job["id"]).state
+        except (UsageError, JobNotFound):  # a bad name in a record, or a purged job
+            return False
+        return state in ("scheduled", "pending", "active")
+
+    budgets, refused = memory_admission(live_supervisors(client))
+    return render.memory_notes(budgets, [job for job in refused if (
+        only is None or job["queue"] == only) and unfinished(job)])
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     client = redis_for(args)
     if args.queue:
@@ -54,6 +71,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             emit(stats)
         else:
             terminal.show(render.stats_grid(stats) if stats else None, render.stats_table(stats))
+            for line in _memory_notes(client, args.queue):
+                print(line)
         _warn_eviction(client)
         return 0
     interval = duration_arg(args.interval, "--interval", positive=True)
