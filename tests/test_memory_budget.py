@@ -16,6 +16,7 @@ import math
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from forq.supervisor.children.budget import RESERVE_AFTER
 from forq.supervisor.config.load import ConfigError, load_config
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
+from tests.web_server import WebProcess
 
 MiB = 1 << 20
 
@@ -169,6 +171,10 @@ def test_a_job_over_the_budget_is_snoozed_visible_and_runs_elsewhere(tmp_path, r
                              env={"FORQ_REDIS_URL": redis_url, "PATH": "/usr/bin:/bin"})
         assert out.returncode == 0, out.stderr
         assert job.id in out.stdout and "every live supervisor" in out.stdout, out.stdout
+        with WebProcess(redis_url) as web:  # and the dashboard's overview
+            html = urllib.request.urlopen(f"{web.url}/", timeout=10).read().decode()
+        assert job.id in html and "every live supervisor" in html
+        assert "budget 0 of 256 MiB" in html
         # backed off, not hot: a growing delay between refusals (1 s, 2 s, 4 s, ...)
         waited = time.monotonic() - enqueued
         assert queue.get(job.id).snoozes <= 2 + math.log2(1 + waited), waited

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import redis
 
 from forq import Queue, known_queues
-from forq.fleet import CHILD_FIELDS, live_supervisors, schedule_rows
+from forq.fleet import CHILD_FIELDS, live_supervisors, memory_admission, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
 
@@ -124,7 +124,23 @@ def overview(client: redis.Redis) -> dict[str, Any]:
             if enqueued:
                 since = max(_int(enqueued), _int(run_at))
                 queues[index]["oldest_pending_age"] = max(0.0, (now_ms - since) / 1000)
-    return {"now_ms": now_ms, "queues": queues, "supervisors": live_supervisors(client)}
+    supervisors = live_supervisors(client)
+    return {"now_ms": now_ms, "queues": queues, "supervisors": supervisors,
+            "memory": memory(client, supervisors)}
+
+
+def memory(client: redis.Redis, supervisors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Admission by memory: each budget by supervisor name, and the jobs refused as over
+    a whole budget that have not started since (`forq.fleet.memory_admission`)."""
+    budgets, refused = memory_admission(supervisors)
+    if refused:
+        pipe = client.pipeline(transaction=False)
+        for job in refused:
+            pipe.hget(QueueKeys(job["queue"]).job(job["id"]), "state")
+        states = pipe.execute()
+        refused = [job for job, state in zip(refused, states, strict=True)
+                   if state in ("scheduled", "pending", "active")]
+    return {"budgets": {b["name"]: b for b in budgets}, "refused": refused}
 
 
 # -- running now ------------------------------------------------------------------------

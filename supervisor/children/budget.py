@@ -66,7 +66,9 @@ def refusal_delay(snoozes: int) -> int:
 class MemoryBudget:
     def __init__(self, budget: int | None = None) -> None:
         self.budget = budget  # bytes; None: no admission by memory
-        self.running: dict[str, int] = {}  # job id -> the cost of its running child
+        # job id -> its running child's memory_limit (kept with no budget too: a reload
+        # may set one while they run)
+        self.running: dict[str, int] = {}
         self.waiting: dict[str, Waiter] = {}  # held jobs a free slot found no room for
         self.smallest: dict[str, int] = {}  # queue -> the smallest cost seen (claims)
         # the latest refused, by job id: (queue, task, limit, when (monotonic)), oldest first
@@ -79,13 +81,13 @@ class MemoryBudget:
 
     @property
     def used(self) -> int:
-        return sum(self.running.values())
+        return sum(self.cost(limit, warn=False) for limit in self.running.values())
 
-    def cost(self, limit: int, task: str = "") -> int:
+    def cost(self, limit: int, task: str = "", warn: bool = True) -> int:
         """What a job with this `memory_limit` counts against the budget."""
         if self.budget is None or limit > 0:
             return limit
-        if task not in self.unlimited_warned:
+        if warn and task not in self.unlimited_warned:
             self.unlimited_warned.add(task)
             log.warning("task %s: jobs without a memory_limit count as the whole "
                         "memory_budget (%s): each runs alone; give them a memory_limit",
@@ -119,10 +121,9 @@ class MemoryBudget:
         self.waiting.setdefault(job_id, Waiter(queue, cost, now))
         return False
 
-    def started(self, job_id: str, cost: int) -> None:
+    def started(self, job_id: str, limit: int) -> None:
         self.waiting.pop(job_id, None)
-        if self.budget is not None:
-            self.running[job_id] = cost
+        self.running[job_id] = limit
 
     def ended(self, job_id: str) -> None:
         self.running.pop(job_id, None)

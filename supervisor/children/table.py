@@ -213,7 +213,7 @@ class Children:
             raise
         self.by_job[job.id] = child
         self.running[queue] += 1
-        self.budget.started(job.id, self._cost(lease))
+        self.budget.started(job.id, int(f.get("memory_limit") or 0))
         self.leases.add(queue, job.id, lease.token, sent_at)
         self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
         if child.output >= 0:
