@@ -1,9 +1,10 @@
 """Admission by memory (`[supervisor] memory_budget`, supervisor/children/budget.py) with
 real supervisors: the memory limits of the children running at once never add up to
 more than the budget; a big job that does not fit waits, held, while the smaller jobs
-behind it run; it starts once room frees; after RESERVE_AFTER its size is reserved
-and smaller jobs stop passing it; a job over the whole budget is snoozed (no attempt),
-visible in the heartbeat and `forq stats`, and runs on a supervisor with room.
+behind it run; it starts once room frees; after `memory_reserve_after` its size is
+reserved and smaller jobs stop passing it; a job over the whole budget is snoozed (no
+attempt), visible in the heartbeat, `forq stats` and the dashboard, and runs on a
+supervisor with room.
 
 `tests.gated` writes "ID start" / "ID end" to a log and runs until its gate file
 exists: the test sees which jobs ran at the same time and decides when each ends.
@@ -23,7 +24,6 @@ import pytest
 
 from forq import Queue
 from forq.fleet import live_supervisors
-from forq.supervisor.children.budget import RESERVE_AFTER
 from forq.supervisor.config.load import ConfigError, load_config
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, SupervisorProcess, write_config
@@ -34,7 +34,8 @@ MiB = 1 << 20
 
 def config(tmp_path: Path, redis_url: str, queue: Queue, budget: str | None,
            concurrency: int = 6, name: str = "") -> Path:
-    extra = f'memory_budget = "{budget}"' if budget else ""
+    # a job waiting for room reserves it after 2 s here (10 s by default)
+    extra = f'memory_budget = "{budget}"\nmemory_reserve_after = "2s"' if budget else ""
     return write_config(tmp_path / f"forq{name}.toml", redis_url, {queue.name: concurrency},
                         memory_limit="64MiB", supervisor_extra=extra, name=name)
 
@@ -118,9 +119,9 @@ def test_a_big_job_waiting_past_reserve_after_is_not_passed(tmp_path, redis_url,
         big1, big2 = (job.id for job in queue.enqueue_many(
             [gated(queue, log, gate1, "600MiB"), gated(queue, log, gate2, "600MiB")]))
         until(lambda: started(log) == [big1], "big1 runs", sup)
-        until(lambda: any(w[0] == big2 and w[3] >= RESERVE_AFTER
+        until(lambda: any(w[0] == big2 and w[3] >= 2.0
                           for w in record(queue).get("memory_waiting", [])),
-              f"big2 waited {RESERVE_AFTER}s", sup)
+              "big2 waited 2 s", sup)
         # 600 + 100 fits the budget, but not beside big2's reservation: not even claimed
         small = queue.enqueue_many([gated(queue, log, gate2, "100MiB")])[0].id
         beat = record(queue)["heartbeat"]

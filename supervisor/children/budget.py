@@ -11,10 +11,13 @@ ignored it would protect nothing.
 
 No head-of-line blocking: a held job that does not fit does not stop the smaller jobs
 behind it, which start wherever they fit. Fairness, so a big job is not starved by a
-stream of small ones: once it has waited RESERVE_AFTER, its size is reserved (the
-longest-waiting first): other jobs start only where they fit beside it, so it starts
-at the latest when the children running then have ended. Its wait is bounded by
-RESERVE_AFTER plus the longest of those children's time limits.
+stream of small ones: once it has waited `memory_reserve_after` (10 s), its size is
+reserved (the longest-waiting first): other jobs start only where they fit beside it,
+so it starts at the latest when the children running then have ended. Its wait is
+bounded by that delay plus the longest of those children's time limits. Why 10 s and
+not 0: until then the small jobs keep the room (a big job that arrives while another
+runs usually waits for that one, not for the smalls), so their throughput holds
+(`bench.memory_budget`); a reservation empties the room of smaller jobs first.
 
 A job whose limit is over the whole budget could never start here: it is snoozed
 (not an attempt; its history says why) with a growing delay (`refusal_delay`), so
@@ -33,9 +36,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger("forq.supervisor")
 
-# a job held for memory this long (seconds) reserves its size: smaller jobs stop
-# passing it (`python -m bench.memory_budget` measures the waits)
-RESERVE_AFTER = 2.0
+# a job held for memory this long (seconds; `memory_reserve_after`) reserves its size:
+# smaller jobs stop passing it (`python -m bench.memory_budget` measures the waits)
+RESERVE_AFTER = 10.0
 # a job over the whole budget waits REFUSAL_BASE * 2^snoozes before it is due again,
 # at most REFUSAL_MAX: another supervisor may take it meanwhile
 REFUSAL_BASE_MS, REFUSAL_MAX_MS = 1_000, 60_000
@@ -64,8 +67,9 @@ def refusal_delay(snoozes: int) -> int:
 
 
 class MemoryBudget:
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | None = None, reserve_after: float = RESERVE_AFTER) -> None:
         self.budget = budget  # bytes; None: no admission by memory
+        self.reserve_after = reserve_after
         # job id -> its running child's memory_limit (kept with no budget too: a reload
         # may set one while they run)
         self.running: dict[str, int] = {}
@@ -76,8 +80,8 @@ class MemoryBudget:
         self.refused_total = 0
         self.unlimited_warned: set[str] = set()  # tasks told about once
 
-    def configure(self, budget: int | None) -> None:
-        self.budget = budget
+    def configure(self, budget: int | None, reserve_after: float = RESERVE_AFTER) -> None:
+        self.budget, self.reserve_after = budget, reserve_after
 
     @property
     def used(self) -> int:
@@ -99,11 +103,11 @@ class MemoryBudget:
         return self.budget is not None and cost > self.budget
 
     def reserved(self, job_id: str, now: float) -> int:
-        """The size reserved for the longest-waiting job past RESERVE_AFTER, when it is
+        """The size reserved for the longest-waiting job past `reserve_after`, when it is
         not `job_id` and waited longer than `job_id` did (0: none)."""
         mine = self.waiting.get(job_id)
         for wid, w in self.waiting.items():  # insertion order: the longest-waiting first
-            if now - w.since < RESERVE_AFTER:
+            if now - w.since < self.reserve_after:
                 return 0
             if wid == job_id or (mine is not None and mine.since <= w.since):
                 return 0

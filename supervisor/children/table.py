@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from forq.queue import Lease
-from forq.supervisor.children.budget import MemoryBudget, refusal_delay
+from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal_delay
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.outcomes import FailMode, Kind, Outcome, classify
 from forq.supervisor.children.running import KillReason, RunningChild
@@ -72,7 +72,8 @@ class Children:
     def get(self, job_id: str) -> RunningChild | None:
         return self.by_job.get(job_id)
 
-    def configure(self, queues: Iterable[QueueConfig], memory_budget: int | None = None) -> None:
+    def configure(self, queues: Iterable[QueueConfig], memory_budget: int | None = None,
+                  reserve_after: float = RESERVE_AFTER) -> None:
         """At start and on reload: each queue's slots and the memory budget. Held jobs
         beyond a queue's new prefetch and free slots (all of a queue no longer served)
         are given back now."""
@@ -80,7 +81,7 @@ class Children:
         self.slots = {qc.name: (qc.concurrency, AUTO_PREFETCH if qc.prefetch == "auto"
                                 else int(qc.prefetch)) for qc in queues}
         self.short_jobs.configure(qc.name for qc in queues if qc.prefetch == "auto")
-        self.budget.configure(memory_budget)
+        self.budget.configure(memory_budget, reserve_after)
 
         def allowed(q: str) -> int:
             concurrency, prefetch = self.slots.get(q, (0, 0))

@@ -1,11 +1,10 @@
 """Load and validate the supervisor's TOML configuration.
 
-The whole file is checked up front, before anything forks or touches
-Redis, so that a typo is reported once, as one line that names the file,
-the key and what was expected (``etc/forq.toml: [queue 2].concurrency:
-expected an integer >= 1, got "four"``), instead of surfacing later as a
-traceback in a child process.  Unknown keys are errors at every level:
-a misspelt ``lease_tll`` silently falling back to a default is exactly
+The whole file is checked up front, before anything forks or touches Redis, so that a
+typo is reported once, as one line that names the file, the key and what was expected
+(``etc/forq.toml: [queue 2].concurrency: expected an integer >= 1, got "four"``),
+instead of surfacing later as a traceback in a child process. Unknown keys are errors
+at every level: a misspelt ``lease_tll`` silently falling back to a default is exactly
 the kind of mistake that only shows up in production.
 
 Choices worth knowing (also in ``etc/forq.toml``):
@@ -18,10 +17,9 @@ Choices worth knowing (also in ``etc/forq.toml``):
   file) or ``FORQ_REDIS_PASSWORD``.  ``FORQ_REDIS_URL`` and
   ``FORQ_REDIS_PASSWORD`` win when set to a non-empty value; when the
   password comes from the environment the file is not read.
-* ``Config.job_policy(queue)`` for a queue this supervisor does not serve
-  returns ``[defaults]`` plus task overrides (no queue overrides apply).
-* ``imports`` are only checked to be module names here; they are imported
-  by the supervisor, not by ``forq config check``.
+* ``Config.job_policy(queue)`` for a queue this supervisor does not serve returns
+  ``[defaults]`` plus task overrides (no queue overrides apply).
+* ``imports`` are only checked to be module names here; the supervisor imports them.
 
 Every key is one row (`schema.Key`): the fields of `Config` declared with `key()` are
 the rows of [supervisor], [redis] and [metrics]; the other tables have modules of their
@@ -103,10 +101,6 @@ def _host_and_pid() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-# --------------------------------------------------------------------------
-# Public data
-
-
 @dataclass(frozen=True)
 class Config:
     """A validated supervisor configuration.
@@ -181,6 +175,10 @@ class Config:
         None, read.sizes(minimum=1 << 20),
         "Start jobs only while the running ones' `memory_limit`s and theirs fit in this (none: off).",
         scope=SUPERVISOR, shown="none")
+    memory_reserve_after: float = key(
+        "10s", read.durations(),
+        "A job waiting this long for room reserves it: smaller jobs stop passing it.",
+        scope=SUPERVISOR)
     # a deploy's label for the handler code, named with the fingerprint (fork/fingerprint.py)
     version: str = key(
         "", read.VERSION,
