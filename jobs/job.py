@@ -142,6 +142,17 @@ class Job:
         return self.fields.get("output") or ""
 
     @property
+    def memory_trail(self) -> list[tuple[float, int]]:
+        """Its death report's memory: the samples of its last seconds when its last run
+        did not succeed, as (seconds before its end, bytes), oldest first ([]: none)."""
+        raw = loads_field(self.fields.get("memory_trail"))
+        if not isinstance(raw, list):
+            return []
+        return [(float(s), int(b)) for s, b in
+                (p for p in raw if isinstance(p, list) and len(p) == 2)
+                if isinstance(s, (int, float)) and isinstance(b, int)]
+
+    @property
     def progress(self) -> dict[str, Any] | None:
         """The handler's last progress report, {"value": 0..1, "message", "at" (Redis
         seconds)}, or None if it sent none (`current().progress`)."""
@@ -233,6 +244,8 @@ class Job:
                      "owner", "code", "key", "parent", "batch", "batch_queue", "child_batch"):
             if name in self.fields:
                 out[name] = self.fields[name]
+        if self.memory_trail:
+            out["memory_trail"] = [list(sample) for sample in self.memory_trail]
         if "depends_on" in self.fields:
             out["depends_on"] = self.depends_on
             out["waiting_on"] = self.waiting_on

@@ -31,6 +31,7 @@ from forq.supervisor.fork.messages import (
 from forq.supervisor.isolation.cgroups import kill_all
 from forq.supervisor.isolation.memory import RootFiles, SampleError, SharedFiles, tree_usage
 from forq.supervisor.isolation.shared_memory import SHARED_EVERY, gone, readable_for
+from forq.supervisor.isolation.trail import MemoryTrail
 
 log = logging.getLogger("forq.supervisor")
 
@@ -77,6 +78,7 @@ class RunningChild:
     samples: int = 0  # memory samples taken that count its shared memory
     shared_bytes: int = 0  # its memory-backed open files, at their last count
     sample_failed: bool = False  # logged that a memory sample of it could not be taken
+    trail: MemoryTrail = field(default_factory=MemoryTrail)  # its last seconds' samples
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -25,7 +25,7 @@ from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
@@ -53,6 +53,7 @@ class Pending:
     writing: int = 0
     written: bool = False
     refused: bool = False  # a full Redis refused it once (said once, then sent again)
+    ended: float = field(default_factory=time.monotonic)  # when the child's end was seen
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -146,8 +147,10 @@ class Reporter:
         if item.progress is not None:
             q.record_progress([item.progress], client=pipe)
         output = child.out.record()
-        if output:  # before the transition: it needs the lease still held
-            q.set_output(job_id, token, output, client=pipe)
+        # the death report's memory samples: for a job that did not succeed
+        trail = "" if outcome.kind is Kind.ACK else child.trail.json(item.ended)
+        if output or trail:  # before the transition: it needs the lease still held
+            q.set_output(job_id, token, output, client=pipe, trail=trail)
         if outcome.kind is Kind.ACK:
             same = [f for f in outcome.followups if f["queue"] == child.queue]
             # other queues' follow-ups first (deterministic ids, so a re-run adds none):
