@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -207,3 +208,24 @@ def test_config_errors_are_clear(tmp_path):
     write_config(path, "redis://127.0.0.1:6379/10", {"q": 1}, memory_limit="128MiB",
                  supervisor_extra='memory_budget = "256MiB"')
     assert load_config(path, env={}).memory_budget == 256 * MiB
+
+
+@pytest.mark.timeout(90)
+def test_drain_gives_a_job_waiting_for_room_back_at_once(tmp_path, redis_url, queue):
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    cfg = config(tmp_path, redis_url, queue, "1GiB")
+    cfg.write_text(cfg.read_text().replace('drain_timeout = "5s"', 'drain_timeout = "30s"'))
+    with SupervisorProcess(cfg).start() as sup:
+        big1, big2 = (job.id for job in queue.enqueue_many(
+            [gated(queue, log, gate, "600MiB"), gated(queue, log, gate, "600MiB")]))
+        until(lambda: started(log) == [big1] and queue.get(big2).state == "active",
+              "big1 runs, big2 waits leased", sup)
+        sup.signal(signal.SIGTERM)
+        # given back while big1 still runs: released, nothing counted
+        until(lambda: queue.get(big2).state == "pending", "big2 released", sup)
+        job = queue.get(big2)
+        assert [h["event"] for h in job.history] == ["enqueued", "claimed", "released"]
+        assert (job.attempts, job.crashes) == (0, 0) and queue.get(big1).state == "active"
+        gate.touch()
+        assert sup.wait(timeout=20) == 0
+        assert queue.get(big1).state == "succeeded" and started(log) == [big1]
