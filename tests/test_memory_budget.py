@@ -229,3 +229,24 @@ def test_drain_gives_a_job_waiting_for_room_back_at_once(tmp_path, redis_url, qu
         gate.touch()
         assert sup.wait(timeout=20) == 0
         assert queue.get(big1).state == "succeeded" and started(log) == [big1]
+
+
+@pytest.mark.timeout(90)
+def test_a_reload_that_lowers_the_budget_snoozes_held_jobs_over_it(tmp_path, redis_url, queue):
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    cfg = config(tmp_path, redis_url, queue, "1GiB")
+    with SupervisorProcess(cfg).start() as sup:
+        big1, big2 = (job.id for job in queue.enqueue_many(
+            [gated(queue, log, gate, "600MiB"), gated(queue, log, gate, "600MiB")]))
+        until(lambda: started(log) == [big1] and queue.get(big2).state == "active",
+              "big1 runs, big2 waits leased", sup)
+        cfg.write_text(cfg.read_text().replace('memory_budget = "1GiB"',
+                                               'memory_budget = "512MiB"'))
+        sup.signal(signal.SIGHUP)
+        # big2 could never fit now: snoozed at once, not held forever; big1 runs on
+        until(lambda: "snoozed" in [h["event"] for h in queue.get(big2).history],
+              "big2 snoozed", sup)
+        assert queue.get(big2).attempts == 0 and queue.get(big1).state == "active"
+        gate.touch()
+        assert wait_job(queue, big1, ("succeeded", "dead")).state == "succeeded"
+        assert started(log) == [big1]

@@ -82,6 +82,10 @@ class Children:
                                 else int(qc.prefetch)) for qc in queues}
         self.short_jobs.configure(qc.name for qc in queues if qc.prefetch == "auto")
         self.budget.configure(memory_budget, reserve_after)
+        # a lower budget: a held job over it would wait for room forever
+        over = [lease.job.id for lease in self.held.every() if self.budget.over(self._cost(lease))]
+        for queue, lease in self.held.take(over):
+            self._refuse(queue, lease)
 
         def allowed(q: str) -> int:
             concurrency, prefetch = self.slots.get(q, (0, 0))
