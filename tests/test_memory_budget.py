@@ -250,3 +250,36 @@ def test_a_reload_that_lowers_the_budget_snoozes_held_jobs_over_it(tmp_path, red
         gate.touch()
         assert wait_job(queue, big1, ("succeeded", "dead")).state == "succeeded"
         assert started(log) == [big1]
+
+
+def test_the_budget_arithmetic():
+    """`MemoryBudget` alone (no processes): what counts, the reservation, the claim's ask."""
+    from forq.supervisor.children.budget import MemoryBudget, refusal_delay
+
+    b = MemoryBudget(1024 * MiB, reserve_after=2.0)
+    assert b.admits("big1", "q", 600 * MiB, now=0.0)
+    b.started("big1", 600 * MiB)
+    assert not b.admits("big2", "q", 600 * MiB, now=0.0)  # 1200 > 1024: waits from t=0
+    assert b.admits("s1", "q", 100 * MiB, now=1.0)  # small ones pass before 2 s...
+    assert not b.admits("s2", "q", 100 * MiB, now=2.5)  # ...not after: 600+100+600 > 1024
+    assert b.claimable("q", 0, now=1.0) == 4 and b.claimable("q", 0, now=2.5) == 0
+    b.ended("big1")
+    assert b.admits("big2", "q", 600 * MiB, now=3.0)  # the longest waiter first
+    b.started("big2", 600 * MiB)
+    assert b.used == 600 * MiB and b.waiting.keys() == {"s2"}
+    b.started("free", 0)  # no limit: the whole budget
+    assert b.used == 1624 * MiB and b.cost(0, "t") == 1024 * MiB
+    b.ended("free")
+    b.ended("big2")
+    assert b.used == 0
+    assert b.over(1025 * MiB) and not b.over(1024 * MiB)
+    assert [refusal_delay(n) for n in (0, 1, 2, 6, 7, 50)] == [1000, 2000, 4000, 60000,
+                                                               60000, 60000]
+    # with no room for the smallest seen, one job is claimed while none of the queue waits
+    c = MemoryBudget(1024 * MiB)
+    c.admits("x", "q", 1000 * MiB, now=0.0)
+    c.started("x", 1000 * MiB)
+    assert c.claimable("q", 0, now=0.0) == 1
+    assert not c.admits("y", "q", 100 * MiB, now=0.0)
+    assert c.claimable("q", 0, now=0.0) == 0
+    assert MemoryBudget(None).claimable("q", 0, now=0.0) is None

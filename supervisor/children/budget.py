@@ -71,8 +71,10 @@ class MemoryBudget:
         self.budget = budget  # bytes; None: no admission by memory
         self.reserve_after = reserve_after
         # job id -> its running child's memory_limit (kept with no budget too: a reload
-        # may set one while they run)
+        # may set one while they run); their sum, and how many have none (0), kept as
+        # they change: `used` is asked for every held job at every child's end
         self.running: dict[str, int] = {}
+        self.limited, self.unlimited = 0, 0
         self.waiting: dict[str, Waiter] = {}  # held jobs a free slot found no room for
         self.smallest: dict[str, int] = {}  # queue -> the smallest cost seen (claims)
         # the latest refused, by job id: (queue, task, limit, when (monotonic)), oldest first
@@ -85,13 +87,13 @@ class MemoryBudget:
 
     @property
     def used(self) -> int:
-        return sum(self.cost(limit, warn=False) for limit in self.running.values())
+        return self.limited + self.unlimited * (self.budget or 0)
 
-    def cost(self, limit: int, task: str = "", warn: bool = True) -> int:
+    def cost(self, limit: int, task: str = "") -> int:
         """What a job with this `memory_limit` counts against the budget."""
         if self.budget is None or limit > 0:
             return limit
-        if warn and task not in self.unlimited_warned:
+        if task not in self.unlimited_warned:
             self.unlimited_warned.add(task)
             log.warning("task %s: jobs without a memory_limit count as the whole "
                         "memory_budget (%s): each runs alone; give them a memory_limit",
@@ -127,10 +129,16 @@ class MemoryBudget:
 
     def started(self, job_id: str, limit: int) -> None:
         self.waiting.pop(job_id, None)
+        self.ended(job_id)  # a job id runs once at a time here; never counted twice
         self.running[job_id] = limit
+        self.limited += max(0, limit)
+        self.unlimited += limit <= 0
 
     def ended(self, job_id: str) -> None:
-        self.running.pop(job_id, None)
+        limit = self.running.pop(job_id, None)
+        if limit is not None:
+            self.limited -= max(0, limit)
+            self.unlimited -= limit <= 0
 
     def forget(self, job_id: str) -> None:
         """A held job given back or lost: it waits no more."""
