@@ -173,6 +173,10 @@ def test_a_job_over_the_budget_is_snoozed_visible_and_runs_elsewhere(tmp_path, r
                              env={"FORQ_REDIS_URL": redis_url, "PATH": "/usr/bin:/bin"})
         assert out.returncode == 0, out.stderr
         assert job.id in out.stdout and "every live supervisor" in out.stdout, out.stdout
+        out = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "supervisors"],
+                             capture_output=True, text=True, cwd=REPO, timeout=30,
+                             env={"FORQ_REDIS_URL": redis_url, "PATH": "/usr/bin:/bin"})
+        assert "memory: small: 0 of 256 MiB budget in use" in out.stdout, out.stdout
         with WebProcess(redis_url) as web:  # and the dashboard's overview
             html = urllib.request.urlopen(f"{web.url}/", timeout=10).read().decode()
         assert job.id in html and "every live supervisor" in html

@@ -111,15 +111,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_workers(args: argparse.Namespace) -> int:
     from forq.fleet import live_supervisors
 
-    records = live_supervisors(redis_for(args))
+    client = redis_for(args)
+    records = live_supervisors(client)
     if args.json:
         emit(records)
         return 0
     if not records or not terminal.interactive():
         print(render.workers_table(records))
-        return 0
-    terminal.show(render.workers_grid(records), "")
-    for line in render.supervisor_notes(records):
+    else:
+        terminal.show(render.workers_grid(records), "")
+        for line in render.supervisor_notes(records):
+            print(line)
+    for line in _memory_notes(client, None):  # budgets, and jobs over every one
         print(line)
     return 0
 
