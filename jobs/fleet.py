@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from forq.store.keys import SUPERVISORS
+from forq.store.keys import SUPERVISORS, QueueKeys
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
@@ -141,3 +141,19 @@ def memory_admission(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
         job["over_every"] = all(b is not None and b < job["limit"]
                                 for b in serving.get(job["queue"], []))
     return budgets, list(refused.values())
+
+
+def memory_view(client: redis.Redis, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`memory_admission` for a reader (`forq stats`, `forq supervisors`, the dashboard):
+    the budgets by supervisor name, and the refused jobs that have not run since (still
+    scheduled, pending or active), read in one round trip."""
+    budgets, refused = memory_admission(records)
+    if refused:
+        pipe = client.pipeline(transaction=False)
+        for job in refused:
+            pipe.hget(QueueKeys(job["queue"]).job(job["id"]), "state")
+        states = pipe.execute()
+        refused = [job for job, state in zip(refused, states, strict=True)
+                   if state in ("scheduled", "pending", "active", b"scheduled", b"pending",
+                                b"active")]
+    return {"budgets": {b["name"]: b for b in budgets}, "refused": refused}

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from forq import JobNotFound, Queue, QueueEvent, known_queues, units
+from forq import Queue, QueueEvent, known_queues, units
 from forq.store.events import KINDS
 from forq.supervisor.cli import render, terminal
 from forq.supervisor.cli.base import (
@@ -47,18 +47,11 @@ def _warn_eviction(client: redis.Redis) -> None:
 def _memory_notes(client: redis.Redis, only: str | None) -> list[str]:
     """Admission by memory, from the live supervisors' heartbeats: their budgets, and
     the jobs refused as over a whole budget that have not run since."""
-    from forq.fleet import live_supervisors, memory_admission
+    from forq.fleet import live_supervisors, memory_view
 
-    def unfinished(job: dict[str, Any]) -> bool:
-        try:
-            state = queue_named(job["queue"], client).get(job["id"]).state
-        except (UsageError, JobNotFound):  # a bad name in a record, or a purged job
-            return False
-        return state in ("scheduled", "pending", "active")
-
-    budgets, refused = memory_admission(live_supervisors(client))
-    return render.memory_notes(budgets, [job for job in refused if (
-        only is None or job["queue"] == only) and unfinished(job)])
+    view = memory_view(client, live_supervisors(client))
+    return render.memory_notes(list(view["budgets"].values()), [
+        job for job in view["refused"] if only is None or job["queue"] == only])
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

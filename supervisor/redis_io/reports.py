@@ -179,12 +179,12 @@ class Reporter:
                     (item, (job_id, token, outcome.result_json, same)))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
-                   delay_ms=outcome.delay_ms, counted=outcome.counted)
+                   delay_ms=outcome.delay_ms, counted=outcome.counted, pattern=outcome.pattern)
         elif outcome.kind is Kind.THROTTLE:
             q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
                        client=pipe)
         elif outcome.kind is Kind.EXPIRE:
-            q.expire(job_id, token, outcome.reason, client=pipe)
+            q.expire(job_id, token, outcome.reason, client=pipe, pattern=outcome.pattern)
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
 
