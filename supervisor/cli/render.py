@@ -296,6 +296,27 @@ def supervisor_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def memory_notes(budgets: Sequence[Mapping[str, Any]],
+                 refused: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Admission by memory (`forq.fleet.memory_admission`): a line per supervisor with a
+    `memory_budget`, and per job refused as over a whole budget, still waiting."""
+    mib = 1 << 20
+    lines = []
+    for b in budgets:
+        line = (f"memory: {printable(b['name'])}: {b['used'] // mib} of {b['budget'] // mib} "
+                f"MiB budget in use")
+        if b["waiting"]:
+            line += f"; {b['waiting']} job(s) waiting for room (longest {age(b['longest_wait'])})"
+        lines.append(line)
+    for job in refused:
+        where = ("over the memory budget of every live supervisor serving its queue: none "
+                 "will run it" if job["over_every"] else
+                 "over the memory budget of " + ", ".join(printable(n) for n in job["refused_by"]))
+        lines.append(f"memory: job {printable(job['id'])} ({printable(job['queue'])}, "
+                     f"{printable(job['task'])}) memory_limit {job['limit'] // mib} MiB: {where}")
+    return lines
+
+
 # -- forq schedules -----------------------------------------------------------------
 
 
