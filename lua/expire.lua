@@ -8,20 +8,28 @@
   ARGV[2]  job id
   ARGV[3]  fencing token
   ARGV[4]  crash reason, e.g. "killed by SIGSEGV (peak RSS 41.2MiB)"
+  ARGV[5]  (optional) the crash's pattern for the task's circuit breaker, as the parent
+           saw it ("signal:SIGSEGV", "exit:3", "malformed"; "" counts none): see
+           includes/breaker
 
-  Returns "ok", or "lost" when the token is stale (nothing changes).
+  Returns "ok", or "lost" when the token is stale (nothing changes). The crash counts in
+  the task's circuit breaker here, where the parent names it, not in reclaim (a lease
+  that expired because its supervisor died is no fault of the task).
   Transitions: none
 ]]
 --@include includes/time
 --@include includes/job
 --@include includes/fencing
 --@include includes/history
+--@include includes/breaker
 
 local active_key = KEYS[1]
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-if not held(jkey, token) then return 'lost' end
+local f = held(jkey, token, 'task')
+if not f then return 'lost' end
 local at = now_ms()
+breaker_end(prefix, id, jkey, f[3], ARGV[5], at)
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
 redis.call('ZADD', active_key, 0, id)
 add_history(prefix, id, 'crashed', at, {reason = reason})

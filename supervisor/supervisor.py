@@ -88,7 +88,8 @@ class Supervisor:
         self.queues: dict[str, Queue] = {}
         self.outbox: list[Pending] = []
         self.want_claim = True
-        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served()),
+        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served(),
+                                                          self.metrics.set_tripped),
                                name=self.name)
         self.metrics.registry.register(RetentionCollector(
             lambda: self.redis, self.served, lambda: self.metrics.redis_error("scrape")))
@@ -169,7 +170,8 @@ class Supervisor:
             self.reaper.max_crashes[qc.name] = int(policy["defaults"].get("max_crashes",
                                                                            MAX_CRASHES))
             self.metrics.declare_queue(qc.name, qc.concurrency)
-        self.children.configure(config.queues)
+        self.children.configure(config.queues, config.memory_budget,
+                                config.memory_reserve_after)
 
     def served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]

@@ -136,3 +136,42 @@ def wait_file(path: str, timeout: float = 30.0):
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.01)
     return path
+
+
+@task("tests.gated")
+def gated(log: str, gate: str, timeout: float = 30.0):
+    """Append "ID start" to `log`, run until `gate` exists, append "ID end": the test sees
+    which jobs ran at the same time, and decides when each ends."""
+    with open(log, "a") as f:
+        f.write(f"{current().id} start\n")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with open(log, "a") as f:
+        f.write(f"{current().id} end\n")
+
+
+# -- the circuit breaker's (tests/test_breaker.py) ---------------------------------------
+
+
+@task("tests.segv")
+def segv(n: int = 0):
+    """A bad deploy: every job of this task crashes its process with SIGSEGV."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@task("tests.sometimes")
+def sometimes(n: int):
+    """Fails 1 job in 20 (5%), always the same way: a normal error rate."""
+    if n % 20 == 0:
+        raise ValueError(f"job {n} fails")
+    return n
+
+
+@task("tests.liar")
+def liar(name: str, size: int = 1):
+    """A hostile handler: raises an exception whose type name it chose (another task's
+    name, a signal's, `size` times over): its own task's pattern, capped, nothing else."""
+    raise type(name * size, (Exception,), {})("not what it says")

@@ -46,6 +46,7 @@ def exported_names() -> set[str]:
     m.reclaimed("q", 1)
     m.redis_error("claim")
     m.shard_state("10.0.0.2:7001", True)
+    m.set_tripped("q", ["t"])
     # registered by the supervisor; its families are declared even when a read fails
     m.registry.register(RetentionCollector(lambda: None, lambda: ["q"], lambda: None))
     names = set()
@@ -146,6 +147,7 @@ def test_rules_cover_the_agreed_alerts_and_use_exported_metrics() -> None:
         "ForqReclaimsSpiking",
         "ForqBacklogGrowing",
         "ForqQueueWaitHigh",
+        "ForqTaskTripped",
     } <= set(exprs)
     known = exported_names() | {"up"}  # `up` is Prometheus' own per-target metric
     for name, expr in exprs.items():
@@ -189,6 +191,23 @@ def A(alert: str, at: str, *labels: dict[str, str]) -> dict[str, object]:
 SUP = {"a": 'job="forq",instance="a:9464"', "b": 'job="forq",instance="b:9464"'}
 
 UNIT_TESTS = [
+    {
+        "interval": "1m",
+        "input_series": [
+            # images/resize tripped from minute 10 to 20, seen by both supervisors; the
+            # series is gone (not 0) once it is resumed
+            S(f'forq_task_tripped{{{SUP["a"]},queue="images",task="resize"}}',
+              "_x10 1x10 stale"),
+            S(f'forq_task_tripped{{{SUP["b"]},queue="images",task="resize"}}',
+              "_x10 1x10 stale"),
+        ],
+        "alert_rule_test": [
+            A("ForqTaskTripped", "5m"),
+            A("ForqTaskTripped", "15m",
+              {"severity": "warning", "queue": "images", "task": "resize"}),
+            A("ForqTaskTripped", "30m"),
+        ],
+    },
     {
         "interval": "1m",
         "input_series": [

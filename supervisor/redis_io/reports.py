@@ -25,7 +25,7 @@ from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
@@ -179,12 +179,12 @@ class Reporter:
                     (item, (job_id, token, outcome.result_json, same)))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
-                   delay_ms=outcome.delay_ms, counted=outcome.counted)
+                   delay_ms=outcome.delay_ms, counted=outcome.counted, pattern=outcome.pattern)
         elif outcome.kind is Kind.THROTTLE:
             q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
                        client=pipe)
         elif outcome.kind is Kind.EXPIRE:
-            q.expire(job_id, token, outcome.reason, client=pipe)
+            q.expire(job_id, token, outcome.reason, client=pipe, pattern=outcome.pattern)
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
 
