@@ -14,7 +14,10 @@ from typing import Any
 
 import redis
 
+from forq.queue import Queue
 from forq.store.keys import SUPERVISORS, QueueKeys
+from forq.store.pipelines import run_plan
+from forq.store.plans import retained
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
@@ -157,3 +160,13 @@ def memory_view(client: redis.Redis, records: list[dict[str, Any]]) -> dict[str,
                    if state in ("scheduled", "pending", "active", b"scheduled", b"pending",
                                 b"active")]
     return {"budgets": {b["name"]: b for b in budgets}, "refused": refused}
+
+
+def kept_records(client: redis.Redis, name: str, dead: int) -> dict[str, Any]:
+    """A queue's kept succeeded and dead records (docs/operations/retention.md): counts,
+    and their bytes estimated from a few records' MEMORY USAGE (`plans.retained`)."""
+    queue = Queue(name, redis=client)
+    buckets = sorted(str(b) for b in client.smembers(queue.keys.kept))
+    kept = run_plan(client, queue.scripts, retained(queue.keys, buckets, dead))
+    return {"succeeded": kept["succeeded"]["count"], "dead": kept["dead"]["count"],
+            "bytes": kept["succeeded"]["bytes"] + kept["dead"]["bytes"]}

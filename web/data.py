@@ -16,11 +16,9 @@ from urllib.parse import quote
 import redis
 
 from forq import Queue, known_queues
-from forq.fleet import CHILD_FIELDS, live_supervisors, memory_view, schedule_rows
+from forq.fleet import CHILD_FIELDS, kept_records, live_supervisors, memory_view, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
-from forq.store.pipelines import run_plan
-from forq.store.plans import retained
 from forq.store.plans import trip_reason
 from forq.units import format_size
 
@@ -125,7 +123,7 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         if head:
             heads.append((len(queues) - 1, QueueKeys(name).job(head[0])))
     for q in queues:  # the ended records each keeps (docs/operations/retention.md)
-        q["retained"] = kept_records(client, q["name"], q["dead"])
+        q["retained"] = kept_records(client, q["name"], q["dead"])  # forq.fleet
     if heads:
         pipe = client.pipeline(transaction=False)
         for _, key in heads:
@@ -137,15 +135,6 @@ def overview(client: redis.Redis) -> dict[str, Any]:
     supervisors = live_supervisors(client)
     return {"now_ms": now_ms, "queues": queues, "supervisors": supervisors,
             "memory": memory_view(client, supervisors)}
-
-
-def kept_records(client: redis.Redis, name: str, dead: int) -> dict[str, Any]:
-    """A queue's kept succeeded and dead records: counts and bytes (sampled)."""
-    queue = Queue(name, redis=client)
-    buckets = sorted(str(b) for b in client.smembers(queue.keys.kept))
-    kept = run_plan(client, queue.scripts, retained(queue.keys, buckets, dead))
-    return {"succeeded": kept["succeeded"]["count"], "dead": kept["dead"]["count"],
-            "bytes": kept["succeeded"]["bytes"] + kept["dead"]["bytes"]}
 
 
 # -- running now ------------------------------------------------------------------------
