@@ -25,9 +25,8 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
-                     "promote", "reschedule", "set_priority", "find", "resume_task",
-                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents",
-                     "trim"]
+                     "promote", "reschedule", "set_priority", "find", "resume_task", "trim",
+                     "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
 ENQUEUE_BATCH = 500  # jobs per script call: long enough to amortise, short enough not to stall Redis

@@ -71,14 +71,9 @@ def job(job: Job) -> str:
                                           else "") if job.snoozes else ""))
     row("args", _compact(job.args))
     row("kwargs", _compact(job.kwargs))
-    if f.get("priority"):
-        row("priority", f["priority"])
-    if f.get("key"):
-        row("key", f["key"])
-    if f.get("group"):
-        row("group", f["group"])
-    if f.get("parent"):
-        row("parent", f["parent"])
+    for label in ("priority", "key", "group", "parent"):  # each shown when set
+        if f.get(label):
+            row(label, f[label])
     if job.depends_on:
         waits = f"    waiting on {job.waiting_on}" if job.state == "waiting" else ""
         row("parents", ", ".join(job.depends_on) + waits
