@@ -11,8 +11,9 @@
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  queue name
   ARGV[3..] one group per job:
-           job id, fencing token, result (JSON text), n = how many follow-ups follow,
-           then n follow-up job specs (JSON, as for enqueue) for this queue
+           job id, fencing token, result (JSON text), the run's cost ("" none: see
+           includes/cost), n = how many follow-ups follow, then n follow-up job specs
+           (JSON, as for enqueue) for this queue
 
   Returns, per job in order, "ok", or "lost" when the token is stale (nothing changes
   for that job; drop its result). A call for one job returns its answer alone.
@@ -29,23 +30,24 @@
 --@include includes/wake
 --@include includes/enqueue_job
 --@include includes/succeed
+--@include includes/cost
 
 local prefix, queue = ARGV[1], ARGV[2]
 local answers = {}
-local held_jobs = {} -- {id, jkey, result, fields, first follow-up's ARGV index, count}
+local held_jobs = {} -- {id, jkey, result, fields, first follow-up's ARGV index, count, cost}
 local i = 3
 while i <= #ARGV do
   local id, token = ARGV[i], ARGV[i + 1]
-  local n = tonumber(ARGV[i + 3])
+  local n = tonumber(ARGV[i + 4])
   local jkey = job_key(prefix, id)
   local f = held(jkey, token, unpack(SUCCEED_FIELDS))
   if f then
-    held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 4, n}
+    held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 5, n, ARGV[i + 3]}
     answers[#answers + 1] = 'ok'
   else
     answers[#answers + 1] = 'lost'
   end
-  i = i + 4 + n
+  i = i + 5 + n
 end
 if #held_jobs > 0 then
   -- the batch leaves `active` first, in one ZREM: a write that a full Redis (maxmemory,
@@ -57,7 +59,8 @@ if #held_jobs > 0 then
   local at = now_ms()
   local woke = false
   for _, job in ipairs(held_jobs) do
-    local id, jkey, result, f, first, n = unpack(job)
+    local id, jkey, result, f, first, n, cost = unpack(job)
+    record_cost(prefix, jkey, cost, f[6], at) -- before `succeed`, which may delete it
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
     if n > 0 then
       local specs = {}

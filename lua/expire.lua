@@ -8,6 +8,7 @@
   ARGV[2]  job id
   ARGV[3]  fencing token
   ARGV[4]  crash reason, e.g. "killed by SIGSEGV (peak RSS 41.2MiB)"
+  ARGV[5]  the run's cost ("" or absent: none; see includes/cost)
 
   Returns "ok", or "lost" when the token is stale (nothing changes).
   Transitions: none
@@ -16,13 +17,16 @@
 --@include includes/job
 --@include includes/fencing
 --@include includes/history
+--@include includes/cost
 
 local active_key = KEYS[1]
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-if not held(jkey, token) then return 'lost' end
+local f = held(jkey, token, 'group')
+if not f then return 'lost' end
 local at = now_ms()
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
+record_cost(prefix, jkey, ARGV[5], f[3], at)
 redis.call('ZADD', active_key, 0, id)
 add_history(prefix, id, 'crashed', at, {reason = reason})
 return 'ok'

@@ -15,6 +15,7 @@
   ARGV[6]  a uniform random number in [0, 1) for the jitter (scripts stay deterministic)
   ARGV[7]  snooze: the delay in ms (checked and capped by the supervisor)
   ARGV[8]  snooze: "1" when it counts as an attempt, "0" when not
+  ARGV[9]  the run's cost ("" or absent: none; see includes/cost)
 
   Returns {"retry", run_at_ms, attempts} | {"snoozed", run_at_ms, attempts} |
           {"dead", 0, attempts} | {"cancelled", 0, attempts} |
@@ -44,6 +45,7 @@
 --@include includes/finish
 --@include includes/events
 --@include includes/on_dead
+--@include includes/cost
 
 local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -73,6 +75,7 @@ elseif snooze then event_job(prefix, id) -- its event comes with its run_at, bel
 else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
+record_cost(prefix, jkey, ARGV[9], f[4], at)
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
 local snoozes = 0
 if snooze then

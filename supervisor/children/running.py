@@ -77,6 +77,11 @@ class RunningChild:
     samples: int = 0  # memory samples taken that count its shared memory
     shared_bytes: int = 0  # its memory-backed open files, at their last count
     sample_failed: bool = False  # logged that a memory sample of it could not be taken
+    # its cost (`cost`): user and system CPU µs of its tree (wait4, or its cgroup's
+    # cpu.stat), when the claim that leased it was sent and when it was reaped (monotonic)
+    cpu_us: tuple[int, int] = (0, 0)
+    claimed: float = 0.0
+    ended: float = 0.0
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)

@@ -18,7 +18,7 @@ from typing import Any
 
 from forq import Job
 from forq.fleet import code_status
-from forq.units import age, relative, when, when_ms
+from forq.units import age, format_size, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
 
@@ -100,6 +100,8 @@ def job(job: Job) -> str:
         row("code", clip(printable(f["code"]), 80) or "? (no fork server: not known)")
     if f.get("finished_at"):
         row("finished", when_ms(f.get("finished_at")))
+    if job.cost is not None:  # its last run's
+        row("cost", cost_line(job.cost))
     if job.state == "succeeded" or f.get("result") not in (None, ""):
         row("result", _compact(job.result))
     if job.reason:
@@ -152,6 +154,16 @@ def job(job: Job) -> str:
 
 
 NO_QUEUES = "no queues yet"
+
+
+def cost_line(cost: Mapping[str, int | None]) -> str:
+    """A run's cost (`Job.cost`) on one line."""
+    user, system = (cost["cpu_user_ms"] or 0) / 1000, (cost["cpu_system_ms"] or 0) / 1000
+    latency = cost["start_latency_ms"]
+    return (f"cpu {user + system:.3f}s (user {user:.3f}s, system {system:.3f}s)    "
+            f"peak memory {format_size(cost['peak_memory'] or 0)}    "
+            f"wall {(cost['wall_ms'] or 0) / 1000:.3f}s"
+            + (f"    start latency {latency} ms" if latency is not None else ""))
 
 
 def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:

@@ -20,7 +20,8 @@ travel beside it (SCM_RIGHTS):
   its own, `namespaces.become_init`, names its children by their pids in that
   namespace, and every pid in its messages, "pid", "exit" and "fence" alike, is that
   name, `RunningChild.server_pid`); {"error": text} if the fork failed;
-  {"exit": pid, "status": wait status, "maxrss": KiB} when it has SIGKILLed the
+  {"exit": pid, "status": wait status, "maxrss": KiB, "utime_us", "stime_us": its
+  CPU time (wait4's rusage: its tree's, as it reaped them)} when it has SIGKILLed the
   child's process group and reaped it, with "fenced": true if it killed the child for
   its fencing deadline. The fork server runs handler modules' top-level code: the
   supervisor checks all of this as untrusted input (`client`).

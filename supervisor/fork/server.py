@@ -225,7 +225,10 @@ class Server:
             self.busy_at = time.monotonic()
             self.children.discard(pid)
             self.fence_at.pop(pid, None)
-            exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss}
+            # its CPU time counts every process of its tree it reaped (a subreaper's)
+            exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss,
+                            "utime_us": int(usage.ru_utime * 1e6),
+                            "stime_us": int(usage.ru_stime * 1e6)}
             if pid in self.fenced:
                 self.fenced.discard(pid)
                 exit_message["fenced"] = True

@@ -23,6 +23,7 @@ from forq.store import topology
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
+from forq.supervisor.children.cost import cost_of
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.tasks import TaskInfo
@@ -34,7 +35,8 @@ from forq.supervisor.redis_io.notes import JobNotes
 
 log = logging.getLogger("forq.supervisor")
 
-AckArgs = tuple[str, str, str, list[dict[str, Any]]]  # Queue.ack_many's: id, token, result, follow-ups
+# ack_many's: id, token, result, follow-ups, the run's cost
+AckArgs = tuple[str, str, str, list[dict[str, Any]], str]
 
 
 @dataclass
@@ -168,19 +170,19 @@ class Reporter:
                 # with the same-queue follow-ups: if this ack is lost, the reclaim that
                 # finds the completion enqueues them instead
                 q.record_done(job_id, outcome.result_json, ttl, same, client=pipe)
+            ack = (job_id, token, outcome.result_json, same, cost_of(child))
             if self._acks is None:
-                q.ack(job_id, token, outcome.result_json, same, client=pipe)
+                q.ack_many([ack], client=pipe)
             else:
-                self._acks.setdefault(child.queue, []).append(
-                    (item, (job_id, token, outcome.result_json, same)))
+                self._acks.setdefault(child.queue, []).append((item, ack))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
-                   delay_ms=outcome.delay_ms, counted=outcome.counted)
+                   delay_ms=outcome.delay_ms, counted=outcome.counted, cost=cost_of(child))
         elif outcome.kind is Kind.THROTTLE:
             q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
                        client=pipe)
         elif outcome.kind is Kind.EXPIRE:
-            q.expire(job_id, token, outcome.reason, client=pipe)
+            q.expire(job_id, token, outcome.reason, client=pipe, cost=cost_of(child))
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
 

@@ -1,0 +1,82 @@
+"""Each job's cost, measured and kept (issue 30, item 1), through a real `forq run`.
+
+A handler burns a known CPU time (in its child, and in a grandchild it waits for) and
+touches a known amount of memory; the figures its record keeps, `forq job` shows, the
+metrics endpoint exports and `forq usage` totals are checked against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from forq import Queue
+from forq.job import Job
+from tests import helpers
+from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
+
+MIB = 1 << 20
+IMPORTS = (*TEST_IMPORTS, "tests.cost_tasks")
+TERMINAL = ("succeeded", "dead", "cancelled")
+
+
+def supervisor(tmp_path: Path, redis_url: str, queue: Queue, **options: Any) -> SupervisorProcess:
+    options.setdefault("drain_timeout", "1s")
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
+                          imports=IMPORTS, memory_limit="512MiB", **options)
+    return SupervisorProcess(config)
+
+
+def wait_job(queue: Queue, job_id: str, sup: SupervisorProcess,
+             states: tuple[str, ...] = TERMINAL) -> Job:
+    return helpers.wait_job(queue, job_id, states, 60.0,
+                            context=lambda: f"supervisor log:\n{sup.log()[-4000:]}")
+
+
+def forq(redis_url: str, *args: str, json_out: bool = True) -> Any:
+    proc = subprocess.run(
+        [sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, *args],
+        capture_output=True, text=True, timeout=30, cwd=str(REPO),
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, f"forq {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
+    return json.loads(proc.stdout) if json_out else proc.stdout
+
+
+def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redis_url, queue):
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        jid = queue.enqueue("cost.burn", 0.3, 100, 0.3).id
+        job = wait_job(queue, jid, sup)
+        assert job.state == "succeeded", job.history
+        cost = job.cost
+        assert cost is not None, job.fields
+        cpu = (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000
+        # 0.3 s here and 0.3 s in the grandchild; an interpreter's start-up on top
+        assert 0.58 <= cpu <= 0.6 + 1.0, cost
+        assert 100 * MIB <= cost["peak_memory"] <= 100 * MIB + 200 * MIB, cost
+        wall = cost["wall_ms"] / 1000
+        assert cpu * 0.9 <= wall <= 30, cost
+        assert cost["start_latency_ms"] is not None
+        assert 0 <= cost["start_latency_ms"] <= 10_000, cost
+
+        shown = forq(redis_url, "job", jid, "--json")
+        assert shown["cost"] == cost
+        text = forq(redis_url, "job", jid, json_out=False)
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith("cost"))
+        assert f"cpu {cpu:.3f}s" in line and "peak memory 1" in line, line
+        assert "start latency" in line, line
+
+
+def test_failed_and_crashed_runs_keep_their_cost_too(tmp_path, redis_url, queue):
+    with supervisor(tmp_path, redis_url, queue, max_crashes=1) as sup:
+        failed = queue.enqueue("cost.burn_then_fail", 0.2).id
+        crashed = queue.enqueue("cost.burn_then_crash", 0.2).id
+        for jid in (failed, crashed):
+            job = wait_job(queue, jid, sup, ("dead",))
+            cost = job.cost
+            assert cost is not None, (jid, job.fields)
+            assert 0.19 <= (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000 <= 1.5, cost
+            assert cost["peak_memory"] > 0 and cost["wall_ms"] >= 190, cost
