@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from forq import Queue
 from forq.job import Job
 from tests import helpers
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
+from tests.web_server import WebProcess
 
 MIB = 1 << 20
 IMPORTS = (*TEST_IMPORTS, "tests.cost_tasks")
@@ -68,6 +70,13 @@ def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redi
         line = next(ln for ln in text.splitlines() if ln.strip().startswith("cost"))
         assert f"cpu {cpu:.3f}s" in line and "peak memory 1" in line, line
         assert "start latency" in line, line
+
+        with WebProcess(redis_url) as web:  # the dashboard's job page
+            with urllib.request.urlopen(f"{web.url}/jobs/{queue.name}/{jid}", timeout=10) as r:
+                html = r.read().decode()
+        shown = html.split("<dt>cost</dt>", 1)[1].split("</dd>", 1)[0]
+        assert f"cpu {cpu:.3f}s" in shown and "peak memory" in shown, shown
+        assert f"start latency {cost['start_latency_ms']} ms" in shown, shown
 
 
 def test_failed_and_crashed_runs_keep_their_cost_too(tmp_path, redis_url, queue):
