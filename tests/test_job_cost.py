@@ -15,9 +15,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
+
 from forq import Queue
 from forq.job import Job
 from tests import helpers
+from tests.helpers import wait_for
+from tests.redis_server import free_port
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
 from tests.web_server import WebProcess
 
@@ -26,11 +32,37 @@ IMPORTS = (*TEST_IMPORTS, "tests.cost_tasks")
 TERMINAL = ("succeeded", "dead", "cancelled")
 
 
-def supervisor(tmp_path: Path, redis_url: str, queue: Queue, **options: Any) -> SupervisorProcess:
+def supervisor(tmp_path: Path, redis_url: str, queue: Queue, metrics_port: int = 0,
+               **options: Any) -> SupervisorProcess:
     options.setdefault("drain_timeout", "1s")
     config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 2},
                           imports=IMPORTS, memory_limit="512MiB", **options)
+    if metrics_port:
+        config.write_text(config.read_text().replace(
+            'listen = ""', f'listen = "127.0.0.1:{metrics_port}"'))
     return SupervisorProcess(config)
+
+
+def scrape(port: int) -> dict[str, Any]:
+    """The real /metrics endpoint, parsed: {sample name: [(labels, value), ...]}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    samples: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def scraped_with(port: int, name: str, **labels: str) -> dict[str, Any] | None:
+    """A scrape that has a sample `name` with `labels`, or None."""
+    got = scrape(port)
+    return got if sample(got, name, **labels) else None
+
+
+def sample(samples: dict[str, Any], name: str, **labels: str) -> list[tuple[dict, float]]:
+    return [(lb, v) for lb, v in samples.get(name, [])
+            if all(lb.get(k) == want for k, want in labels.items())]
 
 
 def wait_job(queue: Queue, job_id: str, sup: SupervisorProcess,
@@ -49,7 +81,8 @@ def forq(redis_url: str, *args: str, json_out: bool = True) -> Any:
 
 
 def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redis_url, queue):
-    with supervisor(tmp_path, redis_url, queue) as sup:
+    port = free_port()
+    with supervisor(tmp_path, redis_url, queue, metrics_port=port) as sup:
         jid = queue.enqueue("cost.burn", 0.3, 100, 0.3).id
         job = wait_job(queue, jid, sup)
         assert job.state == "succeeded", job.history
@@ -63,6 +96,23 @@ def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redi
         assert cpu * 0.9 <= wall <= 30, cost
         assert cost["start_latency_ms"] is not None
         assert 0 <= cost["start_latency_ms"] <= 10_000, cost
+
+        # the histograms per task, from the supervisor's real endpoint
+        mine = {"queue": queue.name, "task": "cost.burn"}
+        # observed when the supervisor reads Redis's answer, just after the record changed
+        samples = wait_for(lambda: scraped_with(port, "forq_job_cpu_seconds_count", **mine),
+                           timeout=10, message="the attempt's cost in the histograms")
+        assert sample(samples, "forq_job_cpu_seconds_count", **mine)[0][1] == 1
+        assert sample(samples, "forq_job_cpu_seconds_sum", **mine)[0][1] == pytest.approx(
+            cpu, abs=0.002)
+        buckets = {lb["le"]: v for lb, v in sample(samples, "forq_job_cpu_seconds_bucket", **mine)}
+        assert (buckets["0.5"], buckets["2.5"]) == (0, 1), buckets
+        assert sample(samples, "forq_job_peak_memory_bytes_sum", **mine)[0][1] == cost[
+            "peak_memory"]
+        memory = {lb["le"]: v for lb, v in
+                  sample(samples, "forq_job_peak_memory_bytes_bucket", **mine)}
+        assert (memory[floatToGoString(64 * MIB)], memory[floatToGoString(512 * MIB)]) == (0, 1), memory
+        assert sample(samples, "forq_job_start_latency_seconds_count", **mine)[0][1] == 1
 
         shown = forq(redis_url, "job", jid, "--json")
         assert shown["cost"] == cost

@@ -28,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from forq.supervisor.observe.metrics_cost import CostMetrics
+
 __all__ = [
     "DEPTH_STATES",
     "DURATION_BUCKETS",
@@ -230,6 +232,7 @@ class Metrics:
             buckets=RSS_BUCKETS,
             registry=r,
         )
+        self.cost = CostMetrics(r)  # forq_job_cpu_seconds, forq_job_peak_memory_bytes, ...
         self.children_running = Gauge(
             "forq_children_running",
             "Job children currently running on this supervisor.",

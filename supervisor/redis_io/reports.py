@@ -23,7 +23,7 @@ from forq.store import topology
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
-from forq.supervisor.children.cost import cost_of
+from forq.supervisor.children.cost import cost_of, measure
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.tasks import TaskInfo
@@ -296,6 +296,12 @@ class Reporter:
         if metric and child.pid:
             self.metrics.job_finished(child.queue, child.task, metric,
                                       time.monotonic() - child.started, child.peak_rss or None)
+            cost = measure(child)
+            if cost is not None:
+                latency = cost.start_latency_ms
+                self.metrics.cost.observe(child.queue, child.task, cost.cpu_seconds,
+                                          cost.peak_bytes,
+                                          None if latency is None else latency / 1000)
         elif metric:
             self.metrics.job_finished(child.queue, child.task, metric, 0.0, None)
         return metric
