@@ -139,3 +139,31 @@ def test_failed_and_crashed_runs_keep_their_cost_too(tmp_path, redis_url, queue)
             assert cost is not None, (jid, job.fields)
             assert 0.19 <= (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000 <= 1.5, cost
             assert cost["peak_memory"] > 0 and cost["wall_ms"] >= 190, cost
+
+
+def test_usage_totals_per_group(tmp_path, redis_url, queue):
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        jobs = [queue.enqueue("cost.burn", 0.1, 10, group="acme").id for _ in range(2)]
+        jobs.append(queue.enqueue("cost.burn", 0.1, 10, group="zeta").id)
+        jobs.append(queue.enqueue("cost.burn_then_fail", 0.1).id)  # no group, dead
+        records = [wait_job(queue, jid, sup) for jid in jobs]
+    costs = [job.cost for job in records]
+    assert all(costs), [job.fields for job in records]
+
+    every = {row["group"]: row for row in forq(redis_url, "usage", queue.name, "--json")["groups"]}
+    assert {g: row["jobs"] for g, row in every.items()} == {"acme": 2, "zeta": 1, "": 1}
+    for group, mine in (("acme", costs[:2]), ("zeta", costs[2:3]), ("", costs[3:])):
+        row = every[group]
+        assert row["cpu_seconds"] == pytest.approx(
+            sum(c["cpu_user_ms"] + c["cpu_system_ms"] for c in mine) / 1000), group
+        assert row["peak_memory_sum"] == sum(c["peak_memory"] for c in mine), group
+        assert row["wall_seconds"] == pytest.approx(sum(c["wall_ms"] for c in mine) / 1000)
+    assert every["acme"]["cpu_seconds"] >= 0.19
+
+    one = forq(redis_url, "usage", queue.name, "--group", "zeta", "--since", "1h", "--json")
+    assert [row["group"] for row in one["groups"]] == ["zeta"]
+    text = forq(redis_url, "usage", queue.name, json_out=False)
+    assert "acme" in text and "(no group)" in text, text
+    # the totals expire: bounded without tuning
+    hour_keys = list(queue.redis.scan_iter(match=f"forq:{{{queue.name}}}:usage:*"))
+    assert hour_keys and all(0 < queue.redis.ttl(k) <= 8 * 24 * 3600 + 3600 for k in hour_keys)
