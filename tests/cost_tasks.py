@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from forq import NonRetryable, task
+from forq import NonRetryable, current, task
 
 MIB = 1 << 20
 # burns `s` seconds of its own CPU time (process time: what rusage counts), then exits
@@ -45,3 +45,14 @@ def burn_then_crash(seconds: float) -> None:
 
     _burn(seconds)
     os._exit(3)
+
+
+@task("cost.spin")
+def spin(seconds: float, mib: int) -> None:
+    """Hold `mib` MiB and keep a core busy for `seconds` (wall), halfway said."""
+    block = bytearray(mib * MIB)
+    block[::4096] = b"\x01" * len(range(0, len(block), 4096))
+    current().progress(0.5, "halfway")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass

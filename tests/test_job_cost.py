@@ -167,3 +167,32 @@ def test_usage_totals_per_group(tmp_path, redis_url, queue):
     # the totals expire: bounded without tuning
     hour_keys = list(queue.redis.scan_iter(match=f"forq:{{{queue.name}}}:usage:*"))
     assert hour_keys and all(0 < queue.redis.ttl(k) <= 8 * 24 * 3600 + 3600 for k in hour_keys)
+
+
+def test_top_shows_running_jobs_cpu_memory_lease_and_progress(tmp_path, redis_url, queue):
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        jid = queue.enqueue("cost.spin", 60, 64).id
+        wait_job(queue, jid, sup, ("active",))
+
+        def busy() -> dict[str, Any] | None:
+            jobs = forq(redis_url, "top", "--once", "--json", "-q", queue.name)
+            mine = next((j for j in jobs if j["id"] == jid), None)
+            child = (mine or {}).get("child", {})
+            # a second heartbeat gives CPU % over its interval; the progress comes with
+            # the lease extension after the handler said it
+            ready = (child.get("cpu_percent") or 0) > 20 and mine["progress"] == 0.5
+            return mine if ready else None
+
+        mine = wait_for(busy, timeout=30, message="the spinning job in forq top")
+        child = mine["child"]
+        assert child["rss_now"] >= 64 * MIB and child["rss"] >= child["rss_now"], child
+        assert child["memory_limit"] == 512 * MIB and child["cpu"] > 0, child
+        assert mine["lease_deadline_ms"] > 0 and mine["progress_message"] == "halfway"
+
+        text = forq(redis_url, "top", "--once", json_out=False)
+        row = next(line for line in text.splitlines() if line.startswith(jid))
+        assert "cost.spin" in row and "/ 512.0MiB" in row and "50% halfway" in row, text
+        assert text.splitlines()[0].split()[:6] == ["job", "queue", "task", "host", "elapsed",
+                                                   "cpu%"], text
+        queue.cancel(jid)
+        wait_job(queue, jid, sup)

@@ -28,4 +28,4 @@ A new command goes into the module of its family, or a new module listed here.
 from __future__ import annotations
 
 FAMILIES = ("jobs", "change", "find", "batches", "stats", "schedule", "dead", "operate",
-            "replay", "usage.totals")
+            "replay", "usage.totals", "usage.top")

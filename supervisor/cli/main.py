@@ -21,6 +21,7 @@
     forq pause|resume QUEUE [--json]
     forq config check PATH
     forq usage QUEUE [--group G] [--since 1d] [--json]
+    forq top [-q QUEUE] [--once] [--interval 2s] [--json]
 
 Redis: ``--redis URL`` (before or after the command), else ``$FORQ_REDIS_URL``,
 else the URL of the config given with ``--config``, else redis://127.0.0.1:6379/0.

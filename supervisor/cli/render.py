@@ -150,12 +150,6 @@ def job(job: Job) -> str:
     return "\n".join(lines)
 
 
-# -- forq stats ---------------------------------------------------------------------
-
-
-NO_QUEUES = "no queues yet"
-
-
 def cost_line(cost: Mapping[str, int | None]) -> str:
     """A run's cost (`Job.cost`) on one line."""
     user, system = (cost["cpu_user_ms"] or 0) / 1000, (cost["cpu_system_ms"] or 0) / 1000
@@ -164,6 +158,12 @@ def cost_line(cost: Mapping[str, int | None]) -> str:
             f"peak memory {format_size(cost['peak_memory'] or 0)}    "
             f"wall {(cost['wall_ms'] or 0) / 1000:.3f}s"
             + (f"    start latency {latency} ms" if latency is not None else ""))
+
+
+# -- forq stats ---------------------------------------------------------------------
+
+
+NO_QUEUES = "no queues yet"
 
 
 def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
