@@ -158,6 +158,17 @@ class Job:
         return self.fields.get("output") or ""
 
     @property
+    def memory_trail(self) -> list[tuple[float, int]]:
+        """Its death report's memory: the samples of its last seconds when its last run
+        did not succeed, as (seconds before its end, bytes), oldest first ([]: none)."""
+        raw = loads_field(self.fields.get("memory_trail"))
+        if not isinstance(raw, list):
+            return []
+        return [(float(s), int(b)) for s, b in
+                (p for p in raw if isinstance(p, list) and len(p) == 2)
+                if isinstance(s, (int, float)) and isinstance(b, int)]
+
+    @property
     def progress(self) -> dict[str, Any] | None:
         """The handler's last progress report, {"value": 0..1, "message", "at" (Redis
         seconds)}, or None if it sent none (`current().progress`)."""

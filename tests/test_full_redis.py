@@ -5,6 +5,7 @@ Each test has a private redis-server, since they change its maxmemory settings.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -90,5 +91,38 @@ def test_a_full_redis_refuses_enqueues_whole_and_running_jobs_keep_their_leases(
         assert job.crashes == 0 and "lease" not in sup.log(), sup.log()
         client.config_set("maxmemory", 0)
         assert q.enqueue("tests.echo", 2).wait(timeout=20) == {"args": [2], "kwargs": {}}
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(timeout=20) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_crash_reported_while_redis_is_full_keeps_its_lease_until_the_report_lands(
+        tmp_path, server):
+    """The parent's crash report (expire) is refused by a full Redis: it waits, the lease
+    is extended meanwhile, and once Redis frees the crash is recorded as it happened —
+    never left to expire and be reclaimed as a crash nobody can explain."""
+    client = connect(server.url)
+    q = Queue("q", redis=client)
+    with start(tmp_path, server, lease_ttl="1s") as sup:
+        job_id = q.enqueue("tests.wait_file", str(tmp_path / "never"), max_crashes=3).id
+        (child,) = wait_for(lambda: children_of(sup.pid), message="the job's child")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+        os.kill(child, signal.SIGKILL)
+        wait_for(lambda: "its report waits" in sup.log(), timeout=20,
+                 message=f"the refused report said: {sup.log()}")
+        killed_ms = int(client.time()[0]) * 1000
+        # extended while full, past three TTLs after the kill: the lease is still ours
+        wait_for(lambda: int(client.hget(f"forq:{{q}}:job:{job_id}", "lease_deadline")
+                             or 0) > killed_ms + 3000, timeout=20,
+                 message="the lease extended while the report waits")
+        assert q.get(job_id).state == "active"
+        client.config_set("maxmemory", 0)
+        job = wait_for(lambda: (j := q.get(job_id)).crashes == 1 and j, timeout=20,
+                       message="the crash recorded")
+        crashed = [e for e in job.history if e["event"] == "crashed"]
+        assert len(crashed) == 1 and "SIGKILL" in crashed[0]["reason"], job.history
+        assert not any("lease expired" in str(e.get("reason")) for e in job.history), \
+            job.history
+        assert f"{job_id} tests.wait_file: report failed" not in sup.log(), sup.log()
         sup.signal(signal.SIGTERM)
         assert sup.wait(timeout=20) == 0

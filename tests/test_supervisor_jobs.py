@@ -126,6 +126,7 @@ def test_success_stores_result_and_history_also_via_cli(tmp_path, redis_url, que
         assert shown["error"] is None
         assert [e["event"] for e in shown["history"]] == ["enqueued", "claimed", "succeeded"]
         assert [e["at"] for e in shown["history"]] == stamps
+        assert "memory_trail" not in job.fields  # a success leaves no death report
 
         one = forq(redis_url, "stats", "--json", "-q", queue.name)
         assert list(one) == [queue.name]
@@ -247,6 +248,17 @@ def test_memory_limit_kills_and_fails(tmp_path, redis_url, queue, in_grandchild)
         assert 64 <= peak < 400, job.reason
         assert job.error["type"] == "MemoryLimit"
         assert events(job) == ["enqueued", "claimed", "dead"]
+        # its death report: the samples of its last seconds, oldest first, the one that
+        # found it over the limit last
+        trail = job.memory_trail
+        assert 2 <= len(trail) <= 16, trail
+        befores = [before for before, _ in trail]
+        assert befores == sorted(befores, reverse=True) and befores[0] <= 10, trail
+        assert trail[-1][1] > 64 << 20 and trail[0][1] < trail[-1][1], trail
+        shown = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "--redis",
+                                redis_url, "job", jid], cwd=REPO,
+                               capture_output=True, text=True, timeout=30)
+        assert "memory before its end" in shown.stdout, (shown.stdout, shown.stderr)
         # the whole process group went: no grandchild outlives its job
         wait_for(lambda: not job_processes(jid), timeout=5,
                  message=f"every process of job {jid} to be gone")

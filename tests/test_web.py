@@ -69,12 +69,16 @@ def web(redis_url):
         yield process
 
 
-def _dead_job(queue: Queue, task: str = "tests.fatal", job_id: str | None = None) -> str:
-    """A job made dead through the real transitions (claim, then a fatal fail)."""
+def _dead_job(queue: Queue, task: str = "tests.fatal", job_id: str | None = None,
+              trail: str = "") -> str:
+    """A job made dead through the real transitions (claim, then a fatal fail), its
+    death report's memory `trail` kept as a supervisor keeps it."""
     options = {"job_id": job_id} if job_id else {}
     job = queue.enqueue(task, priority=1000, **options)  # claimed before anything pending
     lease = leasing(queue).claim("web-test:1", 1, 60_000).leases[0]
     assert lease.id == job.id
+    if trail:
+        assert leasing(queue).set_output(job.id, lease.token, "", trail=trail) == "ok"
     assert leasing(queue).fail(job.id, lease.token, {"reason": f"{task} refused"}, mode="fatal").outcome == "dead"
     return job.id
 
@@ -107,7 +111,7 @@ def test_lists_are_pages_in_each_lists_order(web, queue):
 
 def test_overview_counts_and_job_page(web, queue):
     queue.enqueue("tests.echo", key="report-2026-11")
-    dead_id = _dead_job(queue)
+    dead_id = _dead_job(queue, trail="[[1.5,1048576],[0.02,73400320]]")
     queue.set_limits(rate=(50, 1), max_in_flight=3)
     overview = next(q for q in data.overview(queue.redis)["queues"] if q["name"] == queue.name)
     assert (overview["pending"], overview["dead"], overview["max_in_flight"]) == (1, 1, 3)
@@ -120,6 +124,8 @@ def test_overview_counts_and_job_page(web, queue):
     assert "rate 50/s" in row and "max in flight 3" in row
     _, html, _ = client.get(f"/jobs/{queue.name}/{dead_id}")
     assert "tests.fatal refused" in html and "claimed" in html and "dead" in html
+    trail = re.search(r'<table class="trail">(.*?)</table>', html, re.S).group(1)
+    assert re.findall(r"<td>([^<]*)</td>", trail) == ["1.5", "1.0MiB", "0.02", "70.0MiB"]
     _, html, url = client.get("/search?q=report-2026-11")  # by idempotency key
     assert f"/jobs/{queue.name}/" in url and "report-2026-11" in html
 

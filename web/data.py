@@ -19,6 +19,7 @@ from forq import Queue, known_queues
 from forq.fleet import CHILD_FIELDS, USAGE_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
+from forq.units import format_size
 
 PAGE_SIZE = 50
 CHART_MINUTES = 30  # the rate chart's span; Redis keeps per-minute counts for an hour
@@ -334,6 +335,7 @@ def job_detail(client: redis.Redis, queue: str, job_id: str) -> dict[str, Any]:
         "error": job.error,
         "reason": job.reason,
         "output": str(output)[-OUTPUT_TAIL:] if output else None,
+        "memory_trail": [(before, format_size(size)) for before, size in job.memory_trail],
         "history": job.history,
         "lease_deadline_ms": int(lease_deadline) if lease_deadline is not None else None,
         "links": links,

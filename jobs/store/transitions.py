@@ -287,10 +287,12 @@ def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain"
     return ScriptCall("release", (keys.active, keys.pending), (keys.prefix, job_id, token, reason))
 
 
-def output_call(keys: QueueKeys, job_id: str, token: str, output: str) -> ScriptCall:
-    """Not a state change: the tail of a finished child's output, kept in its record
-    while the lease is held (sent just before the transition that reports its end)."""
-    return ScriptCall("output", (keys.active,), (keys.prefix, job_id, token, output))
+def output_call(keys: QueueKeys, job_id: str, token: str, output: str,
+                trail: str = "") -> ScriptCall:
+    """Not a state change: the tail of a finished child's output, and the memory
+    samples of its last seconds (JSON; "" for none), kept in its record while the lease
+    is held (sent just before the transition that reports its end)."""
+    return ScriptCall("output", (keys.active,), (keys.prefix, job_id, token, output, trail))
 
 
 def progress_call(keys: QueueKeys,

@@ -37,6 +37,7 @@ from forq.supervisor.isolation.memory import (
     tree_usage,
 )
 from forq.supervisor.isolation.shared_memory import SHARED_EVERY, gone, readable_for
+from forq.supervisor.isolation.trail import MemoryTrail
 
 log = logging.getLogger("forq.supervisor")
 
@@ -90,6 +91,7 @@ class RunningChild:
     ended: float = 0.0
     rss: int = 0  # its last memory sample (bytes), for `forq top`
     cpu_seen: tuple[float, float] | None = None  # (monotonic, CPU s) at the last heartbeat
+    trail: MemoryTrail = field(default_factory=MemoryTrail)  # its last seconds' samples
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)

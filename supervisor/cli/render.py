@@ -130,6 +130,11 @@ def job(job: Job) -> str:
         for name, entry in steps.items():
             lines.append(f"    {when_ms(entry.get('at'))}  {printable(name)}: "
                          f"{clip(_compact(entry.get('result')), 200)}")
+    trail = job.memory_trail
+    if trail and job.state != "succeeded":  # the death report's: how its memory moved
+        lines.append("  memory before its end (seconds before: resident memory)")
+        lines.append("    " + "  ".join(f"-{before:g}s: {format_size(size)}"
+                                        for before, size in trail))
     if job.output:
         lines.append("  output (stdout and stderr, the last few KiB)")
         lines.extend("    " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)

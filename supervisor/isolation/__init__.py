@@ -6,6 +6,7 @@
 | `memory` | resident memory of a child's whole process tree, sampled cheaply |
 | `shared_memory` | the memory-backed files (memfd, /dev/shm) a job's processes hold open |
 | `cgroups` | per-job cgroups (v2): the kernel's memory limit and OOM verdict |
+| `trail` | `MemoryTrail`: a child's memory in its last seconds, for the death report |
 | `protections` | which protections are on or off and why (the start-up line, `require`) |
 
 Three mechanisms bound a job's memory, from the strongest: a per-job cgroup's

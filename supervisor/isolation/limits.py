@@ -60,6 +60,7 @@ class LimitPolice:
                 charged = JobCgroups.usage(child.spec.cgroup)
                 if charged is not None:  # unreadable: no sample, never a 0
                     child.rss, child.peak_rss = charged, max(child.peak_rss, charged)
+                    child.trail.add(now, charged)
                 continue
             try:
                 usage = child.tree_usage()
@@ -79,6 +80,7 @@ class LimitPolice:
                 continue  # exited
             processes, rss = usage
             child.rss, child.peak_rss = rss, max(child.peak_rss, rss)
+            child.trail.add(now, rss)
             most = child.spec.max_processes
             if most and processes > most + 1 and child.kill_reason is None:
                 # +1: the waiter of a job in its own PID namespace. Where the kernel

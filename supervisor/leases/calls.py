@@ -130,10 +130,13 @@ class LeaseCalls:
         reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason, cost), client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
-    def set_output(self, job_id: str, token: str, output: str, client: Any = None) -> Any:
-        """Keep the tail of a job's output in its record while `token` holds its lease
-        ("ok"), or "lost"; queued before the transition that reports its end."""
-        reply = self.scripts.run(tr.output_call(self.keys, job_id, token, output), client)
+    def set_output(self, job_id: str, token: str, output: str, client: Any = None,
+                   trail: str = "") -> Any:
+        """Keep the tail of a job's output (and its memory trail, if it did not succeed)
+        in its record while `token` holds its lease ("ok"), or "lost"; queued before the
+        transition that reports its end."""
+        reply = self.scripts.run(tr.output_call(self.keys, job_id, token, output, trail),
+                                 client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
     def record_progress(self, entries: Sequence[tuple[str, str, float, str]],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -54,6 +54,8 @@ class Pending:
     # scripts (batch.lua, enqueue.lua) but lets the ack land: they would be lost
     writing: int = 0
     written: bool = False
+    refused: bool = False  # a full Redis refused it once (said once, then sent again)
+    ended: float = field(default_factory=time.monotonic)  # when the child's end was seen
 
 
 def queues_touched(item: Pending) -> set[str]:
@@ -147,8 +149,10 @@ class Reporter:
         if item.progress is not None:
             q.record_progress([item.progress], client=pipe)
         output = child.out.record()
-        if output:  # before the transition: it needs the lease still held
-            q.set_output(job_id, token, output, client=pipe)
+        # the death report's memory samples: for a job that did not succeed
+        trail = "" if outcome.kind is Kind.ACK else child.trail.json(item.ended)
+        if output or trail:  # before the transition: it needs the lease still held
+            q.set_output(job_id, token, output, client=pipe, trail=trail)
         if outcome.kind is Kind.ACK:
             same = [f for f in outcome.followups if f["queue"] == child.queue]
             # other queues' follow-ups first (deterministic ids, so a re-run adds none):
@@ -246,6 +250,20 @@ class Reporter:
             if not self.wrote(item, replies[-n:]):
                 return None
             replies = ["lost"]  # the opening found the lease gone: as a lost ack
+        last_reply: Any = replies[-1] if replies else None
+        if isinstance(last_reply, redis.OutOfMemoryError):
+            # a full Redis refused the transition itself (its first write may be one a
+            # full Redis denies): the report waits, and its lease stays in the keeper,
+            # extended (extend runs when Redis is full) until the report lands. Dropped
+            # here, the lease would expire and the reaper would take the job as a crash
+            # it cannot explain, or run a finished job again
+            if not item.refused:
+                log.warning("job %s %s: its report waits: %s", child.job_id, child.task,
+                            last_reply)
+            item.refused = True
+            self.again.append(item)
+            self.again_errors.append(last_reply)
+            return None
         if self.leases.token(child.job_id) == item.token:
             self.leases.remove(child.job_id)  # not a newer lease of the same job
         metric: Metric | None = outcome.metric
