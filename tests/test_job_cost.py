@@ -196,3 +196,10 @@ def test_top_shows_running_jobs_cpu_memory_lease_and_progress(tmp_path, redis_ur
                                                    "cpu%"], text
         queue.cancel(jid)
         wait_job(queue, jid, sup)
+
+
+def test_job_cost_false_keeps_nothing(tmp_path, redis_url, queue):
+    with supervisor(tmp_path, redis_url, queue, supervisor_extra="job_cost = false") as sup:
+        job = wait_job(queue, queue.enqueue("cost.burn", 0.01, 1).id, sup)
+    assert job.state == "succeeded" and job.cost is None, job.fields
+    assert not list(queue.redis.scan_iter(match=f"forq:{{{queue.name}}}:usage:*"))
