@@ -8,6 +8,8 @@ handlers', a closed set.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Histogram
 
 _MIB = 1024 * 1024
@@ -43,10 +45,20 @@ class CostMetrics:
             "Time from the claim of a job to its handler's first line.",
             ["queue", "task"], buckets=LATENCY_BUCKETS, registry=registry)
 
+        # each (queue, task)'s three series, looked up once: `labels()` costs more than
+        # an observation, and this runs for every job
+        self._series: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
     def observe(self, queue: str, task: str, cpu_seconds: float, peak_bytes: int,
                 start_latency: float | None) -> None:
         """One finished attempt's cost (`start_latency` None: not known)."""
-        self.cpu.labels(queue=queue, task=task).observe(max(0.0, cpu_seconds))
-        self.peak_memory.labels(queue=queue, task=task).observe(max(0, peak_bytes))
+        series = self._series.get((queue, task))
+        if series is None:
+            series = self._series[(queue, task)] = (
+                self.cpu.labels(queue=queue, task=task),
+                self.peak_memory.labels(queue=queue, task=task),
+                self.start_latency.labels(queue=queue, task=task))
+        series[0].observe(max(0.0, cpu_seconds))
+        series[1].observe(max(0, peak_bytes))
         if start_latency is not None:
-            self.start_latency.labels(queue=queue, task=task).observe(max(0.0, start_latency))
+            series[2].observe(max(0.0, start_latency))
