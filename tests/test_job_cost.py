@@ -21,6 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 from forq import Queue
 from forq.job import Job
+from forq.units import format_size
 from tests import helpers
 from tests.helpers import wait_for
 from tests.redis_server import free_port
@@ -118,7 +119,8 @@ def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redi
         assert shown["cost"] == cost
         text = forq(redis_url, "job", jid, json_out=False)
         line = next(ln for ln in text.splitlines() if ln.strip().startswith("cost"))
-        assert f"cpu {cpu:.3f}s" in line and "peak memory 1" in line, line
+        assert f"cpu {cpu:.3f}s" in line, line
+        assert f"peak memory {format_size(cost['peak_memory'])}" in line, line
         assert "start latency" in line, line
 
         with WebProcess(redis_url) as web:  # the dashboard's job page
