@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -196,6 +197,11 @@ def test_top_shows_running_jobs_cpu_memory_lease_and_progress(tmp_path, redis_ur
         assert "cost.spin" in row and "/ 512.0MiB" in row and "50% halfway" in row, text
         assert text.splitlines()[0].split()[:6] == ["job", "queue", "task", "host", "elapsed",
                                                    "cpu%"], text
+        with WebProcess(redis_url) as web:  # the dashboard's "running now" shows it too
+            with urllib.request.urlopen(f"{web.url}/running", timeout=10) as resp:
+                html = resp.read().decode()
+        row = html.split(f'<tr data-job="{jid}">', 1)[1].split("</tr>", 1)[0]
+        assert re.search(r'<td class="n">\d+% <span class="dim">[0-9.]+s</span></td>', row), row
         queue.cancel(jid)
         wait_job(queue, jid, sup)
 
