@@ -261,6 +261,7 @@ class Checker:
         )}
         self.stats: dict[str, Any] = {}
         self.late_excused: list[str] = []
+        self.late_redis: list[str] = []  # late reclaims while Redis could not take reports
         self.cause_examples: dict[str, list[dict[str, Any]]] = {}
         # fault indexes
         self.child_kills: dict[int, dict[str, Any]] = {}
@@ -897,7 +898,7 @@ class Checker:
                 lat = c.end_at - t
                 sup_lat[f["kind"]].append(lat)
                 worst = max(worst, lat)
-                if lat > s.reclaim_bound and not self.excuse_late(c, t, lat):
+                if lat > s.reclaim_bound and not self.excuse_late(c, t, lat, s.reclaim_bound):
                     inv.fail(f"{f['kind']} of {f['sup']} at {t - self.ctx.started:.1f}s: a lease "
                              f"(token {c.token}) reclaimed after {lat:.2f}s > bound "
                              f"{s.reclaim_bound:.2f}s")
@@ -920,7 +921,7 @@ class Checker:
             lat = c.end_at - f["t"]
             chaos_child.append(lat)
             child.append(lat)
-            if lat > s.child_bound and not self.excuse_late(c, f["t"], lat):
+            if lat > s.child_bound and not self.excuse_late(c, f["t"], lat, s.child_bound):
                 inv.fail(f"child kill of {f['job']}: back in pending after {lat:.2f}s > "
                          f"{s.child_bound:.1f}s")
         own: list[float] = []
@@ -935,13 +936,17 @@ class Checker:
                     continue  # a fault overlapped this crash: not a fair measure
                 own.append(lat)
                 child.append(lat)
-                if lat > s.child_bound and not self.excuse_late(e.claim, e.end, lat):
+                if lat > s.child_bound and not self.excuse_late(e.claim, e.end, lat, s.child_bound):
                     inv.fail(f"{e.job}: handler crash at {e.end - self.ctx.started:.1f}s back in "
                              f"pending after {lat:.2f}s > {s.child_bound:.1f}s")
         if self.late_excused:
             inv.notes.append(f"{len(self.late_excused)} late reclaim(s) not counted: the "
                              f"reclaiming supervisor waited ≥ {STARVED_LATE}s for a CPU meanwhile "
                              f"(a loaded host, not forq): " + "; ".join(self.late_excused[:5]))
+        if self.late_redis:
+            inv.notes.append(f"{len(self.late_redis)} late reclaim(s) not counted: Redis was "
+                             f"down or full meanwhile, and the reclaim came within the bound "
+                             f"of its return: " + "; ".join(self.late_redis[:5]))
         inv.notes.append(f"bounds: supervisor death {s.reclaim_bound:.2f}s "
                          f"(lease_ttl {s.lease_ttl}s + reaper {s.reaper_interval}s + "
                          f"tolerance {s.tolerance}s); child crash {s.child_bound:.1f}s")
@@ -950,15 +955,30 @@ class Checker:
                 "handler_crash": dist(own), "per_fault": per_fault,
                 "late_excused_starved": len(self.late_excused)}
 
-    def excuse_late(self, c: Claim, t: float, lat: float) -> bool:
+    def excuse_late(self, c: Claim, t: float, lat: float, bound: float) -> bool:
         """A late reclaim is not held against forq if the supervisor that had to act
-        (the reclaimer, else the lease's owner) was starved of CPU meanwhile."""
+        (the reclaimer, else the lease's owner) was starved of CPU meanwhile, or if Redis
+        could not take the crash's report (down, or full: a report it refuses waits,
+        with its lease kept) and the reclaim came within `bound` of Redis taking it."""
+        until = self.redis_unavailable_until(t, t + lat)
+        if until is not None and t + lat - until <= bound:
+            self.late_redis.append(f"{lat:.2f}s, Redis back {t + lat - until:.2f}s before")
+            return True
         pid = self.pid_of(c.by) if c.by else c.owner_pid
         waited = self.starved(pid, t, t + lat)
         if waited >= STARVED_LATE:
             self.late_excused.append(f"{lat:.2f}s, {waited:.2f}s run-queue wait")
             return True
         return False
+
+    def redis_unavailable_until(self, t0: float, t1: float) -> float | None:
+        """The end of the last Redis outage or full spell (`redis_full`) overlapping
+        [t0, t1], if any."""
+        spells = [(a, b) for a, b in self.ctx.redis_outages]
+        spells += [(f["t"], f.get("t_end", f["t"])) for f in self.ctx.faults
+                   if f["kind"] == "redis_full"]
+        ends = [b for a, b in spells if a <= t1 and b >= t0]
+        return max(ends) if ends else None
 
     # -- 7 -----------------------------------------------------------------------------------
 

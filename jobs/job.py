@@ -260,6 +260,8 @@ class Job:
                      "owner", "code", "key", "parent", "batch", "batch_queue", "child_batch"):
             if name in self.fields:
                 out[name] = self.fields[name]
+        if self.memory_trail:
+            out["memory_trail"] = [list(sample) for sample in self.memory_trail]
         if "depends_on" in self.fields:
             out["depends_on"] = self.depends_on
         if self.cost is not None:

@@ -344,7 +344,7 @@ def test_a_single_slot_keeps_one_spare(tmp_path, redis_url, queue):
 @pytest.mark.timeout(60)
 def test_no_spare_is_forked_while_a_job_runs(tmp_path, redis_url, queue):
     """Spares are for an idle fork server: while a job runs, each page the fork server
-    writes would be copied for a spare too (Server.refill)."""
+    writes would be copied for a spare too (Spares.refill)."""
     sup = start(tmp_path, redis_url, queue, concurrency=2)
     try:
         spares = the_spares(sup)

@@ -259,6 +259,8 @@ def test_memory_limit_kills_and_fails(tmp_path, redis_url, queue, in_grandchild)
                                 redis_url, "job", jid], cwd=REPO,
                                capture_output=True, text=True, timeout=30)
         assert "memory before its end" in shown.stdout, (shown.stdout, shown.stderr)
+        assert forq(redis_url, "job", jid, "--json")["memory_trail"] == \
+            [list(sample) for sample in trail]
         # the whole process group went: no grandchild outlives its job
         wait_for(lambda: not job_processes(jid), timeout=5,
                  message=f"every process of job {jid} to be gone")

@@ -16,8 +16,7 @@ from forq.queue import Lease
 from forq.supervisor.config.load import Config
 from forq.supervisor.config.queues import DEFAULT_MAX_THROTTLE
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.client import Launch
-from forq.supervisor.fork.environment import fork_server_env
+from forq.supervisor.fork.environment import Launch, fork_server_env
 from forq.supervisor.isolation.cgroups import JobCgroups
 
 log = logging.getLogger("forq.supervisor")

@@ -38,9 +38,9 @@ from forq.supervisor.fork.client import (
     ForkServer,
     ForkServerError,
     ForkServerFatal,
-    Launch,
 )
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.environment import Launch
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.loop.eventloop import EventLoop
 
 log = logging.getLogger("forq.supervisor")

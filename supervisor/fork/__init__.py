@@ -11,16 +11,16 @@ supervisor: the fork server must stay small, and a child must not carry the pare
 | `client` | `ForkServer`: the supervisor's end of the fork server |
 | `alone` | `spawn`: a job's child exec'd by the supervisor when there is no fork server |
 | `server` | the fork server's loop: requests in, children out, their ends reported |
-| `protocol` | the wire protocol both ends share (datagrams, fds, memfd for large specs) |
+| `spares` | idle children forked in advance, for a job's start on an idle machine |
+| `protocol` | the wire protocol both ends share (datagrams, fds, memfd for large specs), and the task table of its first message |
 | `child` | what runs in a job's child: isolate, limit, run one handler, report, `_exit` |
 | `messages` | what a child may say on its channel, and how the parent checks it |
-| `tasks` | the registered tasks, as the fork server reports them |
 | `fingerprint` | the handler code it imported, as a fingerprint of the application's files |
 | `sandbox` | privileges and namespaces of the fork server and of each child |
 | `orphans` | what a job leaves behind ends with it: subreapers, strays, the death signal |
 | `namespaces` | a job in namespaces of its own (`[sandbox].namespaces = true`) |
 | `leanfork` | a fork without Python's after-fork work, where it has nothing to do |
 | `oneshot` | one job's child exec'd alone, without a fork server |
-| `environment` | the environment block the fork server starts with |
+| `environment` | how the fork server is started (`Launch`): its settings and environment block |
 | `hugepages` | the fork server's memory on transparent huge pages: cheap to fork when big |
 """

@@ -13,7 +13,7 @@ import time
 from forq.queue import Lease
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.client import Launch
+from forq.supervisor.fork.environment import Launch
 from forq.supervisor.fork.messages import channel
 
 

@@ -124,7 +124,7 @@ def scrub_service_vars() -> None:
 def detach(keep_stdin: bool = False) -> None:
     """The part of `_isolate` that needs no job: a session of its own, a child subreaper
     (the orphans of its descendants stay in its tree: `orphans`), default signals, stdin
-    from /dev/null. A spare does it while it waits (`server._wait_for_job`), so that
+    from /dev/null. A spare does it while it waits (`spares.wait_for_job`), so that
     these calls, and the copy-on-write faults of their first touches, are off a job's
     pick-up path."""
     os.setsid()
@@ -209,7 +209,7 @@ def _limit(spec: ChildSpec, preset: Priority | None = None) -> None:
         _set_oom_score_adj(spec.oom_score_adj)
         if spec.nice:
             os.nice(spec.nice)
-    elif preset != priority_of(spec):  # not handed such a job (`Server.hand_to_spare`)
+    elif preset != priority_of(spec):  # not handed such a job (`Spares.fits`)
         raise ValueError(f"a spare preset to {preset} got a job of {priority_of(spec)}")
 
 

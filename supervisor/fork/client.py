@@ -4,7 +4,6 @@ interpreter per job). Either way the supervisor gets a `RunningChild` back at on
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -20,57 +19,15 @@ from typing import Any
 from forq.queue import Lease
 from forq.supervisor.children.output import OutputReader
 from forq.supervisor.children.running import RunningChild
-from forq.supervisor.fork import hugepages
 from forq.supervisor.fork.child import ChildSpec
+from forq.supervisor.fork.environment import Launch
 from forq.supervisor.fork.fingerprint import code_name, is_fingerprint
 from forq.supervisor.fork.messages import channel
 from forq.supervisor.fork.orphans import DEATH_SIGNAL
-from forq.supervisor.fork.protocol import encode, fds_of, send_encoded
-from forq.supervisor.fork.tasks import BadTaskTable, TaskInfo
-from forq.supervisor.fork.tasks import parse as parse_tasks
+from forq.supervisor.fork.protocol import BadTaskTable, TaskInfo, encode, fds_of, send_encoded
+from forq.supervisor.fork.protocol import parse as parse_tasks
 
 log = logging.getLogger("forq.supervisor")
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """How job processes are started: what the fork server (or a child exec'd alone)
-    imports, as whom, and with which environment (`environment.fork_server_env`)."""
-
-    imports: tuple[str, ...] = ()
-    run_as: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
-    probe: tuple[bool, bool] | None = None
-    # files no job may read (the config, the password file): /dev/null in the mount
-    # namespace of a fork server that makes one (`namespaces.become_init`)
-    hide: tuple[str, ...] = ()
-    # idle children the fork server keeps forked in advance (`Launcher.spares` says how
-    # many); not compared: a reload that changes only concurrency keeps its fork server
-    spares: int = dataclasses.field(default=0, compare=False)
-    # [supervisor].version: named with the fork server's fingerprint (`code_name`)
-    version: str = dataclasses.field(default="", compare=False)
-    # the fork server's memory on huge pages (`hugepages`)
-    huge_pages: bool = True
-
-    def settings(self, added: dict[str, str | None] | None = None) -> str:
-        """The fork server's settings; `added`: the variables its exec environment
-        gained for it (name → the value the environment had, None if none), which it
-        puts back once started (`environment.restore`): no job inherits them."""
-        probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
-                                                         self.probe, strict=True))
-        return json.dumps({"path": sys.path, "imports": list(self.imports),
-                           "run_as": self.run_as, "probe": probe, "spares": self.spares,
-                           "huge_pages": self.huge_pages, "restore_env": added or {},
-                           "hide": list(self.hide)})
-
-    def server_env(self) -> dict[str, str]:
-        """The fork server's exec environment: `env`, what `huge_pages` needs there
-        (`hugepages.exec_env`), and its settings (FORQ_FORKSERVER)."""
-        env = dict(self.env)
-        with_pages = hugepages.exec_env(env) if self.huge_pages else env
-        added = {k: env.get(k) for k, v in with_pages.items() if env.get(k) != v}
-        return dict(with_pages, FORQ_FORKSERVER=self.settings(added))
 
 
 def pid_of(pidfd: int) -> int:

@@ -1,4 +1,4 @@
-"""The environment block the fork server is started with.
+"""How the fork server is started (`Launch`), and the environment block it gets.
 
 A job's child is forked from the fork server, and `/proc/self/environ` shows the
 environment its process image was *exec'd* with, whatever `os.environ` says later: a
@@ -13,8 +13,13 @@ listen fds). With `[sandbox].env_allow`, only the variables it names are passed.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import sys
 from collections.abc import Iterable, Mapping
+
+from forq.supervisor.fork import hugepages
 
 # systemd's per-service variables: a job must not notify, or find the credentials
 SERVICE_VARS = frozenset({
@@ -51,3 +56,44 @@ def restore(added: object) -> None:
             os.environ.pop(name, None)
         elif isinstance(value, str):
             os.environ[name] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How job processes are started: what the fork server (or a child exec'd alone)
+    imports, as whom, and with which environment (`environment.fork_server_env`)."""
+
+    imports: tuple[str, ...] = ()
+    run_as: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    # jobs get namespaces: the fork server tries them once at start (network, private_tmp)
+    probe: tuple[bool, bool] | None = None
+    # files no job may read (the config, the password file): /dev/null in the mount
+    # namespace of a fork server that makes one (`namespaces.become_init`)
+    hide: tuple[str, ...] = ()
+    # idle children the fork server keeps forked in advance (`Launcher.spares` says how
+    # many); not compared: a reload that changes only concurrency keeps its fork server
+    spares: int = dataclasses.field(default=0, compare=False)
+    # [supervisor].version: named with the fork server's fingerprint (`code_name`)
+    version: str = dataclasses.field(default="", compare=False)
+    # the fork server's memory on huge pages (`hugepages`)
+    huge_pages: bool = True
+
+    def settings(self, added: dict[str, str | None] | None = None) -> str:
+        """The fork server's settings; `added`: the variables its exec environment
+        gained for it (name → the value the environment had, None if none), which it
+        puts back once started (`environment.restore`): no job inherits them."""
+        probe = None if self.probe is None else dict(zip(("network", "private_tmp"),
+                                                         self.probe, strict=True))
+        return json.dumps({"path": sys.path, "imports": list(self.imports),
+                           "run_as": self.run_as, "probe": probe, "spares": self.spares,
+                           "huge_pages": self.huge_pages, "restore_env": added or {},
+                           "hide": list(self.hide)})
+
+    def server_env(self) -> dict[str, str]:
+        """The fork server's exec environment: `env`, what `huge_pages` needs there
+        (`hugepages.exec_env`), and its settings (FORQ_FORKSERVER)."""
+        env = dict(self.env)
+        with_pages = hugepages.exec_env(env) if self.huge_pages else env
+        added = {k: env.get(k) for k, v in with_pages.items() if env.get(k) != v}
+        return dict(with_pages, FORQ_FORKSERVER=self.settings(added))

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import NoReturn
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 # caught by the fork server, which ends every job's processes before it exits: a
 # real-time signal, which nothing sends to a process group by habit (as terminals and
 # service managers do SIGINT, SIGTERM or SIGHUP)
@@ -50,6 +52,20 @@ _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/chi
 def become_subreaper(prctl: object) -> bool:
     """Make this process a child subreaper (`prctl`: libc's, or None); False if not."""
     return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0  # type: ignore[operator]
+
+
+def end_with_supervisor(supervisor_pid: int, prctl: object) -> None:
+    """(The fork server's.) From now on, when the supervisor dies, end every job's
+    processes, then exit (`end_every_child`), rather than die at once by SIGKILL and
+    leave their orphans to init. As PID 1 of a PID namespace of our own
+    (`namespaces.become_init`), SIGKILL it stays: our end is the end of every process in
+    that namespace. `prctl`: libc's, or None (nothing to do)."""
+    if prctl is None or os.getpid() == 1:
+        return
+    signal.signal(DEATH_SIGNAL, lambda *_: end_every_child())
+    prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0)  # type: ignore[operator]
+    if os.getppid() != supervisor_pid:  # it died before we asked
+        end_every_child()
 
 
 def _read(path: str) -> bytes:
@@ -127,3 +143,23 @@ def end_every_child() -> NoReturn:
                 break
             killed.discard(pid)
     os._exit(0)
+
+
+def kill_strays(keep: Callable[[int], bool]) -> None:
+    """SIGKILL each child of this process that `keep` does not claim: what a job left
+    behind (the fork server's). A child's pid is ours until we reap it, so the signal
+    cannot reach another process through a reused pid. Children that cannot be listed
+    are said, never taken as "none": the caller looks again on its next turn."""
+    try:
+        children = own_children()
+    except OSError as exc:
+        print(f"fork server: cannot list its children to end what jobs left: {exc}",
+              flush=True)
+        return
+    for pid in children:
+        if keep(pid):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

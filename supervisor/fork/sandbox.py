@@ -67,3 +67,35 @@ def probe_namespaces(network: bool, private_tmp: bool) -> tuple[str, bool]:
         return f"the probe ended with status {status}", False
     why = why_bytes.decode(errors="replace")
     return why, by_init and not why
+
+
+class RunAsRefused(Exception):
+    """The fork server cannot become `[sandbox].run_as` (said, then it exits 2)."""
+
+
+def enter(settings: dict, sock_fd: int) -> tuple[str | None, bool, list[str]]:
+    """The fork server's sandbox, before any handler code: drop to `run_as` (raises
+    RunAsRefused, saying why), then, unprivileged, become PID 1 of namespaces of its own
+    (hiding the files `hide` names from every job) and probe whether a job can have
+    namespaces. Returns (the probe's problem: None without a probe, "" if none; whether
+    jobs are forked as PID 1 of their own namespace; the files hidden)."""
+    try:
+        prepare()  # what a child needs later and a dropped user may not reach
+        if settings.get("run_as"):
+            drop_to(settings["run_as"])
+    except (OSError, KeyError) as exc:
+        raise RunAsRefused(
+            f"cannot switch to [sandbox].run_as {settings['run_as']!r}: "
+            f"{getattr(exc, 'strerror', None) or exc} (the supervisor runs as uid "
+            f"{os.getuid()}; run_as needs root, or CAP_SETUID and CAP_SETGID)") from exc
+    probe = settings.get("probe")
+    hidden: list[str] = []
+    if probe and os.geteuid() != 0:
+        from forq.supervisor.fork import namespaces
+
+        try:  # unprivileged: the privilege to make a PID namespace per job, in our own
+            hidden = namespaces.become_init(sock_fd, tuple(settings.get("hide", ())))
+        except OSError:
+            pass  # no user namespaces for us: the probe says whether jobs can have any
+    problem, init_forks = probe_namespaces(**probe) if probe else (None, False)
+    return problem, init_forks, hidden

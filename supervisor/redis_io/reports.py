@@ -26,7 +26,7 @@ from forq.store.transitions import parse_progress
 from forq.supervisor.children.cost import cost_of, measure
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
-from forq.supervisor.fork.tasks import TaskInfo
+from forq.supervisor.fork.protocol import TaskInfo
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.observe import tracing
