@@ -58,9 +58,11 @@ if #held_jobs > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   local at = now_ms()
   local woke = false
+  local totals, metered = {}, false -- the runs' costs, summed per group for one write
   for _, job in ipairs(held_jobs) do
     local id, jkey, result, f, first, n, cost = unpack(job)
-    record_cost(prefix, jkey, cost, f[6], at) -- before `succeed`, which may delete it
+    -- before `succeed`, which may delete the record
+    if record_cost(jkey, cost, f[6], totals) then metered = true end
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
     if n > 0 then
       local specs = {}
@@ -71,6 +73,7 @@ if #held_jobs > 0 then
       redis.call('DEL', prefix .. 'done-followups:' .. id)
     end
   end
+  if metered then add_usage(prefix, totals, at) end
   count(prefix, 'succeeded', at, #held_jobs)
   if not woke then slot_freed(prefix) end
 end

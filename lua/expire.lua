@@ -26,7 +26,8 @@ local f = held(jkey, token, 'group')
 if not f then return 'lost' end
 local at = now_ms()
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
-record_cost(prefix, jkey, ARGV[5], f[3], at)
+local totals = {}
+if record_cost(jkey, ARGV[5], f[3], totals) then add_usage(prefix, totals, at) end
 redis.call('ZADD', active_key, 0, id)
 add_history(prefix, id, 'crashed', at, {reason = reason})
 return 'ok'

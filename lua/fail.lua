@@ -75,7 +75,8 @@ elseif snooze then event_job(prefix, id) -- its event comes with its run_at, bel
 else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
-record_cost(prefix, jkey, ARGV[9], f[4], at)
+local totals = {}
+if record_cost(jkey, ARGV[9], f[4], totals) then add_usage(prefix, totals, at) end
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
 local snoozes = 0
 if snooze then

@@ -21,7 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from forq import Queue
+from forq.fleet import redis_now
 from forq.job import Job
+from forq.supervisor.cli.usage.totals import read_usage
+from forq.supervisor.leases.calls import leasing
 from forq.units import format_size
 from tests import helpers
 from tests.helpers import wait_for
@@ -211,3 +214,23 @@ def test_job_cost_false_keeps_nothing(tmp_path, redis_url, queue):
         job = wait_job(queue, queue.enqueue("cost.burn", 0.01, 1).id, sup)
     assert job.state == "succeeded" and job.cost is None, job.fields
     assert not list(queue.redis.scan_iter(match=f"forq:{{{queue.name}}}:usage:*"))
+
+
+def test_one_ack_call_adds_its_jobs_costs_per_group(queue):
+    """A supervisor acks a loop turn's jobs in one call: their costs are summed per group
+    and written once a group (lua/includes/cost.lua), and each record keeps its own."""
+    ids = [queue.enqueue("cost.burn", 0, 0, group=g).id for g in ("a", "a", "b")]
+    queue.set_limits(group_concurrency=3)
+    calls = leasing(queue)
+    leases = {lease.id: lease.token for lease in calls.claim("test:1", 3, 60_000).leases}
+    assert set(leases) == set(ids)
+    costs = ["100,10,1000,200,3", "300,30,3000,400,", "5,0,7,9,1"]
+    answers = calls.ack_many([(jid, leases[jid], "null", [], cost)
+                              for jid, cost in zip(ids, costs, strict=True)])
+    assert answers == ["ok", "ok", "ok"]
+    totals = read_usage(queue.redis, queue.name, 3600, redis_now(queue.redis))
+    assert totals == {"a": {"jobs": 2, "cpu_ms": 440, "peak": 4000, "wall_ms": 600},
+                      "b": {"jobs": 1, "cpu_ms": 5, "peak": 7, "wall_ms": 9}}
+    assert queue.get(ids[1]).cost == {"cpu_user_ms": 300, "cpu_system_ms": 30,
+                                      "peak_memory": 3000, "wall_ms": 400,
+                                      "start_latency_ms": None}
