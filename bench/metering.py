@@ -188,6 +188,8 @@ def e2e_part(n: int, rounds: int) -> dict[str, Any]:
         out[setting] = {f: median(r[f] for r in got) for f in fields}
         out[setting]["redis_commands_per_job"] = median(
             r["redis_commands_per_job"]["total"] for r in got)
+        out[setting]["jobs_per_s_range"] = [min(r["jobs_per_s"] for r in got),
+                                            max(r["jobs_per_s"] for r in got)]
     return out
 
 
@@ -230,8 +232,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {r['jobs_per_s']:.0f} | {r['parent_cpu_ms_per_job']:.3f} | "
                   f"{r['redis_cpu_ms_per_job']:.3f} | {r['redis_commands_per_job']:.1f} |")
         ratio = on["jobs_per_s"] / off["jobs_per_s"]
-        print(f"\nmetered ÷ plain jobs/s: {ratio:.3f} "
-              f"({'within' if ratio >= 0.95 else 'NOT within'} 5%)")
+        # a verdict only where the rounds agree: on a loaded machine they spread wider
+        # than 5% whatever is measured
+        spread = max((r["jobs_per_s_range"][1] - r["jobs_per_s_range"][0]) / r["jobs_per_s"]
+                     for r in (on, off))
+        verdict = ("within 5%" if ratio >= 0.95 else "NOT within 5%") if spread < 0.05 else (
+            f"the rounds spread {100 * spread:.0f}%: no verdict from jobs/s")
+        if e["rounds"] < 2:
+            verdict = "one round: no verdict from jobs/s"
+        print(f"\nmetered ÷ plain jobs/s: {ratio:.3f} ({verdict})")
         # what the metering adds per job, against the whole of the plain job's CPU in
         # the supervisor and Redis (the fork and the child's own work not counted)
         redis_more = s["rows"]["ack, 16 a call"]["on"][3] - s["rows"]["ack, 16 a call"]["off"][3]

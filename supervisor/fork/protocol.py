@@ -75,6 +75,13 @@ def send_encoded(sock: socket.socket, data: bytes, fds: list[int] | None = None)
         sock.send(data)
 
 
+def exit_report(pid: int, status: int, usage: Any) -> dict[str, Any]:
+    """The exit report of a reaped child, from `os.wait4`'s status and rusage: its CPU
+    time counts every process of its tree it reaped (a job's child is a subreaper)."""
+    return {"exit": pid, "status": status, "maxrss": usage.ru_maxrss,
+            "utime_us": int(usage.ru_utime * 1e6), "stime_us": int(usage.ru_stime * 1e6)}
+
+
 def read_memfd(fd: int) -> bytes:
     try:
         os.lseek(fd, 0, os.SEEK_SET)

@@ -54,7 +54,7 @@ from forq.supervisor.fork.child import (
     scrub_service_vars,
 )
 from forq.supervisor.fork.environment import restore
-from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
+from forq.supervisor.fork.protocol import RECV_MAX, exit_report, fds_of, read_memfd, send
 from forq.supervisor.fork.protocol import describe as describe_tasks
 from forq.supervisor.fork.spares import SERVER_TITLE, Spares
 
@@ -191,10 +191,7 @@ class Server:
             self.busy_at = time.monotonic()
             self.children.discard(pid)
             self.fence_at.pop(pid, None)
-            # its CPU time counts every process of its tree it reaped (a subreaper's)
-            exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss,
-                            "utime_us": int(usage.ru_utime * 1e6),
-                            "stime_us": int(usage.ru_stime * 1e6)}
+            exit_message = exit_report(pid, status, usage)
             if pid in self.fenced:
                 self.fenced.discard(pid)
                 exit_message["fenced"] = True
