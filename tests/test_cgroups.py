@@ -102,7 +102,10 @@ def test_a_jobs_cpu_time_is_its_cgroups(tmp_path, redis_url, queue, base):
     assert job.state == "succeeded", job.history
     cost = job.cost
     assert cost is not None, job.fields
-    assert 0.58 <= (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000 <= 2.0, cost
+    cpu = (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000
+    # 0.6 s burnt, and what else ran in the cgroup: the grandchild interpreter's start-up,
+    # seconds in the VM (emulated); no more than its two CPUs for the job's wall time
+    assert 0.58 <= cpu <= 2 * cost["wall_ms"] / 1000 + 0.5, cost
     assert 64 << 20 <= cost["peak_memory"] <= 512 << 20, cost
 
 
