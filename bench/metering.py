@@ -84,11 +84,13 @@ def _args(row: str, variant: str, q: Queue, batch: list[tuple[str, str]]) -> tup
             args += [job_id, token, "null", *cost, 0]
         return (k.active, k.pending, k.scheduled), tuple(args)
     job_id, token = batch[0]
+    # fail's and expire's cost follows the circuit breaker's pattern ("": none), which
+    # the scripts from before take no more than the cost
     if row.startswith("fail"):
         return ((k.active, k.scheduled, k.dead),
                 (k.prefix, job_id, token, json.dumps({"reason": "bench"}), "fatal", 0.5, 0, "0",
-                 *cost))
-    return (k.active,), (k.prefix, job_id, token, "bench", *cost)
+                 "", *cost))
+    return (k.active,), (k.prefix, job_id, token, "bench", "", *cost)
 
 
 def measure(client: Any, row: str, variant: str, text: str,

@@ -42,6 +42,10 @@ class Settings:
     quiet: bool = False
     job_cgroups: bool = False  # supervisors in cgroups of their own, job_cgroups = "required"
     namespaces: bool = False  # [sandbox].namespaces = true: every job PID 1 of its own
+    # the circuit breaker per task (docs/guide/breaker.md): on, as by default, with a
+    # cool-down short enough that a tripped task's parked jobs run within the settle
+    # bound (chaos.fatal's jobs all fail alike: it trips); "" off
+    breaker_cooldown: str = "2s"
     prefetch: int = 0  # the odd-numbered supervisors' [[queue]].prefetch (a mixed fleet)
     # chaos.slow jobs run this long (ms): past lease_ttl, so a stopped supervisor's child
     # would still run when its job is re-run elsewhere, were it not fenced
@@ -55,6 +59,12 @@ class Settings:
     @property
     def reclaim_bound(self) -> float:
         return self.lease_ttl + self.reaper_interval + self.tolerance
+
+    def breaker_line(self) -> str:
+        """The supervisors' [defaults] line of the circuit breaker per task."""
+        if not self.breaker_cooldown:
+            return "breaker = { failures = 0 }"
+        return f'breaker = {{ cooldown = "{self.breaker_cooldown}" }}'
 
     def total_jobs(self) -> int:
         if self.jobs is not None:

@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                    help="--soak: the start of each process's life that is not judged (default: "
                         "the longest of 3 samples, a quarter of the duration, two retention "
                         "windows)")
+    p.add_argument("--breaker-cooldown", default="2s", metavar="DURATION",
+                   help="the circuit breaker per task is on (its default count, window and "
+                        "ratio) with this cool-down (default 2s); \"off\": no breaker")
     p.add_argument("--namespaces", action="store_true",
                    help="[sandbox].namespaces = true: every job in namespaces of its own "
                         "(needs root or user namespaces)")
@@ -148,6 +151,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         tolerance=dur(a.tolerance, "--tolerance"), settle=dur(a.settle, "--settle"),
         min_each=a.min_each, faults=faults, breaks=breaks, report=a.report, keep=a.keep,
         quiet=a.quiet, job_cgroups=a.job_cgroups, namespaces=a.namespaces,
+        breaker_cooldown="" if a.breaker_cooldown == "off" else a.breaker_cooldown,
         prefetch=a.prefetch, slow_ms=(low, high),
         nested_batches=a.nested_batches, soak=a.soak, sample_interval=interval, warmup=warmup)
 
@@ -232,7 +236,8 @@ def run(s: Settings) -> tuple[int, dict[str, Any]]:
                            max_attempts=s.max_attempts, max_crashes=s.max_crashes,
                            job_cgroups="required" if s.job_cgroups else "auto",
                            namespaces=s.namespaces, prefetch=s.prefetch if i % 2 else 0,
-                           defaults=soak.RETENTION_DEFAULTS if s.soak else "")
+                           defaults="\n".join([soak.RETENTION_DEFAULTS if s.soak else "",
+                                                s.breaker_line()]))
         # the leaking build is one supervisor (chaos-2): the others show a flat control
         leaks = "leak" in s.breaks and i == min(2, s.supervisors)
         sups.append(SupervisorProc(name, cfg, workdir / f"{name}.log",

@@ -329,8 +329,10 @@ class AsyncQueue(AsyncQueueEvents):
         """Stop claiming from this queue on every supervisor (see `Queue.pause`)."""
         return tr.parse_changed(await self._run(plans.script(tr.pause_call(self.keys))))
 
-    async def resume(self) -> bool:
+    async def resume(self, task: str | None = None) -> bool:
         """Claim from this queue again, supervisors woken at once (`Queue.resume`)."""
+        if task is not None:
+            return await self._run(plans.resume_task(self.keys, task))
         return tr.parse_changed(await self._run(plans.script(tr.resume_call(self.keys))))
 
     async def is_paused(self) -> bool:

@@ -81,6 +81,22 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("backoff.jitter", "backoff_jitter", "number", 0.2,
               "Each delay moves at random by up to this fraction of itself.",
               minimum=0.0, maximum=1.0),
+    # the circuit breaker per task (lua/includes/breaker.lua, docs/guide/breaker.md): a
+    # deploy that makes every job of a task crash the same way pauses that task alone.
+    # 20 distinct jobs in 60 s, 90% of the task's ends: a task at a normal error rate
+    # (even 50% of its ends failing) never trips, nor a rare task's few failures
+    PolicyKey("breaker.failures", "breaker_failures", "integer", 20,
+              "Distinct jobs of a task ending the same way that trip its breaker; 0: off.",
+              scopes=(DEFAULTS, QUEUE, TASKS)),
+    PolicyKey("breaker.window", "breaker_window_ms", "duration", "60s",
+              "The window those jobs end in (10 s buckets, at most 10m).",
+              positive=True, scopes=(DEFAULTS, QUEUE, TASKS)),
+    PolicyKey("breaker.ratio", "breaker_ratio", "number", 0.9,
+              "And that end is at least this share of all the task's ends in the window.",
+              minimum=0.0, maximum=1.0, scopes=(DEFAULTS, QUEUE, TASKS)),
+    PolicyKey("breaker.cooldown", "breaker_cooldown_ms", "duration", "10m",
+              "A tripped task resumes by itself after this; 0: only `forq resume --task`.",
+              scopes=(DEFAULTS, QUEUE, TASKS)),
 )
 
 JOB_POLICY: dict[str, int | float] = {key.field: key.stored() for key in POLICY_KEYS}

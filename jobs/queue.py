@@ -278,10 +278,11 @@ class Queue(QueueEvents):
         and keep their leases, enqueues wait. False when it was paused already."""
         return tr.parse_changed(self.scripts.run(tr.pause_call(self.keys)))
 
-    def resume(self) -> bool:
-        """Claim from this queue again; waiting supervisors are woken at once. False when
-        it was not paused."""
-        return tr.parse_changed(self.scripts.run(tr.resume_call(self.keys)))
+    def resume(self, task: str | None = None) -> bool:
+        """Claim again, supervisors woken at once; False when it was not paused. `task`:
+        untrip its circuit breaker instead (`plans.resume_task`), False when not tripped."""
+        call = plans.resume_task(self.keys, task) if task else plans.script(tr.resume_call(self.keys))
+        return self._run(call) if task else tr.parse_changed(self._run(call))
 
     def is_paused(self) -> bool:
         return self._run(plans.paused(self.keys))

@@ -31,6 +31,12 @@
 --@include includes/enqueue_job
 --@include includes/succeed
 --@include includes/cost
+--@include includes/breaker
+
+-- succeed's fields and the task, whose successes count in its circuit breaker
+local ACK_FIELDS = {unpack(SUCCEED_FIELDS)}
+ACK_FIELDS[#ACK_FIELDS + 1] = 'task'
+local TASK_AT = 2 + #ACK_FIELDS
 
 local prefix, queue = ARGV[1], ARGV[2]
 local answers = {}
@@ -40,7 +46,7 @@ while i <= #ARGV do
   local id, token = ARGV[i], ARGV[i + 1]
   local n = tonumber(ARGV[i + 4])
   local jkey = job_key(prefix, id)
-  local f = held(jkey, token, unpack(SUCCEED_FIELDS))
+  local f = held(jkey, token, unpack(ACK_FIELDS))
   if f then
     held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 5, n, ARGV[i + 3]}
     answers[#answers + 1] = 'ok'
@@ -59,8 +65,11 @@ if #held_jobs > 0 then
   local at = now_ms()
   local woke = false
   local totals, metered = {}, false -- the runs' costs, summed per group for one write
+  local tasks = {} -- task -> successes in this call: one count per task
   for _, job in ipairs(held_jobs) do
     local id, jkey, result, f, first, n, cost = unpack(job)
+    local task = f[TASK_AT]
+    if task then tasks[task] = (tasks[task] or 0) + 1 end
     -- before `succeed`, which may delete the record
     if record_cost(jkey, cost, f[6], totals) then metered = true end
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
@@ -75,6 +84,7 @@ if #held_jobs > 0 then
   end
   if metered then add_usage(prefix, totals, at) end
   count(prefix, 'succeeded', at, #held_jobs)
+  for task, n in pairs(tasks) do breaker_count(prefix, task, at, n) end
   if not woke then slot_freed(prefix) end
 end
 if #answers == 1 then return answers[1] end

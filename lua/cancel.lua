@@ -1,6 +1,7 @@
 --[[
   cancel: stop a job for good. A scheduled, pending or waiting job becomes cancelled at once;
-  an active one is flagged, and its supervisor learns of it from its next extend call,
+  (a pending one parked by its task's circuit breaker leaves its parked set); an active
+  one is flagged, and its supervisor learns of it from its next extend call,
   kills the child and finishes the job as cancelled (fail with mode "cancel").
 
   KEYS[1]  forq:{q}:pending     zset
@@ -32,7 +33,7 @@
 local pending_key, scheduled_key = KEYS[1], KEYS[2]
 local prefix, id = ARGV[1], ARGV[2]
 local jkey = job_key(prefix, id)
-local f = redis.call('HMGET', jkey, 'state', 'group')
+local f = redis.call('HMGET', jkey, 'state', 'group', 'parked')
 local state = f[1]
 if not state then return 'missing' end
 if ARGV[3] and ARGV[3] ~= '' and state ~= ARGV[3] then return state end
@@ -44,6 +45,8 @@ if state == 'pending' or state == 'scheduled' or state == 'waiting' then
     redis.call('ZREM', pending_key, id)
   end
   redis.call('ZREM', scheduled_key, id)
+  -- parked by its task's circuit breaker (claim.lua): out of its parked set too
+  if f[3] then redis.call('ZREM', prefix .. 'parked:' .. f[3], id) end
   if state == 'waiting' then redis.call('ZREM', prefix .. 'waiting', id) end
   redis.call('HSET', jkey, 'state', 'cancelled', 'finished_at', at)
   add_history(prefix, id, 'cancelled', at, {})

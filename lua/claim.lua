@@ -7,7 +7,8 @@
   KEYS[4]  forq:{q}:limits      hash: max_in_flight, rate (tokens per ms), burst, the
                                 group limits (see includes/groups), paused (pause.lua:
                                 lease nothing while it is set) and throttled_until
-                                (includes/throttle: lease nothing before then)
+                                (includes/throttle: lease nothing before then), tripped
+                                (includes/breaker: how many tasks are tripped)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -41,6 +42,11 @@
   many groups (a queue that never had a grouped job pays nothing for them). Redis
   commands: about 8 per call and 3 per leased job (HGETALL, HSET, the history RPUSH);
   see bench/RESULTS.md.
+  A job of a tripped task (includes/breaker; `tripped` > 0 in the limits) is not leased
+  either: it is parked, still pending, in `parked:<task>` (its `parked` field set, its
+  group's slot given back) until resume_task.lua puts it back; it takes its place in this
+  claim, so wait_ms is 1 and the supervisor claims again at once. Parking costs O(log n)
+  per job, like a lease: a tripped task never blocks the jobs behind it.
   A job whose expire_at (enqueue's expires_in) passed before its first start is not
   leased: it goes to dead with the reason "expired before start", and wait_ms is 1 so
   the supervisor claims again for the places it took.
@@ -73,7 +79,7 @@ local at = now_ms()
 -- paused queue leases nothing, known from the same HMGET
 local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
   'group_concurrency', 'group_rate', 'group_burst', 'paused', 'throttled_until',
-  'group_throttles')
+  'group_throttles', 'tripped')
 if limits[8] then return {-1, 0, redis.call('ZCARD', pending_key), 0, at} end
 -- a throttled queue (includes/throttle) leases nothing until then: come back at its end
 local throttled = tonumber(limits[9])
@@ -82,6 +88,18 @@ if throttled then
   redis.call('HDEL', limits_key, 'throttled_until')
 end
 local grouped = limits[4] ~= false
+-- the tasks tripped by their circuit breaker (includes/breaker) and until when: read only
+-- when some task is
+local tripped = nil
+if (tonumber(limits[11]) or 0) > 0 then
+  tripped = {}
+  local all = redis.call('HGETALL', prefix .. 'tripped')
+  for i = 1, #all, 2 do
+    local ok, reason = pcall(cjson.decode, all[i + 1])
+    local till = ok and type(reason) == 'table' and tonumber(reason['until']) or 0
+    if till == 0 or till > at then tripped[all[i]] = true end
+  end
+end
 if grouped then group_limits(prefix, {limits[5], limits[6], limits[7], limits[10]}) end
 
 -- 1. promote due scheduled jobs (bounded per call; the rest on the next call). The
@@ -156,6 +174,7 @@ end
 local out = {}
 local leased = 0
 local expired = 0 -- jobs found expired before start (dead instead of leased)
+local parked = 0 -- jobs of a tripped task, parked instead of leased
 local pending_left = nil
 local popped = {}
 local popped_group = {} -- id -> group, for the jobs group_take took
@@ -263,6 +282,15 @@ if count_popped > 0 then
       if fields['group'] then group_release(prefix, record[fields['group'] + 1], at) end
       expire_unstarted(prefix, id, jkey, at, owner)
       expired = expired + 1
+    elseif tripped and fields['task'] and tripped[record[fields['task'] + 1]] then
+      -- its task is tripped: aside, still pending, at its place, until its task resumes
+      local task = record[fields['task'] + 1]
+      if fields['group'] then group_release(prefix, record[fields['group'] + 1], at) end
+      redis.call('ZADD', prefix .. 'parked:' .. task, popped[2 * i], id)
+      redis.call('SADD', prefix .. 'parked_tasks', task)
+      redis.call('HSET', jkey, 'parked', task)
+      add_history(prefix, id, 'parked', at, {task = task})
+      parked = parked + 1
     else
       leased = leased + 1
       -- its first start: the expiry no longer applies, the sweep need not look at it
@@ -277,6 +305,8 @@ if count_popped > 0 then
         set[#set + 1] = 'code'
         set[#set + 1] = code
       end
+      -- parked once, then put back: no longer (a stale mark would confuse resume_task)
+      if fields['parked'] then redis.call('HDEL', jkey, 'parked') end
       if policy and not fields['policy'] then
         set[#set + 1] = 'policy'
         set[#set + 1] = policy_sha
@@ -325,8 +355,8 @@ if pending_left == nil then
     pending_left = pending_left + (tonumber(redis.call('GET', prefix .. 'groups:pending')) or 0)
   end
 end
--- expired jobs took places in this claim: claim again at once for the rest
-if expired > 0 and pending_left > 0 and wait_ms == 0 then wait_ms = 1 end
+-- expired or parked jobs took places in this claim: claim again at once for the rest
+if expired + parked > 0 and pending_left > 0 and wait_ms == 0 then wait_ms = 1 end
 
 local result = {next_due, wait_ms, pending_left, held, at}
 for _, job in ipairs(out) do result[#result + 1] = job end

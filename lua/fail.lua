@@ -15,7 +15,10 @@
   ARGV[6]  a uniform random number in [0, 1) for the jitter (scripts stay deterministic)
   ARGV[7]  snooze: the delay in ms (checked and capped by the supervisor)
   ARGV[8]  snooze: "1" when it counts as an attempt, "0" when not
-  ARGV[9]  the run's cost ("" or absent: none; see includes/cost)
+  ARGV[9]  (optional) the end's pattern for the task's circuit breaker, as the parent saw
+           it ("timeout", "memory", "exception:KeyError"; "" counts none): see
+           includes/breaker (a snooze or a cancel counts in no breaker)
+  ARGV[10] the run's cost ("" or absent: none; see includes/cost)
 
   Returns {"retry", run_at_ms, attempts} | {"snoozed", run_at_ms, attempts} |
           {"dead", 0, attempts} | {"cancelled", 0, attempts} |
@@ -45,19 +48,21 @@
 --@include includes/finish
 --@include includes/events
 --@include includes/on_dead
+--@include includes/breaker
 --@include includes/cost
 
 local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local r = tonumber(ARGV[6]) or 0.5
 local jkey = job_key(prefix, id)
-local f = held(jkey, token, 'cancel_requested', 'group')
+local f = held(jkey, token, 'cancel_requested', 'group', 'task')
 if not f then return {'lost', 0, 0} end
 -- a requested cancel is not retried, nor snoozed
 if f[3] and (mode == 'retry' or mode == 'snooze') then mode = 'cancel' end
 local snooze = mode == 'snooze'
 local counted = not snooze or ARGV[8] == '1'
 local at = now_ms()
+if mode ~= 'cancel' and not snooze then breaker_end(prefix, id, jkey, f[5], ARGV[9], at) end
 local attempts
 if counted then
   attempts = redis.call('HINCRBY', jkey, 'attempts', 1)
@@ -76,7 +81,7 @@ else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
 local totals = {}
-if record_cost(jkey, ARGV[9], f[4], totals) then add_usage(prefix, totals, at) end
+if record_cost(jkey, ARGV[10], f[4], totals) then add_usage(prefix, totals, at) end
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
 local snoozes = 0
 if snooze then

@@ -34,7 +34,7 @@ local at = now_ms()
 local out = {0}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', expiring_key, '-inf', at, 'LIMIT', 0, limit)) do
   local jkey = job_key(prefix, id)
-  local f = redis.call('HMGET', jkey, 'state', 'group', 'started_at')
+  local f = redis.call('HMGET', jkey, 'state', 'group', 'started_at', 'parked')
   if (f[1] == 'pending' or f[1] == 'scheduled') and not f[3] then
     if f[1] == 'scheduled' then
       redis.call('ZREM', scheduled_key, id)
@@ -43,6 +43,8 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', expiring_key, '-inf', at, 'LIMIT
     else
       redis.call('ZREM', pending_key, id)
     end
+    -- parked by its task's circuit breaker (claim.lua): out of its parked set too
+    if f[4] then redis.call('ZREM', prefix .. 'parked:' .. f[4], id) end
     expire_unstarted(prefix, id, jkey, at, sweeper)
     out[1] = out[1] + 1
     out[#out + 1] = id

@@ -87,7 +87,8 @@ class Supervisor:
         self.queues: dict[str, Queue] = {}
         self.outbox: list[Pending] = []
         self.want_claim = True
-        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served()),
+        self.metrics = Metrics(lambda: status.read_depths(self.redis, self.served(),
+                                                          self.metrics.set_tripped),
                                name=self.name)
         self.metrics_server: MetricsServer | None = None
         self.heartbeat = Heartbeat(self)

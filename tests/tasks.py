@@ -136,3 +136,29 @@ def wait_file(path: str, timeout: float = 30.0):
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.01)
     return path
+
+
+# -- the circuit breaker's (tests/test_breaker.py) ---------------------------------------
+
+
+@task("tests.segv")
+def segv(n: int = 0):
+    """A bad deploy: every job of this task crashes its process with SIGSEGV."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@task("tests.sometimes")
+def sometimes(n: int):
+    """Fails 1 job in 20 (5%), always the same way: a normal error rate."""
+    if n % 20 == 0:
+        raise ValueError(f"job {n} fails")
+    return n
+
+
+@task("tests.liar")
+def liar(name: str, size: int = 1):
+    """A hostile handler: raises an exception whose type name it chose (another task's
+    name, a signal's, `size` times over): its own task's pattern, capped, nothing else."""
+    raise type(name * size, (Exception,), {})("not what it says")

@@ -45,6 +45,7 @@ def exported_names() -> set[str]:
     m.reclaimed("q", 1)
     m.redis_error("claim")
     m.shard_state("10.0.0.2:7001", True)
+    m.set_tripped("q", ["t"])
     names = set()
     for family in text_string_to_metric_families(m.render().decode()):
         names.add(family.name)
@@ -143,6 +144,7 @@ def test_rules_cover_the_agreed_alerts_and_use_exported_metrics() -> None:
         "ForqReclaimsSpiking",
         "ForqBacklogGrowing",
         "ForqQueueWaitHigh",
+        "ForqTaskTripped",
     } <= set(exprs)
     known = exported_names() | {"up"}  # `up` is Prometheus' own per-target metric
     for name, expr in exprs.items():
@@ -186,6 +188,23 @@ def A(alert: str, at: str, *labels: dict[str, str]) -> dict[str, object]:
 SUP = {"a": 'job="forq",instance="a:9464"', "b": 'job="forq",instance="b:9464"'}
 
 UNIT_TESTS = [
+    {
+        "interval": "1m",
+        "input_series": [
+            # images/resize tripped from minute 10 to 20, seen by both supervisors; the
+            # series is gone (not 0) once it is resumed
+            S(f'forq_task_tripped{{{SUP["a"]},queue="images",task="resize"}}',
+              "_x10 1x10 stale"),
+            S(f'forq_task_tripped{{{SUP["b"]},queue="images",task="resize"}}',
+              "_x10 1x10 stale"),
+        ],
+        "alert_rule_test": [
+            A("ForqTaskTripped", "5m"),
+            A("ForqTaskTripped", "15m",
+              {"severity": "warning", "queue": "images", "task": "resize"}),
+            A("ForqTaskTripped", "30m"),
+        ],
+    },
     {
         "interval": "1m",
         "input_series": [

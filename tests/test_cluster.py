@@ -266,6 +266,7 @@ def workout(queues: list[Queue], rc) -> None:
         assert q.stats()["succeeded"] == 1
         assert q.pause() and leasing(q).claim(OWNER, 5, LONG).leases == []
         assert q.resume()
+        assert q.resume(task="t.a") is False  # no circuit breaker tripped: nothing parked
         assert leasing(q).sweep_expired(OWNER) == []
         # groups: their keys carry the group key after the queue's tag, braces and all
         q.set_limits(group_concurrency=1, group_rate=(1000, 1))

@@ -36,6 +36,10 @@ POLICY_FIELDS = {
     "backoff_factor",
     "backoff_max_ms",
     "backoff_jitter",
+    "breaker_failures",
+    "breaker_window_ms",
+    "breaker_ratio",
+    "breaker_cooldown_ms",
 }
 BUILTIN = {
     "timeout_ms": 300_000,
@@ -50,6 +54,10 @@ BUILTIN = {
     "backoff_factor": 2.0,
     "backoff_max_ms": 600_000,
     "backoff_jitter": 0.2,
+    "breaker_failures": 20,
+    "breaker_window_ms": 60_000,
+    "breaker_ratio": 0.9,
+    "breaker_cooldown_ms": 600_000,
 }
 
 
@@ -277,10 +285,11 @@ def test_job_policy_defaults_then_queue_then_task(tmp_path):
 def test_job_policy_values_are_plain_numbers(tmp_path):
     policy = load(tmp_path, POLICY_TOML).job_policy("big")
     for entry in [policy["defaults"], *policy["tasks"].values()]:
-        for key in POLICY_FIELDS - {"backoff_factor", "backoff_jitter"}:
+        for key in POLICY_FIELDS - {"backoff_factor", "backoff_jitter", "breaker_ratio"}:
             assert type(entry[key]) is int, key
         assert type(entry["backoff_factor"]) is float
         assert type(entry["backoff_jitter"]) is float
+        assert type(entry["breaker_ratio"]) is float
 
 
 def test_job_policy_returns_fresh_dicts(tmp_path):

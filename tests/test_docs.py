@@ -88,8 +88,9 @@ def _env(url: str, *extra: Path) -> dict[str, str]:
 
 
 def _run(sample: Sample, argv: list[str], cwd: Path, env: dict[str, str],
-         timeout: float = 30) -> None:
-    """Run a sample's process in a session of its own, killed whole if it overstays."""
+         timeout: float = 90) -> None:
+    """Run a sample's process in a session of its own, killed whole if it overstays (a
+    session of the CLI guide runs 16 commands, ~1 s each here, ~5 s on a loaded host)."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -107,10 +108,10 @@ def _run_sh(sample: Sample, url: str) -> None:
 
 def _run_pytest(sample: Sample, project: Path, url: str) -> None:
     _run(sample, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                  sample.file or ""], project, _env(url, project), timeout=45)
+                  sample.file or ""], project, _env(url, project), timeout=90)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_sample_on_the_page_runs(page: Page, server: RedisServer, tmp_path: Path):
     admin = redis.Redis.from_url(server.url)

@@ -48,6 +48,7 @@ CALLS = {
     "throttle": control.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
     "set_throttle": control.set_throttle_call(KEYS, 60_000, "g"),
     "parents": control.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
+    "resume_task": control.resume_task_call(KEYS, "t"),
 }
 GLOBAL = {"schedule_define", "schedule_fired"}  # one global key each, not a queue's
 

@@ -251,10 +251,10 @@ def test_memory_limit_kills_and_fails(tmp_path, redis_url, queue, in_grandchild)
         # its death report: the samples of its last seconds, oldest first, the one that
         # found it over the limit last
         trail = job.memory_trail
-        assert 2 <= len(trail) <= 16, trail
+        assert 1 <= len(trail) <= 16, trail  # a loaded host may sample it only once
         befores = [before for before, _ in trail]
         assert befores == sorted(befores, reverse=True) and befores[0] <= 10, trail
-        assert trail[-1][1] > 64 << 20 and trail[0][1] < trail[-1][1], trail
+        assert trail[-1][1] > 64 << 20 and trail[0][1] <= trail[-1][1], trail
         shown = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "--redis",
                                 redis_url, "job", jid], cwd=REPO,
                                capture_output=True, text=True, timeout=30)

@@ -19,6 +19,7 @@ from forq import Queue, known_queues
 from forq.fleet import CHILD_FIELDS, USAGE_FIELDS, live_supervisors, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
+from forq.store.plans import trip_reason
 from forq.units import format_size
 
 PAGE_SIZE = 50
@@ -85,17 +86,18 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         pipe.hgetall(k.limits)
         pipe.zrange(k.pending, 0, 0)
         pipe.get(k.groups_pending)  # grouped jobs wait in their groups' sets
+        pipe.hgetall(k.tripped)  # tasks their circuit breaker tripped
         for m in range(minute - CHART_MINUTES + 1, minute + 1):
             pipe.hmget(k.minute(m), "succeeded", "failed", "crashed")
-    per_queue = 8 + CHART_MINUTES
+    per_queue = 9 + CHART_MINUTES
     replies = pipe.execute() if names else []
     queues = []
     heads = []
     for i, name in enumerate(names):
         r = replies[i * per_queue:(i + 1) * per_queue]
-        pending, scheduled, active, dead, waiting, limits, head, grouped = r[:8]
+        pending, scheduled, active, dead, waiting, limits, head, grouped, tripped = r[:9]
         pending += _int(grouped)
-        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[8:]]
+        chart = [(_int(ok), _int(failed) + _int(crashed)) for ok, failed, crashed in r[9:]]
         # a sliding minute, as `forq stats` has it: this minute so far plus the part of
         # the previous one that is still within the last 60 s
         frac = (now_ms % 60000) / 60000
@@ -114,6 +116,9 @@ def overview(client: redis.Redis) -> dict[str, Any]:
             "rate_per_second": rate_per_ms * 1000 if rate_per_ms else None,
             "max_in_flight": _int(limits.get("max_in_flight")) or None,
             "oldest_pending_age": None,
+            # task -> its pattern ("signal:SIGSEGV"): `forq resume QUEUE --task T`
+            "tripped": {task: trip_reason(raw, 0, now_ms)["pattern"]
+                        for task, raw in sorted(tripped.items())},
         })
         if head:
             heads.append((len(queues) - 1, QueueKeys(name).job(head[0])))

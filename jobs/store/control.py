@@ -1,6 +1,7 @@
 """A handler's own transitions as calls (sans-IO, as `forq.store.transitions`): its
 throttle of its queue or group (lua/throttle.lua) and an operator's (set_throttle.lua),
-and the read of its parents' results (parents.lua). A snooze is a mode of `fail_call`.
+and the read of its parents' results (parents.lua); an operator's resume of a task its
+circuit breaker tripped (resume_task.lua). A snooze is a mode of `fail_call`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,30 @@ def parse_throttle(reply: Sequence[Any]) -> Throttled:
 def set_throttle_call(keys: QueueKeys, delay_ms: int, group: str | None = None) -> ScriptCall:
     """Throttle the queue (or `group`) for `delay_ms` from Redis's now; 0 lifts it."""
     return ScriptCall("set_throttle", (keys.limits,), (keys.prefix, int(delay_ms), group or ""))
+
+
+class TaskResumed(NamedTuple):
+    """resume_task.lua's answer."""
+
+    untripped: int  # tasks this call untripped
+    moved: int  # parked jobs put back in pending
+    left: int  # parked jobs of untripped tasks still to put back (the next call)
+    tripped: dict[str, str]  # the tasks still tripped: task -> its reason (JSON)
+
+
+RESUME_BATCH = 1000  # parked jobs put back per call
+
+
+def resume_task_call(keys: QueueKeys, task: str = "", most: int = RESUME_BATCH) -> ScriptCall:
+    """Untrip `task`'s circuit breaker and put its parked jobs back (at most `most` a
+    call); `task` "": the reaper's pass, every task whose cool-down has passed."""
+    return ScriptCall("resume_task", (keys.tripped, keys.limits), (keys.prefix, task, int(most)))
+
+
+def parse_resume_task(reply: Sequence[Any]) -> TaskResumed:
+    flat = list(reply[3]) if len(reply) > 3 else []
+    return TaskResumed(int(reply[0]), int(reply[1]), int(reply[2]),
+                       dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 class ParentsPage(NamedTuple):

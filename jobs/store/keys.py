@@ -66,6 +66,21 @@ class QueueKeys:
         return self.prefix + "limits"
 
     @property
+    def tripped(self) -> str:
+        """Hash task -> JSON reason: the tasks their circuit breaker tripped
+        (lua/includes/breaker.lua); claim parks their jobs."""
+        return self.prefix + "tripped"
+
+    @property
+    def parked_tasks(self) -> str:
+        """Set: the tasks with jobs parked (`parked`), for resume_task.lua's pass."""
+        return self.prefix + "parked_tasks"
+
+    def parked(self, task: str) -> str:
+        """Zset id -> pending score: a tripped task's jobs, parked by claim."""
+        return self.prefix + "parked:" + task
+
+    @property
     def events(self) -> str:
         """The queue's event stream, capped (lua/includes/events.lua, forq.events)."""
         return self.prefix + "events"

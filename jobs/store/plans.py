@@ -9,14 +9,15 @@ or a plain Redis command as a tuple (``("HGETALL", key)``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from forq.channel import MAX_THROTTLE_MS
 from forq.errors import JobNotFound, JobStateError, PayloadError
+from forq.store import control, topology
 from forq.store import keys as keyspace
-from forq.store import topology
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.units import UnitError, parse_duration
@@ -82,18 +83,23 @@ def dead(keys: QueueKeys, limit: int) -> Plan[list[Record]]:
 def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     """Counts per state, totals, the last minute's outcomes, and the oldest wait."""
     (pending, scheduled, active, dead_count, totals, now, head, grouped, (paused_at, throttled_until),
-     waiting) = yield [
+     waiting, tripped, parked_tasks) = yield [
         ("ZCARD", keys.pending), ("ZCARD", keys.scheduled), ("ZCARD", keys.active),
         ("ZCARD", keys.dead), ("HGETALL", keys.stats), ("TIME",),
         ("ZRANGE", keys.pending, 0, 0), ("GET", keys.groups_pending),
-        ("HMGET", keys.limits, "paused", "throttled_until"), ("ZCARD", keys.waiting)]
+        ("HMGET", keys.limits, "paused", "throttled_until"), ("ZCARD", keys.waiting),
+        ("HGETALL", keys.tripped), ("SMEMBERS", keys.parked_tasks)]
     pending += int(grouped or 0)  # grouped jobs wait in their groups' sets
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     minute = now_ms // 60000
-    reads: list[Command] = [("HGETALL", keys.minute(minute)), ("HGETALL", keys.minute(minute - 1))]
+    parked_names = sorted(set(tripped) | set(parked_tasks))
+    reads: list[Command] = [("ZCARD", keys.parked(task)) for task in parked_names]
+    reads += [("HGETALL", keys.minute(minute)), ("HGETALL", keys.minute(minute - 1))]
     if head:
         reads.append(("HMGET", keys.job(head[0]), "enqueued_at", "run_at"))
     replies = yield reads
+    parked = dict(zip(parked_names, replies[:len(parked_names)], strict=True))
+    replies = replies[len(parked_names):]
     # the current minute so far plus the previous one, weighted: a sliding minute
     frac = (now_ms % 60000) / 60000
     last_minute = {name: round(int(replies[0].get(name, 0))
@@ -103,8 +109,9 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
     if head and replies[2][0]:
         since = max(int(replies[2][0]), int(replies[2][1] or 0))
         oldest = max(0.0, (now_ms - since) / 1000)
+    parked_total = sum(parked.values())
     return {
-        "pending": pending,
+        "pending": pending + parked_total,  # parked jobs are pending too (below)
         "scheduled": scheduled,
         "active": active,
         "dead": dead_count,
@@ -117,7 +124,26 @@ def stats(keys: QueueKeys) -> Plan[dict[str, Any]]:
         "paused": paused_at is not None,
         # seconds until a throttle of the whole queue ends (`current().throttle`), or None
         "throttled_for": _left(throttled_until, now_ms),
+        # tasks their circuit breaker tripped: {task: {pattern, jobs, ..., parked}}, and
+        # the pending jobs parked (not claimable until their task resumes)
+        "tripped": {task: trip_reason(raw, parked.get(task, 0), now_ms)
+                    for task, raw in tripped.items()},
+        "parked": parked_total,
     }
+
+
+def trip_reason(raw: str, parked: int, now_ms: int) -> dict[str, Any]:
+    """A tripped task's reason as resume_task.lua's header names it, with its parked
+    jobs and the seconds left of its cool-down (None: until `forq resume --task`)."""
+    try:
+        reason = json.loads(raw)
+    except ValueError:
+        reason = None
+    if not isinstance(reason, dict):
+        reason = {"pattern": "?"}
+    until = int(reason.get("until") or 0)
+    return {**reason, "parked": int(parked),
+            "resumes_in": _left(str(until), now_ms) if until else None}
 
 
 def _left(until_ms: str | None, now_ms: int) -> float | None:
@@ -152,6 +178,19 @@ def paused(keys: QueueKeys) -> Plan[bool]:
     """Whether the queue is paused (`pause`): no supervisor claims from it."""
     (found,) = yield [("HEXISTS", keys.limits, "paused")]
     return bool(found)
+
+
+def resume_task(keys: QueueKeys, task: str) -> Plan[bool]:
+    """Untrip `task`'s circuit breaker and put back all its parked jobs, a batch a call
+    (lua/resume_task.lua). True when it was tripped."""
+    (reply,) = yield [control.resume_task_call(keys, task)]
+    done = control.parse_resume_task(reply)
+    left, moved = done.left, done.moved
+    while left and moved:  # the parked jobs beyond the first call's batch
+        (reply,) = yield [control.resume_task_call(keys, task)]
+        again = control.parse_resume_task(reply)
+        left, moved = again.left, again.moved
+    return done.untripped > 0
 
 
 def script(call: tr.ScriptCall) -> Plan[Any]:

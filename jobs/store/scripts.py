@@ -116,6 +116,7 @@ class Scripts:
         self.throttle: Script = register(source("throttle"))
         self.set_throttle: Script = register(source("set_throttle"))
         self.parents: Script = register(source("parents"))
+        self.resume_task: Script = register(source("resume_task"))
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 

@@ -25,7 +25,7 @@ Transition = Literal["enqueue", "claim", "extend", "ack", "fail", "expire", "rec
                      "release", "cancel", "requeue_dead", "purge_dead", "output",
                      "pause", "resume", "sweep_expired",
                      "progress", "step", "batch", "batch_relay",
-                     "promote", "reschedule", "set_priority", "find",
+                     "promote", "reschedule", "set_priority", "find", "resume_task",
                      "schedule_define", "schedule_fired", "throttle", "set_throttle", "parents"]
 TRANSITIONS: tuple[Transition, ...] = get_args(Transition)
 
@@ -263,24 +263,26 @@ def parse_lease_reply(reply: Any) -> LeaseReply:
 
 def fail_call(keys: QueueKeys, job_id: str, token: str, error: Mapping[str, Any],
               mode: FailMode | str = "retry", jitter: float | None = None,
-              delay_ms: int = 0, counted: bool = False, cost: str = "") -> ScriptCall:
+              delay_ms: int = 0, counted: bool = False, pattern: str = "",
+              cost: str = "") -> ScriptCall:
     """`jitter`, a uniform draw from [0, 1), is passed in so the script stays
     deterministic (Redis replicates scripts by effect, but tests like a fixed draw).
-    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`); `cost`:
-    the run's (lua/includes/cost.lua)."""
+    `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`); `pattern`:
+    how the job ended, for its task's circuit breaker ("" counts none); `cost`: the run's."""
     draw = random.random() if jitter is None else jitter
     return ScriptCall("fail", (keys.active, keys.scheduled, keys.dead),
                       (keys.prefix, job_id, token, json.dumps(error), mode, draw,
-                       int(delay_ms), "1" if counted else "0", cost))
+                       int(delay_ms), "1" if counted else "0", pattern, cost))
 
 
 def parse_fail(reply: Sequence[Any]) -> FailOutcome:
     return FailOutcome(str(reply[0]), int(reply[1]), int(reply[2]))
 
 
-def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str,
+def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str, pattern: str = "",
                 cost: str = "") -> ScriptCall:
-    return ScriptCall("expire", (keys.active,), (keys.prefix, job_id, token, reason, cost))
+    return ScriptCall("expire", (keys.active,),
+                      (keys.prefix, job_id, token, reason, pattern, cost))
 
 
 def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain") -> ScriptCall:

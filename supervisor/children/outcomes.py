@@ -72,6 +72,34 @@ class Outcome:
     delay_ms: int = 0
     counted: bool = False
     group: bool = False
+    # how it ended, for its task's circuit breaker (lua/includes/breaker.lua): the
+    # parent's own observation, "" for an end that is no fault of the task
+    pattern: str = ""
+
+
+#: the longest exception type a pattern keeps: the type's name is the child's word
+PATTERN_TYPE_MAX = 64
+
+
+def exception_pattern(error: dict[str, Any]) -> str:
+    """The breaker's pattern of a handler's exception: its type as the child reported
+    it, which a hostile child chooses; so only the characters of a dotted Python name
+    and at most PATTERN_TYPE_MAX of them (it names only how its own task's jobs end)."""
+    kind = "".join(c for c in str(error.get("type") or "")[:PATTERN_TYPE_MAX]
+                   if c.isascii() and (c.isalnum() or c in "._"))
+    return f"exception:{kind or '?'}"
+
+
+def status_pattern(status: int) -> str:
+    """The breaker's pattern of a child that died without a result: its signal, or its
+    exit code (from waitpid, the kernel's word, not the child's)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return f"signal:{signal.Signals(sig).name}"
+        except ValueError:
+            return f"signal:{sig}"
+    return f"exit:{os.waitstatus_to_exitcode(status)}"
 
 
 def _mib(n: int) -> str:
@@ -93,26 +121,27 @@ def classify(child: RunningChild, status: int) -> Outcome:
                               "reason": "cancelled"})
     if reason == KillReason.TIMEOUT:
         why = f"timeout after {child.kill_detail}"
-        return Outcome(Kind.FAIL, "timeout", reason=why,
+        return Outcome(Kind.FAIL, "timeout", reason=why, pattern="timeout",
                        error={"type": "Timeout", "message": why, "reason": why})
     if reason == KillReason.MEMORY:
         why = f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit {child.kill_detail})"
-        return Outcome(Kind.FAIL, "memory", reason=why,
+        return Outcome(Kind.FAIL, "memory", reason=why, pattern="memory",
                        error={"type": "MemoryLimit", "message": why, "reason": why})
     if reason == KillReason.UNMEASURABLE:
         why = f"memory not measurable: {child.kill_detail}"
-        return Outcome(Kind.FAIL, "memory", reason=why,
+        return Outcome(Kind.FAIL, "memory", reason=why,  # the machine's, not the task's
                        error={"type": "MemoryLimit", "message": why, "reason": why})
     if reason == KillReason.PROCESSES:
         why = f"too many processes ({child.kill_detail}, [sandbox].max_processes)"
-        return Outcome(Kind.FAIL, "failed", reason=why,
+        return Outcome(Kind.FAIL, "failed", reason=why, pattern="processes",
                        error={"type": "ProcessLimit", "message": why, "reason": why})
     if child.reader.overflow:
         why = f"result too large: over {child.spec.max_result_bytes} bytes (max_result_bytes)"
         return Outcome(Kind.FAIL, "failed", mode=FailMode.FATAL, reason=why,
+                       pattern="result_too_large",
                        error={"type": "ResultTooLarge", "message": why, "reason": why})
     if child.reader.violation:  # a hostile or broken child: a crash, retried up to max_crashes
-        return Outcome(Kind.EXPIRE, "crashed",
+        return Outcome(Kind.EXPIRE, "crashed", pattern="malformed",
                        reason=f"sent a malformed message: {child.reader.violation}")
     report = child.report()
     if report is not None and os.WIFEXITED(status):
@@ -135,13 +164,16 @@ def classify(child: RunningChild, status: int) -> Outcome:
             why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
                    f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
             error = {**error, "reason": why}
+            return Outcome(Kind.FAIL, "failed", error=error, reason=why, pattern="memory",
+                           mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
         return Outcome(Kind.FAIL, "failed", error=error, reason=error["reason"],
+                       pattern=exception_pattern(error),
                        mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
     if child.oom == "limit":
         # the kernel enforced the job's limit in its cgroup: the job's fault, as above
         why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
                f"{child.spec.memory_limit / (1 << 20):.0f} MiB; OOM-killed in its cgroup)")
-        return Outcome(Kind.FAIL, "memory", reason=why,
+        return Outcome(Kind.FAIL, "memory", reason=why, pattern="memory",
                        error={"type": "MemoryLimit", "message": why, "reason": why})
     if child.oom == "outside":  # the machine, or an enclosing cgroup, ran out: not the job
         return Outcome(Kind.EXPIRE, "crashed",
@@ -150,4 +182,5 @@ def classify(child: RunningChild, status: int) -> Outcome:
     if (child.spec.cgroup and os.WIFEXITED(status)
             and os.WEXITSTATUS(status) == JOIN_FAILED):
         return Outcome(Kind.RELEASE, "released", reason="could not join its job cgroup")
-    return Outcome(Kind.EXPIRE, "crashed", reason=f"{describe_status(status)} ({peak})")
+    return Outcome(Kind.EXPIRE, "crashed", reason=f"{describe_status(status)} ({peak})",
+                   pattern=status_pattern(status))

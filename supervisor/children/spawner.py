@@ -335,16 +335,7 @@ class Spawner:
             self.retiring.remove(server)
         log.error("fork server %d lost (%s); %d running job(s) die with it", server.pid, exc,
                   len(orphans))
-        deadline = time.monotonic() + ORPHAN_GRACE
-        for child in orphans:
-            if not child.wait_exit(max(0.0, deadline - time.monotonic())):
-                child.signal_group(signal.SIGKILL)
-                child.wait_exit(1.0)
-            if child.pipe_open:
-                child.read_pipe()
-            # its status died with the fork server: a complete report means it finished
-            status = 0 if child.report() is not None else signal.SIGKILL
-            self.on_exit(child, status, 0, f"its fork server was lost ({exc})")
+        end_orphans(orphans, f"its fork server was lost ({exc})", self.on_exit)
         self.strays.sweep()  # what its jobs left, which it could not end
         now = time.monotonic()
         self.losses = [t for t in self.losses if now - t < 60] + [now]
@@ -355,3 +346,18 @@ class Spawner:
             return
         if self.accepting:
             self.start()
+
+
+def end_orphans(orphans: list[RunningChild], cause: str, on_exit: OnExit) -> None:
+    """The children of a lost fork server: each dies with it (its death signal), given
+    ORPHAN_GRACE to finish dying, then killed; each ends with its result if it wrote a
+    whole one before (its exit status died with the fork server), else as a crash."""
+    deadline = time.monotonic() + ORPHAN_GRACE
+    for child in orphans:
+        if not child.wait_exit(max(0.0, deadline - time.monotonic())):
+            child.signal_group(signal.SIGKILL)
+            child.wait_exit(1.0)
+        if child.pipe_open:
+            child.read_pipe()
+        status = 0 if child.report() is not None else signal.SIGKILL
+        on_exit(child, status, 0, cause)

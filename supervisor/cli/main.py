@@ -18,7 +18,7 @@
     forq jobs QUEUE [--state dead] [--task T] [--error REGEX] [--since 1h] [--args-contains S]
               [--requeue|--cancel|--purge|--promote [--yes]] [--json]
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
-    forq pause|resume QUEUE [--json]
+    forq pause|resume QUEUE [--json]   forq resume QUEUE --task T (a tripped task)
     forq config check PATH
     forq usage QUEUE [--group G] [--since 1d] [--json]
     forq top [-q QUEUE] [--once] [--interval 2s] [--json]

@@ -104,8 +104,18 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    """lua/resume.lua: claims again, the supervisors woken over the wake channel."""
-    return _set_paused(args, False)
+    """lua/resume.lua: claims again, the supervisors woken over the wake channel; with
+    --task, lua/resume_task.lua: the task its circuit breaker tripped, jobs put back."""
+    if not args.task:
+        return _set_paused(args, False)
+    queue = queue_named(args.queue, redis_for(args))
+    changed = queue.resume(task=args.task)
+    if args.json:
+        emit({"queue": queue.name, "task": args.task, "tripped": False, "changed": changed})
+    else:
+        print(f"resumed task {args.task} of queue {queue.name}: its parked jobs are pending "
+              "again" if changed else f"task {args.task} of queue {queue.name} was not tripped")
+    return 0
 
 
 def cmd_throttle(args: argparse.Namespace) -> int:
@@ -187,8 +197,12 @@ def register(sub: Any, parents: Parents) -> None:
     p.add_argument("queue")
     p.set_defaults(func=cmd_pause)
     p = sub.add_parser("resume", help="let supervisors claim from a paused queue again",
-                       parents=[parents.inspect, parents.with_config])
+                       parents=[parents.inspect, parents.with_config],
+                       description="With --task: resume a task its circuit breaker tripped "
+                                   "(see `forq stats`), its parked jobs pending again at "
+                                   "their places.")
     p.add_argument("queue")
+    p.add_argument("--task", metavar="TASK", help="the tripped task to resume")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("throttle", help="show, set or lift a queue's (or a group's) throttle",

@@ -62,7 +62,9 @@ def job(job: Job) -> str:
 
     row("task", job.task)
     row("queue", job.queue)
-    row("state", job.state + ("  (cancel requested)" if f.get("cancel_requested") else ""))
+    row("state", job.state + ("  (cancel requested)" if f.get("cancel_requested") else "")
+        + (f"  (parked: task {f['parked']} tripped its circuit breaker)"
+           if f.get("parked") and job.state == "pending" else ""))
     row("attempts", f"{job.attempts}" + (f" of {f['max_attempts']}" if "max_attempts" in f else "")
         + f"    crashes {job.crashes}" + (f" of {f['max_crashes']}" if "max_crashes" in f else "")
         + (f"    snoozes {job.snoozes}" + (f" of {f['max_snoozes']}" if "max_snoozes" in f
@@ -179,6 +181,8 @@ def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
         shown = f"{name} (paused)" if s.get("paused") else name  # forq pause
         if s.get("throttled_for"):  # current().throttle, forq throttle
             shown += f" (throttled {age(s['throttled_for'])})"
+        if s.get("tripped"):  # the circuit breaker per task: see tripped_lines
+            shown += f" (tripped: {', '.join(sorted(s['tripped']))})"
         rows.append((shown, s["pending"], s["scheduled"], s["active"], s["dead"],
                      last.get("succeeded", 0), last.get("failed", 0),
                      age(s.get("oldest_pending_age"))))
@@ -186,7 +190,23 @@ def stats_grid(stats: Mapping[str, Mapping[str, Any]]) -> Grid:
 
 
 def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> str:
-    return table(*stats_grid(stats)) if stats else NO_QUEUES
+    if not stats:
+        return NO_QUEUES
+    return "\n".join([table(*stats_grid(stats)), *tripped_lines(stats)])
+
+
+def tripped_lines(stats: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A line per task its circuit breaker tripped: the pattern, its parked jobs, and
+    when (or how) it resumes."""
+    lines = []
+    for name, s in sorted(stats.items()):
+        for task, why in sorted((s.get("tripped") or {}).items()):
+            resumes = (f"resumes in {age(why['resumes_in'])}" if why.get("resumes_in")
+                       else f"until `forq resume {name} --task {task}`")
+            lines.append(f"tripped: {name} {task}: {why.get('jobs', '?')} jobs ended "
+                         f"{why.get('pattern', '?')} ({why.get('ends', '?')} of "
+                         f"{why.get('of', '?')} ends); {why.get('parked', 0)} parked, {resumes}")
+    return lines
 
 
 # -- forq dead ---------------------------------------------------------------------

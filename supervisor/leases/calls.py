@@ -103,13 +103,14 @@ class LeaseCalls:
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
              client: Any = None, delay_ms: int = 0, counted: bool = False,
-             cost: str = "") -> Any:
+             pattern: str = "", cost: str = "") -> Any:
         """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua); mode
-        "snooze": the handler's own retry after `delay_ms`, an attempt if `counted`;
-        `cost`: the run's (lua/includes/cost.lua)."""
+        "snooze": the handler's own retry after `delay_ms`, an attempt if `counted`.
+        `pattern`: how it ended, for its task's circuit breaker; `cost`: the run's
+        (lua/includes/cost.lua)."""
         reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode,
-                                              delay_ms=delay_ms, counted=counted, cost=cost),
-                                 client)
+                                              delay_ms=delay_ms, counted=counted,
+                                              pattern=pattern, cost=cost), client)
         return client if client is not None else tr.parse_fail(reply)
 
     parse_fail = staticmethod(tr.parse_fail)
@@ -125,9 +126,11 @@ class LeaseCalls:
     parse_throttle = staticmethod(control.parse_throttle)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None,
-               cost: str = "") -> Any:
-        """Report a crashed child: the lease expires now ("ok"), or "lost"."""
-        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason, cost), client)
+               pattern: str = "", cost: str = "") -> Any:
+        """Report a crashed child: the lease expires now ("ok"), or "lost"; `pattern`:
+        how it crashed, for its task's circuit breaker; `cost`: the run's."""
+        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason, pattern,
+                                                cost), client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
     def set_output(self, job_id: str, token: str, output: str, client: Any = None,
@@ -179,6 +182,15 @@ class LeaseCalls:
         return client if client is not None else tr.parse_reclaim(reply)
 
     parse_reclaim = staticmethod(tr.parse_reclaim)
+
+    def resume_tasks(self, client: Any = None) -> Any:
+        """The cool-down pass of the circuit breakers (lua/resume_task.lua): untrip the
+        tasks whose cool-down passed, put parked jobs of untripped tasks back. Returns a
+        `TaskResumed`; with a pipeline, queues the call."""
+        reply = self.scripts.run(control.resume_task_call(self.keys), client)
+        return client if client is not None else control.parse_resume_task(reply)
+
+    parse_resume_tasks = staticmethod(control.parse_resume_task)
 
     def sweep_expired(self, sweeper: str, limit: int = tr.SWEEP_BATCH,
                       client: Any = None) -> Any:

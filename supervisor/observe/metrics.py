@@ -15,8 +15,7 @@ change them too); they are read from Redis at scrape time through the
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,7 +25,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+
+from forq.supervisor.observe.depths import DEPTH_STATES, DepthCollector, DepthReader
 
 from forq.supervisor.observe.metrics_cost import CostMetrics
 
@@ -64,9 +64,6 @@ OUTCOMES: frozenset[str] = frozenset(
     }
 )
 
-#: The states ``forq_queue_jobs`` reports, in exposition order.
-DEPTH_STATES: tuple[str, ...] = ("pending", "scheduled", "active", "dead")
-
 #: Job run time: from a few ms (fork + trivial handler) to an hour.
 DURATION_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -83,80 +80,6 @@ WAIT_BUCKETS: tuple[float, ...] = (
 _MIB = 1024 * 1024
 #: Peak RSS of a child's process tree: powers of two from 1 MiB to 4 GiB.
 RSS_BUCKETS: tuple[float, ...] = tuple(float(_MIB * 2**i) for i in range(13))
-
-#: ``depth_reader() -> {queue: {state: count}}``; see :class:`Metrics`.
-DepthReader = Callable[[], Mapping[str, Mapping[str, int]]]
-
-
-class _DepthCollector:
-    """Custom collector producing ``forq_queue_jobs{queue,state}`` at scrape time.
-
-    Why a collector rather than a Gauge refreshed on a timer: depths are
-    only interesting when someone looks, and reading them at scrape time
-    costs one pipelined Redis round trip per scrape instead of one per tick.
-    A failing reader must never fail the scrape (that would hide all the
-    other metrics exactly when Redis is in trouble), so errors drop the
-    depth samples and count ``forq_redis_errors_total{op="scrape"}``.
-    """
-
-    def __init__(
-        self,
-        reader: DepthReader | None,
-        on_error: Callable[[], None],
-        cache_seconds: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.reader = reader
-        self._on_error = on_error
-        self._cache_seconds = cache_seconds
-        self._clock = clock
-        self._cached: list[tuple[str, str, float]] | None = None
-        self._cached_at = 0.0
-
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "forq_queue_jobs",
-            "Jobs per queue and state, read from Redis at scrape time.",
-            labels=["queue", "state"],
-        )
-
-    def describe(self) -> Iterable[Metric]:
-        # Declares the name so the registry rejects a clashing collector,
-        # without calling the reader at registration time.
-        return [self._family()]
-
-    def _read(self) -> list[tuple[str, str, float]] | None:
-        now = self._clock()
-        if self._cached is not None and now - self._cached_at < self._cache_seconds:
-            return self._cached
-        if self.reader is None:
-            return None
-        try:
-            depths = self.reader()
-            samples: list[tuple[str, str, float]] = []
-            for queue in sorted(depths):
-                states = depths[queue]
-                ordered = [s for s in DEPTH_STATES if s in states]
-                ordered += sorted(s for s in states if s not in DEPTH_STATES)
-                for state in ordered:
-                    samples.append((str(queue), str(state), float(states[state])))
-        except Exception:  # a scrape must survive any reader failure
-            log.debug("depth_reader failed; skipping forq_queue_jobs", exc_info=True)
-            self._on_error()
-            self._cached = None
-            return None
-        self._cached = samples
-        self._cached_at = now
-        return samples
-
-    def collect(self) -> Iterable[Metric]:
-        family = self._family()
-        samples = self._read()
-        if samples:
-            for queue, state, value in samples:
-                family.add_metric([queue, state], value)
-        yield family
-
 
 class Metrics:
     """All supervisor metrics, in one private registry.
@@ -194,7 +117,7 @@ class Metrics:
 
         # Registered first so that a reader failure is already counted in
         # forq_redis_errors_total within the same scrape.
-        self._depth = _DepthCollector(
+        self._depth = DepthCollector(
             depth_reader, lambda: self.redis_error("scrape"), depth_cache_seconds
         )
         r.register(self._depth)
@@ -287,6 +210,15 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        # set by the depth reader at each scrape (before this gauge is collected)
+        self.task_tripped = Gauge(
+            "forq_task_tripped",
+            "1 while a task's circuit breaker has it tripped: its jobs parked on every "
+            "supervisor until `forq resume QUEUE --task T` or its cool-down.",
+            ["queue", "task"],
+            registry=r,
+        )
+        self._tripped: dict[str, set[str]] = {}
         self.info = Gauge(
             "forq_supervisor_info",
             "Always 1; labels identify the supervisor config and forq version.",
@@ -385,6 +317,15 @@ class Metrics:
         child = self.reclaimed_jobs.labels(queue=queue)
         if n > 0:
             child.inc(n)
+
+    def set_tripped(self, queue: str, tasks: Iterable[str]) -> None:
+        """The queue's tripped tasks now: 1 each, the series of those resumed removed."""
+        now = set(tasks)
+        for task in self._tripped.get(queue, set()) - now:
+            self.task_tripped.remove(queue, task)
+        for task in now:
+            self.task_tripped.labels(queue=queue, task=task).set(1)
+        self._tripped[queue] = now
 
     def redis_error(self, op: str) -> None:
         """A Redis call for operation ``op`` failed (claim, extend, ack, reclaim, scrape, ...)."""

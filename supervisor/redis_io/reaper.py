@@ -19,6 +19,7 @@ import redis
 
 from forq import Queue
 from forq.defaults import MAX_CRASHES
+from forq.store.plans import trip_reason
 from forq.supervisor.leases.calls import LeaseCalls, leasing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.health import RedisHealth
@@ -29,6 +30,13 @@ from forq.supervisor.redis_io.shards import execute_by_shard
 log = logging.getLogger("forq.supervisor")
 
 
+def describe_trip(raw: str) -> str:
+    """A trip's reason (lua/includes/breaker.lua), for the log."""
+    why = trip_reason(raw, 0, 0)
+    return (f"{why.get('jobs', '?')} jobs ended {why.get('pattern', '?')} "
+            f"({why.get('ends', '?')} of its {why.get('of', '?')} ends)")
+
+
 class Reaper:
     def __init__(self, owner: str, queue_for: Callable[[str], Queue], metrics: Metrics,
                  on_reclaimed: Callable[[], None]) -> None:
@@ -37,6 +45,7 @@ class Reaper:
         self.metrics = metrics
         self.on_reclaimed = on_reclaimed  # jobs went back to pending: claim
         self.max_crashes: dict[str, int] = {}  # each queue's default, for jobs without one
+        self.tripped: dict[str, set[str]] = {}  # each queue's tripped tasks at the last pass
 
     def send(self, pipe: Any, names: list[str]) -> None:
         for name in names:
@@ -69,6 +78,8 @@ class Reaper:
         pipe = client.pipeline(transaction=False)
         self.send(pipe, names)
         self.send_sweeps(pipe, names)
+        for name in names:  # the circuit breakers' cool-downs: two reads when none tripped
+            leasing(self.queue_for(name)).resume_tasks(client=pipe)
         relay.send(pipe, names)
         try:
             sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
@@ -87,10 +98,27 @@ class Reaper:
             self.answered(name, reply, say=True)
         for name, reply in zip(names, replies[n:2 * n], strict=True):
             self.swept(name, reply)
+        for name, reply in zip(names, replies[2 * n:3 * n], strict=True):
+            self.resumed(name, reply)
         try:
-            relay.deliver(client, names, replies[2 * n:])
+            relay.deliver(client, names, replies[3 * n:])
         except (redis.RedisError, OSError) as exc:
             health.failed("relay", exc)
+
+    def resumed(self, name: str, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            return
+        done = LeaseCalls.parse_resume_tasks(reply)
+        for task in sorted(set(done.tripped) - self.tripped.get(name, set())):
+            log.warning("task %s of %s tripped its circuit breaker: %s; its jobs are parked "
+                        "until `forq resume %s --task %s` or its cool-down", task, name,
+                        describe_trip(done.tripped[task]), name, task)
+        self.tripped[name] = set(done.tripped)
+        if done.untripped:
+            log.warning("%d task(s) of %s resumed after their circuit breaker's cool-down",
+                        done.untripped, name)
+        if done.moved:
+            self.on_reclaimed()  # jobs back in pending: claim
 
     def answered(self, name: str, reply: Any, say: bool = False) -> None:
         if isinstance(reply, Exception):

@@ -182,12 +182,14 @@ class Reporter:
                 self._acks.setdefault(child.queue, []).append((item, ack))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
-                   delay_ms=outcome.delay_ms, counted=outcome.counted, cost=self.cost(child))
+                   delay_ms=outcome.delay_ms, counted=outcome.counted, pattern=outcome.pattern,
+                   cost=self.cost(child))
         elif outcome.kind is Kind.THROTTLE:
             q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
                        client=pipe)
         elif outcome.kind is Kind.EXPIRE:
-            q.expire(job_id, token, outcome.reason, client=pipe, cost=self.cost(child))
+            q.expire(job_id, token, outcome.reason, client=pipe, pattern=outcome.pattern,
+                     cost=self.cost(child))
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
 
