@@ -7,7 +7,8 @@ Two parts, each on one private Redis, the variants alternating which goes first:
 
 * **Scripts**: the end transitions that carry the cost — ack (one job a call, and 16 a
   call as a busy supervisor batches them), fail, expire — as they were before the
-  metering (read from git: the parent of the commit that added lua/includes/cost.lua),
+  metering (read from git: the parent of the commit that added lua/includes/cost.lua,
+  which also predates the circuit breaker's count, one command: compare off with on),
   as they are with an empty cost (`[supervisor].job_cost = false`), and with a cost (the
   record's field and the hourly per-group totals; ten groups). Redis's µs per job (INFO
   commandstats: EVALSHA's usec, the commands inside included) and the commands Redis

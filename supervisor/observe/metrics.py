@@ -27,7 +27,6 @@ from prometheus_client import (
 )
 
 from forq.supervisor.observe.depths import DEPTH_STATES, DepthCollector, DepthReader
-
 from forq.supervisor.observe.metrics_cost import CostMetrics
 
 __all__ = [
