@@ -48,3 +48,16 @@ def sleep_stamp(seconds: float = 0.0) -> float:
     if seconds > 0:
         time.sleep(seconds)
     return now
+
+
+@task("bench.hold_memory")
+def hold_memory(mib: int, seconds: float = 0.0) -> float:
+    """Allocate `mib` MiB and touch every page (so it is resident, not just reserved),
+    hold it `seconds`, free it: a job of a known memory size (bench.memory_budget)."""
+    now = time.time()
+    buf = bytearray(mib << 20)
+    buf[::4096] = b"\x01" * len(range(0, len(buf), 4096))
+    if seconds > 0:
+        time.sleep(seconds)
+    del buf
+    return now

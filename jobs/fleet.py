@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from forq.store.keys import SUPERVISORS
+from forq.store.keys import SUPERVISORS, QueueKeys
 
 STALE_AFTER = 10.0  # seconds without a heartbeat: not alive
 FORGET_AFTER = 3600.0  # seconds: drop the record entirely
@@ -99,3 +99,64 @@ def schedule_rows(client: redis.Redis, now: float | None = None,
 
     found: list[dict[str, Any]] = run_plan(client, Scripts(client), rows(defs))
     return found
+
+
+def memory_admission(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                               list[dict[str, Any]]]:
+    """What live supervisors' heartbeats say of admission by memory (`memory_budget`):
+    (budgets: name, budget, used, waiting jobs, for each supervisor with one;
+    refused: each job a supervisor refused as over its whole budget, with `refused_by`
+    and `over_every`: its limit is over the budget of every live supervisor serving its
+    queue, so none will run it as configured). Any Redis writer could have written a
+    record: what is not of the expected type is skipped."""
+    def size(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    serving: dict[str, list[int | None]] = {}  # queue -> budgets of its live supervisors
+    budgets: list[dict[str, Any]] = []
+    refused: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        name = str(r.get("name") or r.get("id") or "?")[:CODE_MAX]
+        budget = size(r.get("memory_budget"))
+        for queue in r.get("queues") or []:
+            if isinstance(queue, str):
+                serving.setdefault(queue, []).append(budget)
+        if budget is None:
+            continue
+        waiting = [w for w in r.get("memory_waiting") or [] if isinstance(w, list) and len(w) == 4]
+        budgets.append({"name": name, "budget": budget, "used": size(r.get("memory_used")) or 0,
+                        "waiting": len(waiting),
+                        "longest_wait": max((float(w[3]) for w in waiting
+                                             if isinstance(w[3], (int, float))), default=0.0),
+                        "refused_total": size(r.get("memory_refused_total")) or 0})
+        for entry in r.get("memory_refused") or []:
+            if not isinstance(entry, dict):
+                continue
+            job_id, queue, limit = entry.get("id"), entry.get("queue"), size(entry.get("limit"))
+            if not isinstance(job_id, str) or not isinstance(queue, str) or limit is None:
+                continue
+            job = refused.setdefault((queue, job_id), {
+                "id": job_id[:CODE_MAX], "queue": queue[:CODE_MAX],
+                "task": str(entry.get("task", ""))[:CODE_MAX], "limit": limit,
+                "refused_by": []})
+            job["refused_by"].append(name)
+    for job in refused.values():
+        job["over_every"] = all(b is not None and b < job["limit"]
+                                for b in serving.get(job["queue"], []))
+    return budgets, list(refused.values())
+
+
+def memory_view(client: redis.Redis, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`memory_admission` for a reader (`forq stats`, `forq supervisors`, the dashboard):
+    the budgets by supervisor name, and the refused jobs that have not run since (still
+    scheduled, pending or active), read in one round trip."""
+    budgets, refused = memory_admission(records)
+    if refused:
+        pipe = client.pipeline(transaction=False)
+        for job in refused:
+            pipe.hget(QueueKeys(job["queue"]).job(job["id"]), "state")
+        states = pipe.execute()
+        refused = [job for job, state in zip(refused, states, strict=True)
+                   if state in ("scheduled", "pending", "active", b"scheduled", b"pending",
+                                b"active")]
+    return {"budgets": {b["name"]: b for b in budgets}, "refused": refused}

@@ -168,7 +168,8 @@ class Supervisor:
             self.reaper.max_crashes[qc.name] = int(policy["defaults"].get("max_crashes",
                                                                            MAX_CRASHES))
             self.metrics.declare_queue(qc.name, qc.concurrency)
-        self.children.configure(config.queues)
+        self.children.configure(config.queues, config.memory_budget,
+                                config.memory_reserve_after)
 
     def served(self) -> list[str]:
         return [qc.name for qc in self.config.queues]

@@ -138,6 +138,19 @@ def wait_file(path: str, timeout: float = 30.0):
     return path
 
 
+@task("tests.gated")
+def gated(log: str, gate: str, timeout: float = 30.0):
+    """Append "ID start" to `log`, run until `gate` exists, append "ID end": the test sees
+    which jobs ran at the same time, and decides when each ends."""
+    with open(log, "a") as f:
+        f.write(f"{current().id} start\n")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with open(log, "a") as f:
+        f.write(f"{current().id} end\n")
+
+
 # -- the circuit breaker's (tests/test_breaker.py) ---------------------------------------
 
 

@@ -292,6 +292,28 @@ def test_sigkilled_supervisor_job_reclaimed_by_peer(tmp_path, redis_url, r, queu
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.timeout(90)
+def test_a_drain_whose_last_job_lost_its_lease_ends_at_once(tmp_path, redis_url, r, queue,
+                                                            supervisors):
+    """The last child of a drain is fenced (its lease taken elsewhere): its report has
+    nothing to send (the result is dropped), and the supervisor exits then, not at the
+    end of its drain timeout plus the reports' grace. No memory sample is taken (an hour
+    apart), so the report carries no memory trail to send either."""
+    cfg = config(tmp_path, redis_url, {queue.name: 1}, drain_timeout="30s",
+                 memory_sample_interval="1h")
+    (sup,) = supervisors(cfg)
+    touch = tmp_path / "touch"
+    job_id, child = start_touch(queue, touch, 60)
+    sup.signal(signal.SIGTERM)
+    wait_log(sup, r"SIGTERM: draining 1 running job")
+    sent = time.monotonic()
+    r.hset(f"forq:{{{queue.name}}}:job:{job_id}", "token", "taken-elsewhere")
+    wait_log(sup, r"lease lost, killing its child", timeout=15)
+    assert wait_exit(sup, timeout=15) == 0
+    assert time.monotonic() - sent < 15  # not 30 s of drain, nor 15 more of grace
+    assert gone(child)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_drain_lets_running_job_finish_and_claims_nothing(tmp_path, redis_url, r, queue,
                                                           supervisors, sig):

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import redis
 
 from forq import Queue, known_queues
-from forq.fleet import CHILD_FIELDS, USAGE_FIELDS, live_supervisors, schedule_rows
+from forq.fleet import CHILD_FIELDS, USAGE_FIELDS, live_supervisors, memory_view, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
 from forq.store.plans import trip_reason
@@ -130,7 +130,9 @@ def overview(client: redis.Redis) -> dict[str, Any]:
             if enqueued:
                 since = max(_int(enqueued), _int(run_at))
                 queues[index]["oldest_pending_age"] = max(0.0, (now_ms - since) / 1000)
-    return {"now_ms": now_ms, "queues": queues, "supervisors": live_supervisors(client)}
+    supervisors = live_supervisors(client)
+    return {"now_ms": now_ms, "queues": queues, "supervisors": supervisors,
+            "memory": memory_view(client, supervisors)}
 
 
 # -- running now ------------------------------------------------------------------------

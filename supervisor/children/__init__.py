@@ -4,6 +4,7 @@
 | --- | --- |
 | `table` | `Children`: the running children and the slots per queue |
 | `running` | `Running`: the parent's view of one child (lease, limits, pipe, group) |
+| `budget` | `MemoryBudget`: admission by memory, `[supervisor] memory_budget` |
 | `launch` | `Launcher`: what a leased job's child needs, decided before the fork |
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
 | `strays` | `Strays`: the supervisor as the last subreaper: what jobs left behind ends |

@@ -6,7 +6,8 @@
 its end and hands an `Outcome` to `on_report`. A job whose task no handler module
 registers is never forked: it is reported dead at once. A job leased while its queue's
 slots are full (its `prefetch`) waits in `held` and starts when a child of that queue
-ends (`supervisor/leases/held.py`).
+ends (`supervisor/leases/held.py`). With a `memory_budget`, a job also waits, held,
+until its memory limit fits beside the running children's (`MemoryBudget`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from forq.queue import Lease
+from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal_delay
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.outcomes import FailMode, Kind, Outcome, classify
 from forq.supervisor.children.running import KillReason, RunningChild
@@ -59,6 +61,7 @@ class Children:
         self.police = LimitPolice(self.kill_after_grace)
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
         self.short_jobs = ShortJobs()  # queues with prefetch = "auto": are their jobs short
+        self.budget = MemoryBudget()  # [supervisor] memory_budget: admission by memory
 
     def __len__(self) -> int:
         return len(self.by_job)
@@ -69,14 +72,26 @@ class Children:
     def get(self, job_id: str) -> RunningChild | None:
         return self.by_job.get(job_id)
 
-    def configure(self, queues: Iterable[QueueConfig]) -> None:
-        """At start and on reload: each queue's slots. Held jobs beyond a queue's new
-        prefetch (all of a queue no longer served) are given back now."""
+    def configure(self, queues: Iterable[QueueConfig], memory_budget: int | None = None,
+                  reserve_after: float = RESERVE_AFTER) -> None:
+        """At start and on reload: each queue's slots and the memory budget. Held jobs
+        beyond a queue's new prefetch and free slots (all of a queue no longer served)
+        are given back now."""
         queues = list(queues)
         self.slots = {qc.name: (qc.concurrency, AUTO_PREFETCH if qc.prefetch == "auto"
                                 else int(qc.prefetch)) for qc in queues}
         self.short_jobs.configure(qc.name for qc in queues if qc.prefetch == "auto")
-        for queue, lease in self.held.trim(lambda q: self.slots.get(q, (0, 0))[1]):
+        self.budget.configure(memory_budget, reserve_after)
+        # a lower budget: a held job over it would wait for room forever
+        over = [lease.job.id for lease in self.held.every() if self.budget.over(self._cost(lease))]
+        for queue, lease in self.held.take(over):
+            self._refuse(queue, lease)
+
+        def allowed(q: str) -> int:
+            concurrency, prefetch = self.slots.get(q, (0, 0))
+            return prefetch + max(0, concurrency - self.running[q])
+
+        for queue, lease in self.held.trim(allowed):
             self._give_back(queue, lease, "prefetch lowered or queue no longer served")
         for queue in self.slots:
             self._start_held(queue)  # a reload that added slots: held jobs take them first
@@ -85,10 +100,25 @@ class Children:
             self.metrics.set_held(queue, self.held.count(queue))
 
     def free(self, queue: str) -> int:
-        """How many jobs to claim for the queue: free slots, plus the prefetch not held."""
+        """How many jobs to claim for the queue: free slots, plus the prefetch not held,
+        as far as the memory budget has room. Jobs held for memory (up to one per slot)
+        take no slot: the smaller jobs behind them still run."""
         concurrency, prefetch = self.slots[queue]
         prefetch = self.short_jobs.prefetch(queue, prefetch)
-        return max(0, concurrency + prefetch - self.running[queue] - self.held.count(queue))
+        held = self.held.count(queue) - min(self.budget.waiters(queue), concurrency)
+        free = max(0, concurrency + prefetch - self.running[queue] - held)
+        if free == 0 or self.budget.budget is None:
+            return free
+        held_cost = sum(self._cost(lease) for lease in self.held.every()
+                        if lease.job.id not in self.budget.waiting)
+        room = self.budget.claimable(queue, held_cost, time.monotonic())
+        return free if room is None else min(free, room)
+
+    def _cost(self, lease: Lease) -> int:
+        return self.budget.cost(int(lease.job.fields.get("memory_limit") or 0), lease.job.task)
+
+    def _fits(self, queue: str, lease: Lease) -> bool:
+        return self.budget.admits(lease.job.id, queue, self._cost(lease), time.monotonic())
 
     def start(self, queue: str, lease: Lease, sent_at: float) -> None:
         """A job just leased by a claim sent at `sent_at`: its child now, or held for the
@@ -96,7 +126,10 @@ class Children:
         if queue not in self.slots:  # not served since a reload: nothing would start it
             self._give_back(queue, lease, "queue no longer served")
             return
-        if self.running[queue] >= self.slots[queue][0]:
+        if self.budget.over(self._cost(lease)):
+            self._refuse(queue, lease)
+            return
+        if self.running[queue] >= self.slots[queue][0] or not self._fits(queue, lease):
             self.held.hold(queue, lease, sent_at)
             return
         self._start(queue, lease, sent_at)
@@ -104,7 +137,7 @@ class Children:
     def _start_held(self, queue: str) -> None:
         concurrency, _ = self.slots.get(queue, (0, 0))
         while self.running[queue] < concurrency:
-            lease = self.held.next(queue)
+            lease = self.held.next(queue, lambda held: self._fits(queue, held))
             if lease is None:
                 return
             sent_at = self.held.proven_since(lease)
@@ -120,7 +153,20 @@ class Children:
                  extra={"job": lease.job.id, "task": lease.job.task, "event": "released"})
         self._never_started(queue, lease, Outcome(Kind.RELEASE, "released", reason=why))
 
+    def _refuse(self, queue: str, lease: Lease) -> None:
+        """A job whose memory limit is over the whole budget: snoozed (no attempt),
+        longer each time, so a supervisor with room takes it; never started here."""
+        job = lease.job
+        why = self.budget.refuse(job.id, queue, job.task, self._cost(lease), time.monotonic())
+        log.warning("job %s %s: %s; snoozed", job.id, job.task, why,
+                    extra={"job": job.id, "task": job.task, "event": "over_memory_budget"})
+        self._never_started(queue, lease, Outcome(
+            Kind.FAIL, "snoozed", mode=FailMode.SNOOZE, reason=why,
+            delay_ms=refusal_delay(job.snoozes), counted=False,
+            error={"type": "OverMemoryBudget", "reason": why, "message": why}))
+
     def _never_started(self, queue: str, lease: Lease, outcome: Outcome) -> None:
+        self.budget.forget(lease.job.id)
         never = RunningChild(lease, self.launcher.spec(queue, lease), 0, -1, -1,
                              time.monotonic(), 0)
         self.on_report(Pending(never, outcome, lease.token))
@@ -138,6 +184,7 @@ class Children:
         for _queue, lease in self.held.take(job_ids):
             log.warning("job %s %s: held lease lost; not started", lease.job.id,
                         lease.job.task)
+            self.budget.forget(lease.job.id)
             self.leases.remove(lease.job.id)
 
     def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
@@ -172,6 +219,7 @@ class Children:
         child.claimed = sent_at
         self.by_job[job.id] = child
         self.running[queue] += 1
+        self.budget.started(job.id, int(f.get("memory_limit") or 0))
         self.leases.add(queue, job.id, lease.token, sent_at)
         self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
         if child.output >= 0:
@@ -235,6 +283,7 @@ class Children:
         child.pipe, child.pipe_open = -1, False  # a step answered later is not written
         self.by_job.pop(child.job_id, None)
         self.running[child.queue] -= 1
+        self.budget.ended(child.job_id)
         self.metrics.set_children(child.queue, self.running[child.queue])
         self.short_jobs.ended(child.queue, time.monotonic() - child.started)
         token = self.leases.token(child.job_id) or child.lease.token
@@ -248,8 +297,12 @@ class Children:
         if outcome.kind is Kind.RELEASE and child.kill_reason is None:
             # a release the child caused itself: it could not join its cgroup
             self.launcher.child_could_not_join(child.job_id, child.spec.cgroup)
-        # the slot's next job first: its fork overlaps this report's round trip
+        # the slot's next job first: its fork overlaps this report's round trip; the
+        # memory it freed may start a job held in another queue
         self._start_held(child.queue)
+        if self.budget.budget is not None:
+            for queue in self.slots:
+                self._start_held(queue)
         self.on_report(Pending(child, outcome, token))
         self.on_change()
 

@@ -1,12 +1,11 @@
 """Human-readable views of jobs, queues, supervisors and schedules for the CLI.
 
-Pure functions: data in, text out (no Redis, no printing), so the CLI decides
-where things go and the tests can check the text without a server. Each table is a
-`Grid` (header and rows of cells) first: `table` lays it out as plain text (a pipe,
-a file, a script), `forq.supervisor.cli.terminal` as a rich table on a terminal. Times in
-job records are Redis-clock milliseconds; history entries and heartbeats are
-seconds. Everything is shown in the local time zone unless a schedule names
-its own.
+Pure functions: data in, text out (no Redis, no printing), so the CLI decides where
+things go and the tests can check the text without a server. Each table is a `Grid`
+(header and rows of cells) first: `table` lays it out as plain text (a pipe, a file, a
+script), `forq.supervisor.cli.terminal` as a rich table on a terminal. Times in job
+records are Redis-clock milliseconds; history entries and heartbeats are seconds.
+Everything is shown in the local time zone unless a schedule names its own.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 
 from forq import Job
 from forq.fleet import code_status
+from forq.supervisor.cli.usage.lines import cost_rows
 from forq.units import age, format_size, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
@@ -102,8 +102,7 @@ def job(job: Job) -> str:
         row("code", clip(printable(f["code"]), 80) or "? (no fork server: not known)")
     if f.get("finished_at"):
         row("finished", when_ms(f.get("finished_at")))
-    if job.cost is not None:  # its last run's
-        row("cost", cost_line(job.cost))
+    lines.extend(cost_rows(job))  # its last run's, if it has one
     if job.state == "succeeded" or f.get("result") not in (None, ""):
         row("result", _compact(job.result))
     if job.reason:
@@ -155,16 +154,6 @@ def job(job: Job) -> str:
         detail = " ".join(f"{k}={_compact(v)}" for k, v in entry.items() if k not in ("event", "at"))
         lines.append(f"    {when(at)}  {offset:>8}  {entry.get('event', '?'):<16} {detail}".rstrip())
     return "\n".join(lines)
-
-
-def cost_line(cost: Mapping[str, int | None]) -> str:
-    """A run's cost (`Job.cost`) on one line."""
-    user, system = (cost["cpu_user_ms"] or 0) / 1000, (cost["cpu_system_ms"] or 0) / 1000
-    latency = cost["start_latency_ms"]
-    return (f"cpu {user + system:.3f}s (user {user:.3f}s, system {system:.3f}s)    "
-            f"peak memory {format_size(cost['peak_memory'] or 0)}    "
-            f"wall {(cost['wall_ms'] or 0) / 1000:.3f}s"
-            + (f"    start latency {latency} ms" if latency is not None else ""))
 
 
 # -- forq stats ---------------------------------------------------------------------
@@ -305,6 +294,27 @@ def supervisor_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
             about = f" (module {printable(module)})" if module and module not in error else ""
             lines.append(f"{name}: reload refused at {at}{about}: {error}; still serving "
                          f"code {clip(printable(status['code']), CODE_WIDTH) or '?'}")
+    return lines
+
+
+def memory_notes(budgets: Sequence[Mapping[str, Any]],
+                 refused: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Admission by memory (`forq.fleet.memory_admission`): a line per supervisor with a
+    `memory_budget`, and per job refused as over a whole budget, still waiting."""
+    mib = 1 << 20
+    lines = []
+    for b in budgets:
+        line = (f"memory: {printable(b['name'])}: {b['used'] // mib} of {b['budget'] // mib} "
+                f"MiB budget in use")
+        if b["waiting"]:
+            line += f"; {b['waiting']} job(s) waiting for room (longest {age(b['longest_wait'])})"
+        lines.append(line)
+    for job in refused:
+        where = ("over the memory budget of every live supervisor serving its queue: none "
+                 "will run it" if job["over_every"] else
+                 "over the memory budget of " + ", ".join(printable(n) for n in job["refused_by"]))
+        lines.append(f"memory: job {printable(job['id'])} ({printable(job['queue'])}, "
+                     f"{printable(job['task'])}) memory_limit {job['limit'] // mib} MiB: {where}")
     return lines
 
 

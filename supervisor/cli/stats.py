@@ -44,6 +44,16 @@ def _warn_eviction(client: redis.Redis) -> None:
               "it fills up; set maxmemory-policy noeviction", file=sys.stderr)
 
 
+def _memory_notes(client: redis.Redis, only: str | None) -> list[str]:
+    """Admission by memory, from the live supervisors' heartbeats: their budgets, and
+    the jobs refused as over a whole budget that have not run since."""
+    from forq.fleet import live_supervisors, memory_view
+
+    view = memory_view(client, live_supervisors(client))
+    return render.memory_notes(list(view["budgets"].values()), [
+        job for job in view["refused"] if only is None or job["queue"] == only])
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     client = redis_for(args)
     if args.queue:
@@ -54,6 +64,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             emit(stats)
         else:
             terminal.show(render.stats_grid(stats) if stats else None, render.stats_table(stats))
+            for line in _memory_notes(client, args.queue):
+                print(line)
         _warn_eviction(client)
         return 0
     interval = duration_arg(args.interval, "--interval", positive=True)
@@ -92,15 +104,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_workers(args: argparse.Namespace) -> int:
     from forq.fleet import live_supervisors
 
-    records = live_supervisors(redis_for(args))
+    client = redis_for(args)
+    records = live_supervisors(client)
     if args.json:
         emit(records)
         return 0
     if not records or not terminal.interactive():
         print(render.workers_table(records))
-        return 0
-    terminal.show(render.workers_grid(records), "")
-    for line in render.supervisor_notes(records):
+    else:
+        terminal.show(render.workers_grid(records), "")
+        for line in render.supervisor_notes(records):
+            print(line)
+    for line in _memory_notes(client, None):  # budgets, and jobs over every one
         print(line)
     return 0
 

@@ -8,18 +8,16 @@ misspelt ``lease_tll`` silently falling back to a default only shows up in produ
 
 Choices worth knowing (also in ``etc/forq.toml``):
 
-* Durations and sizes use :mod:`forq.units` ("15s", "256MiB"); bare
-  numbers are seconds / bytes.
-* ``memory_limit = 0`` means no memory limit; ``address_space_factor = 0``
-  disables the RLIMIT_AS backstop.
+* Durations and sizes use :mod:`forq.units` ("15s", "256MiB"); bare numbers are
+  seconds / bytes. ``memory_limit = 0``: no limit; ``address_space_factor = 0``: no
+  RLIMIT_AS backstop; ``memory_budget`` unset: no admission by memory.
 * Secrets never live in the TOML: a password inside ``[redis].url`` is refused; use
   ``password_file`` (relative to the config file) or ``FORQ_REDIS_PASSWORD``.
   ``FORQ_REDIS_URL`` and ``FORQ_REDIS_PASSWORD`` win when set to a non-empty value;
   when the password comes from the environment the file is not read.
-* ``Config.job_policy(queue)`` for a queue this supervisor does not serve
-  returns ``[defaults]`` plus task overrides (no queue overrides apply).
-* ``imports`` are only checked to be module names here; they are imported
-  by the supervisor, not by ``forq config check``.
+* ``Config.job_policy(queue)`` for a queue this supervisor does not serve returns
+  ``[defaults]`` plus task overrides (no queue overrides apply).
+* ``imports`` are only checked to be module names here; the supervisor imports them.
 
 Every key is one row (`schema.Key`): the fields of `Config` declared with `key()` are
 the rows of [supervisor], [redis] and [metrics]; the other tables have modules of their
@@ -58,18 +56,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-__all__ = [
-    "Config",
-    "ConfigError",
-    "MAX_PREFETCH",
-    "QueueConfig",
-    "PROTECTIONS",
-    "SandboxConfig",
-    "ScheduleConfig",
-    "TABLES",
-    "check_config_main",
-    "load_config",
-]
+__all__ = ["Config", "ConfigError", "MAX_PREFETCH", "QueueConfig", "PROTECTIONS",
+           "SandboxConfig", "ScheduleConfig", "TABLES", "check_config_main", "load_config"]
 
 DEFAULT_REDIS_URL = config_redis.DEFAULT_REDIS_URL
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -109,10 +97,6 @@ def _address_space_factor(value: object, where: str) -> float:
 
 def _host_and_pid() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# --------------------------------------------------------------------------
-# Public data
 
 
 @dataclass(frozen=True)
@@ -182,6 +166,15 @@ class Config:
     huge_pages: bool = key(
         True, read.BOOLEAN,
         "The fork server's memory on transparent huge pages where the kernel offers them.",
+        scope=SUPERVISOR)
+    # admission by memory (supervisor/children/budget.py)
+    memory_budget: int | None = key(
+        None, read.sizes(minimum=1 << 20),
+        "Start jobs only while the running ones' `memory_limit`s and theirs fit in this (none: off).",
+        scope=SUPERVISOR, shown="none")
+    memory_reserve_after: float = key(
+        "10s", read.durations(),
+        "A job waiting this long for room reserves it: smaller jobs stop passing it.",
         scope=SUPERVISOR)
     job_cost: bool = key(  # supervisor/children/cost.py, lua/includes/cost.lua
         True, read.BOOLEAN,
@@ -297,13 +290,17 @@ def _table(doc: Mapping[str, Any], title: str, rows: tuple[schema.Key, ...]) -> 
     return schema.read_rows(read.table(doc.get(title.strip("[]"), {}), title), rows, title)
 
 
-def _check_policy(policy: Mapping[str, int | float], where: str) -> None:
+def _check_policy(policy: Mapping[str, int | float], where: str, budget: int | None = None) -> None:
     """Checks that span keys, made on the merged policy since levels mix."""
     if policy["backoff_max_ms"] < policy["backoff_base_ms"]:
         raise read.Invalid(
             f"{where}: backoff.max ({policy['backoff_max_ms']}ms) is less than "
             f"backoff.base ({policy['backoff_base_ms']}ms)"
         )
+    if budget is not None and policy["memory_limit"] > budget:
+        raise read.Invalid(f"{where}: memory_limit ({read.bytes_text(int(policy['memory_limit']))}) "
+                           f"is over [supervisor].memory_budget ({read.bytes_text(budget)}): "
+                           "its jobs could never start here")
 
 
 def _tasks(doc: Mapping[str, Any]) -> dict[str, dict[str, int | float]]:
@@ -382,10 +379,11 @@ def _build(doc: dict[str, Any], shown: str, env: Mapping[str, str], base_dir: Pa
     for queue_name in [None, *(q.name for q in queues)]:
         policy = config.job_policy(queue_name or "")
         on_queue = f' on queue "{queue_name}"' if queue_name else ""
+        budget = config.memory_budget if queue_name else None  # only where served
         if queue_name:
-            _check_policy(policy["defaults"], f'[queue "{queue_name}"]')
+            _check_policy(policy["defaults"], f'[queue "{queue_name}"]', budget)
         for task, task_policy in policy["tasks"].items():
-            _check_policy(task_policy, f"[tasks.{json.dumps(task)}]{on_queue}")
+            _check_policy(task_policy, f"[tasks.{json.dumps(task)}]{on_queue}", budget)
     return config
 
 

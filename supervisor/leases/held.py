@@ -49,14 +49,23 @@ class HeldLeases:
         self.leases.add(queue, lease.job.id, lease.token, sent_at)
         self.on_change(queue, len(self._held[queue]))
 
-    def next(self, queue: str) -> Lease | None:
-        """The queue's longest-held lease, no longer held here."""
+    def every(self) -> list[Lease]:
+        """Every held lease, of every queue."""
+        return [lease for held in self._held.values() for lease in held]
+
+    def next(self, queue: str, fits: Callable[[Lease], bool] | None = None) -> Lease | None:
+        """The queue's longest-held lease (the longest-held that `fits`: a job too big
+        for the memory budget now does not stop the smaller ones behind it), no longer
+        held here."""
         held = self._held.get(queue)
         if not held:
             return None
-        lease = held.popleft()
+        found = held[0] if fits is None else next((x for x in held if fits(x)), None)
+        if found is None:
+            return None
+        held.remove(found)
         self.on_change(queue, len(held))
-        return lease
+        return found
 
     def proven_since(self, lease: Lease) -> float | None:
         """When the extension that last proved this lease was sent (monotonic), the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -51,7 +52,7 @@ class Heartbeat:
                 "name": sup.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": [qc.name for qc in sup.config.queues], "busy": len(sup.children),
                 "slots": self.slots(), "draining": sup.drain.active,
-                **code_record(sup),
+                **code_record(sup), **sup.children.budget.record(time.monotonic()),
                 **running_record(sup.children, sup.leases, per_job_cgroups=bool(
                     sup.launcher.cgroups and not sup.launcher.cgroups_failed),
                     held=sup.children.held.ids()),

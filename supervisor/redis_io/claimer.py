@@ -8,6 +8,7 @@ a delayed job's due time, or the rate limit's next token (`Wakeups.claim_at`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -74,7 +75,10 @@ class Claimer:
         for lease in result.leases:
             self.children.start(name, lease, sent_at)
         if result.next_due_ms >= 0:
-            self.wakeups.claim_at(name, (result.next_due_ms - result.now_ms) / 1000)
+            # a job refused here for its size may be the one due: let a peer with room
+            # claim it first (`MemoryBudget.step_aside`)
+            later = self.children.budget.step_aside(name, time.monotonic())
+            self.wakeups.claim_at(name, (result.next_due_ms - result.now_ms) / 1000 + later)
         if result.rate_wait_ms > 0:
             self.wakeups.claim_at(name, result.rate_wait_ms / 1000)
         return len(result.leases) == CLAIM_BATCH
