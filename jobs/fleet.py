@@ -32,6 +32,9 @@ def redis_now(client: redis.Redis) -> float:
 
 CHILD_FIELDS = ("id", "queue", "task", "pid", "elapsed", "timeout", "rss", "memory_limit",
                 "lease_left")
+# a heartbeat's `children_usage` rows, one per `children` row: CPU seconds so far, CPU %
+# since the last heartbeat, RSS bytes at the last sample ("rss" above is the peak)
+USAGE_FIELDS = ("cpu", "cpu_percent", "rss_now")
 
 
 def live_supervisors(client: redis.Redis) -> list[dict[str, Any]]:

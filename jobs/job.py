@@ -22,6 +22,8 @@ WAITING = "waiting"  # on its dependencies (depends_on)
 STATES = (SCHEDULED, PENDING, ACTIVE, SUCCEEDED, DEAD, CANCELLED, WAITING)
 TERMINAL = frozenset({SUCCEEDED, DEAD, CANCELLED})
 
+# a finished run's `cost` field, in order (lua/includes/cost.lua)
+COST_FIELDS = ("cpu_user_ms", "cpu_system_ms", "peak_memory", "wall_ms", "start_latency_ms")
 _INT_FIELDS = (
     "priority",
     "attempts",
@@ -137,6 +139,20 @@ class Job:
         return loads_field(self.fields.get("error"))
 
     @property
+    def cost(self) -> dict[str, int | None] | None:
+        """What its last run cost, as its supervisor measured it: cpu_user_ms,
+        cpu_system_ms (its whole process tree), peak_memory (bytes), wall_ms and
+        start_latency_ms (claim to the handler's first line; None if not known); None
+        when no run has finished yet."""
+        parts = str(self.fields.get("cost") or "").split(",")
+        if len(parts) != len(COST_FIELDS):
+            return None
+        try:
+            return {name: int(v) if v else None for name, v in zip(COST_FIELDS, parts, strict=True)}
+        except ValueError:
+            return None
+
+    @property
     def output(self) -> str:
         """The tail of the last run's stdout and stderr (the supervisor keeps a few KiB)."""
         return self.fields.get("output") or ""
@@ -248,6 +264,8 @@ class Job:
             out["memory_trail"] = [list(sample) for sample in self.memory_trail]
         if "depends_on" in self.fields:
             out["depends_on"] = self.depends_on
+        if self.cost is not None:
+            out["cost"] = self.cost
             out["waiting_on"] = self.waiting_on
         return out
 

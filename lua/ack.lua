@@ -11,8 +11,9 @@
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  queue name
   ARGV[3..] one group per job:
-           job id, fencing token, result (JSON text), n = how many follow-ups follow,
-           then n follow-up job specs (JSON, as for enqueue) for this queue
+           job id, fencing token, result (JSON text), the run's cost ("" none: see
+           includes/cost), n = how many follow-ups follow, then n follow-up job specs
+           (JSON, as for enqueue) for this queue
 
   Returns, per job in order, "ok", or "lost" when the token is stale (nothing changes
   for that job; drop its result). A call for one job returns its answer alone.
@@ -29,6 +30,7 @@
 --@include includes/wake
 --@include includes/enqueue_job
 --@include includes/succeed
+--@include includes/cost
 --@include includes/breaker
 
 -- succeed's fields and the task, whose successes count in its circuit breaker
@@ -38,20 +40,20 @@ local TASK_AT = 2 + #ACK_FIELDS
 
 local prefix, queue = ARGV[1], ARGV[2]
 local answers = {}
-local held_jobs = {} -- {id, jkey, result, fields, first follow-up's ARGV index, count}
+local held_jobs = {} -- {id, jkey, result, fields, first follow-up's ARGV index, count, cost}
 local i = 3
 while i <= #ARGV do
   local id, token = ARGV[i], ARGV[i + 1]
-  local n = tonumber(ARGV[i + 3])
+  local n = tonumber(ARGV[i + 4])
   local jkey = job_key(prefix, id)
   local f = held(jkey, token, unpack(ACK_FIELDS))
   if f then
-    held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 4, n}
+    held_jobs[#held_jobs + 1] = {id, jkey, ARGV[i + 2], f, i + 5, n, ARGV[i + 3]}
     answers[#answers + 1] = 'ok'
   else
     answers[#answers + 1] = 'lost'
   end
-  i = i + 4 + n
+  i = i + 5 + n
 end
 if #held_jobs > 0 then
   -- the batch leaves `active` first, in one ZREM: a write that a full Redis (maxmemory,
@@ -62,11 +64,14 @@ if #held_jobs > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   local at = now_ms()
   local woke = false
+  local totals, metered = {}, false -- the runs' costs, summed per group for one write
   local tasks = {} -- task -> successes in this call: one count per task
   for _, job in ipairs(held_jobs) do
-    local id, jkey, result, f, first, n = unpack(job)
+    local id, jkey, result, f, first, n, cost = unpack(job)
     local task = f[TASK_AT]
     if task then tasks[task] = (tasks[task] or 0) + 1 end
+    -- before `succeed`, which may delete the record
+    if record_cost(jkey, cost, f[6], totals) then metered = true end
     succeed(prefix, id, jkey, result, at, nil, f, 3, true)
     if n > 0 then
       local specs = {}
@@ -77,6 +82,7 @@ if #held_jobs > 0 then
       redis.call('DEL', prefix .. 'done-followups:' .. id)
     end
   end
+  if metered then add_usage(prefix, totals, at) end
   count(prefix, 'succeeded', at, #held_jobs)
   for task, n in pairs(tasks) do breaker_count(prefix, task, at, n) end
   if not woke then slot_freed(prefix) end

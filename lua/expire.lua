@@ -11,6 +11,7 @@
   ARGV[5]  (optional) the crash's pattern for the task's circuit breaker, as the parent
            saw it ("signal:SIGSEGV", "exit:3", "malformed"; "" counts none): see
            includes/breaker
+  ARGV[6]  the run's cost ("" or absent: none; see includes/cost)
 
   Returns "ok", or "lost" when the token is stale (nothing changes). The crash counts in
   the task's circuit breaker here, where the parent names it, not in reclaim (a lease
@@ -22,15 +23,18 @@
 --@include includes/fencing
 --@include includes/history
 --@include includes/breaker
+--@include includes/cost
 
 local active_key = KEYS[1]
 local prefix, id, token, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local jkey = job_key(prefix, id)
-local f = held(jkey, token, 'task')
+local f = held(jkey, token, 'task', 'group')
 if not f then return 'lost' end
 local at = now_ms()
 breaker_end(prefix, id, jkey, f[3], ARGV[5], at)
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
+local totals = {}
+if record_cost(jkey, ARGV[6], f[4], totals) then add_usage(prefix, totals, at) end
 redis.call('ZADD', active_key, 0, id)
 add_history(prefix, id, 'crashed', at, {reason = reason})
 return 'ok'

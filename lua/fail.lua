@@ -18,6 +18,7 @@
   ARGV[9]  (optional) the end's pattern for the task's circuit breaker, as the parent saw
            it ("timeout", "memory", "exception:KeyError"; "" counts none): see
            includes/breaker (a snooze or a cancel counts in no breaker)
+  ARGV[10] the run's cost ("" or absent: none; see includes/cost)
 
   Returns {"retry", run_at_ms, attempts} | {"snoozed", run_at_ms, attempts} |
           {"dead", 0, attempts} | {"cancelled", 0, attempts} |
@@ -48,6 +49,7 @@
 --@include includes/events
 --@include includes/on_dead
 --@include includes/breaker
+--@include includes/cost
 
 local active_key, scheduled_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, token, err, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -78,6 +80,8 @@ elseif snooze then event_job(prefix, id) -- its event comes with its run_at, bel
 else emit(prefix, 'failed', id, nil, true, reason, {'attempt', attempts}) end
 redis.call('ZREM', active_key, id)
 if f[4] then group_release(prefix, f[4], at) end -- its group's slot, whatever follows
+local totals = {}
+if record_cost(jkey, ARGV[10], f[4], totals) then add_usage(prefix, totals, at) end
 redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested')
 local snoozes = 0
 if snooze then

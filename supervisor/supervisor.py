@@ -163,6 +163,7 @@ class Supervisor:
     def apply_config(self, config: Config) -> None:
         self.config = config
         self.launcher.config = config
+        self.reporter.meter = config.job_cost
         for qc in config.queues:
             self._queue_for(qc.name)
             policy = config.job_policy(qc.name)

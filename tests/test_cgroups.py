@@ -28,7 +28,7 @@ from forq.supervisor.fork.child import ChildSpec, run_child
 from forq.supervisor.isolation import cgroups
 from tests import vm
 from tests.helpers import wait_for, wait_job
-from tests.supervisors import SupervisorProcess, wait_children, write_config
+from tests.supervisors import TEST_IMPORTS, SupervisorProcess, wait_children, write_config
 
 IN_VM = os.environ.get("FORQ_IN_VM") == "1"
 TERMINAL = ("succeeded", "dead", "cancelled")
@@ -91,6 +91,22 @@ def test_each_job_runs_in_its_own_cgroup_with_its_memory_limit(tmp_path, redis_u
         assert job.result["memory_max"] == "max"
         # a job's cgroup goes with it
         wait_for(lambda: not job_cgroups(base), timeout=10, message="job cgroups removed")
+
+
+def test_a_jobs_cpu_time_is_its_cgroups(tmp_path, redis_url, queue, base):
+    """A job's cost: its CPU time read from its cgroup's cpu.stat (every process it held),
+    its peak from memory.peak."""
+    imports = (*TEST_IMPORTS, "tests.cost_tasks")
+    with start(tmp_path, redis_url, queue, base, imports=imports, memory_limit="512MiB") as sup:
+        job = wait_done(queue, queue.enqueue("cost.burn", 0.3, 64, 0.3).id, sup)
+    assert job.state == "succeeded", job.history
+    cost = job.cost
+    assert cost is not None, job.fields
+    cpu = (cost["cpu_user_ms"] + cost["cpu_system_ms"]) / 1000
+    # 0.6 s burnt, and what else ran in the cgroup: the grandchild interpreter's start-up,
+    # seconds in the VM (emulated); no more than its two CPUs for the job's wall time
+    assert 0.58 <= cpu <= 2 * cost["wall_ms"] / 1000 + 0.5, cost
+    assert 64 << 20 <= cost["peak_memory"] <= 512 << 20, cost
 
 
 @pytest.mark.timeout(120)

@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 import redis
 
-from forq import Queue, known_queues
-from forq.fleet import CHILD_FIELDS, kept_records, live_supervisors, memory_view, schedule_rows
+from forq import Queue, fleet, known_queues
+from forq.fleet import CHILD_FIELDS, USAGE_FIELDS, live_supervisors, memory_view, schedule_rows
 from forq.job import Job
 from forq.store.keys import QueueKeys
 from forq.store.plans import trip_reason
@@ -123,7 +123,7 @@ def overview(client: redis.Redis) -> dict[str, Any]:
         if head:
             heads.append((len(queues) - 1, QueueKeys(name).job(head[0])))
     for q in queues:  # the ended records each keeps (docs/operations/retention.md)
-        q["retained"] = kept_records(client, q["name"], q["dead"])  # forq.fleet
+        q["retained"] = fleet.kept_records(client, q["name"], q["dead"])
     if heads:
         pipe = client.pipeline(transaction=False)
         for _, key in heads:
@@ -156,10 +156,16 @@ def running(client: redis.Redis) -> dict[str, Any]:
         if isinstance(listed, list):  # an older supervisor's record has none
             held.update(job_id for job_id in listed if isinstance(job_id, str))
         age_ms = float(sup.get("age", 0)) * 1000
-        for row in sup.get("children") or []:
+        usage = sup.get("children_usage")
+        usage = usage if isinstance(usage, list) else []  # an older supervisor's: none
+        for i, row in enumerate(sup.get("children") or []):
             if not isinstance(row, list) or len(row) != len(CHILD_FIELDS):
                 continue
             child = dict(zip(CHILD_FIELDS, row, strict=True))
+            seen = usage[i] if i < len(usage) else None
+            if isinstance(seen, list) and len(seen) == len(USAGE_FIELDS):  # `forq top`'s
+                child.update((k, v) for k, v in zip(USAGE_FIELDS, seen, strict=True)
+                             if isinstance(v, (int, float)) and not isinstance(v, bool))
             elapsed = child.get("elapsed")
             if isinstance(elapsed, (int, float)):
                 child["started_ms"] = now_ms - age_ms - elapsed * 1000

@@ -179,5 +179,10 @@ class QueueKeys:
         """A batch opened on this queue (hash; its sets :ended, :failed, list :members)."""
         return f"{self.prefix}batch:{batch_id}"
 
+    def usage(self, hour: int) -> str:
+        """Hash: the cost of the runs that ended in `hour` (Redis ms // 3600000), per
+        group (lua/includes/cost.lua), expiring about a week after."""
+        return self.prefix + f"usage:{hour}"
+
     def minute(self, minute: int) -> str:
         return f"{self.prefix}minute:{minute}"

@@ -237,14 +237,12 @@ def ack_call(keys: QueueKeys, job_id: str, token: str, result_json: str,
     return ack_many_call(keys, [(job_id, token, result_json, followups)])
 
 
-def ack_many_call(keys: QueueKeys,
-                  acks: Sequence[tuple[str, str, str, Sequence[Mapping[str, Any]]]]
-                  ) -> ScriptCall:
+def ack_many_call(keys: QueueKeys, acks: Sequence[tuple[Any, ...]]) -> ScriptCall:
     """One ack call for several jobs of a queue: (job id, token, result JSON, same-queue
-    follow-up specs) each; the script answers per job (`parse_acks`)."""
+    follow-up specs[, the run's cost]) each; the script answers per job (`parse_acks`)."""
     args: list[str | int] = [keys.prefix, keys.queue]
-    for job_id, token, result_json, followups in acks:
-        args += [job_id, token, result_json, len(followups),
+    for job_id, token, result_json, followups, *cost in acks:
+        args += [job_id, token, result_json, cost[0] if cost else "", len(followups),
                  *(json.dumps(f) for f in followups)]
     return ScriptCall("ack", (keys.active, keys.pending, keys.scheduled), tuple(args))
 
@@ -265,24 +263,26 @@ def parse_lease_reply(reply: Any) -> LeaseReply:
 
 def fail_call(keys: QueueKeys, job_id: str, token: str, error: Mapping[str, Any],
               mode: FailMode | str = "retry", jitter: float | None = None,
-              delay_ms: int = 0, counted: bool = False, pattern: str = "") -> ScriptCall:
+              delay_ms: int = 0, counted: bool = False, pattern: str = "",
+              cost: str = "") -> ScriptCall:
     """`jitter`, a uniform draw from [0, 1), is passed in so the script stays
     deterministic (Redis replicates scripts by effect, but tests like a fixed draw).
     `delay_ms` and `counted`: a snooze's (mode "snooze", the handler's `Retry`); `pattern`:
-    how the job ended, for its task's circuit breaker ("" counts none)."""
+    how the job ended, for its task's circuit breaker ("" counts none); `cost`: the run's."""
     draw = random.random() if jitter is None else jitter
     return ScriptCall("fail", (keys.active, keys.scheduled, keys.dead),
                       (keys.prefix, job_id, token, json.dumps(error), mode, draw,
-                       int(delay_ms), "1" if counted else "0", pattern))
+                       int(delay_ms), "1" if counted else "0", pattern, cost))
 
 
 def parse_fail(reply: Sequence[Any]) -> FailOutcome:
     return FailOutcome(str(reply[0]), int(reply[1]), int(reply[2]))
 
 
-def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str, pattern: str = ""
-                ) -> ScriptCall:
-    return ScriptCall("expire", (keys.active,), (keys.prefix, job_id, token, reason, pattern))
+def expire_call(keys: QueueKeys, job_id: str, token: str, reason: str, pattern: str = "",
+                cost: str = "") -> ScriptCall:
+    return ScriptCall("expire", (keys.active,),
+                      (keys.prefix, job_id, token, reason, pattern, cost))
 
 
 def release_call(keys: QueueKeys, job_id: str, token: str, reason: str = "drain") -> ScriptCall:

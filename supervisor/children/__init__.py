@@ -9,6 +9,7 @@
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
 | `strays` | `Strays`: the supervisor as the last subreaper: what jobs left behind ends |
 | `outcomes` | what an end means: ack, fail, expire, release or drop |
+| `cost` | what a finished run cost (CPU, peak memory, wall time, start latency), as reported |
 | `output` | a job's stdout and stderr: captured, capped, attributed |
 | `answers` | `Answers`: what the supervisor writes back to a child, without blocking |
 """

@@ -28,8 +28,14 @@ from forq.supervisor.fork.messages import (
     MessageReader,
     Report,
 )
-from forq.supervisor.isolation.cgroups import kill_all
-from forq.supervisor.isolation.memory import RootFiles, SampleError, SharedFiles, tree_usage
+from forq.supervisor.isolation.cgroups import JobCgroups, kill_all
+from forq.supervisor.isolation.memory import (
+    RootFiles,
+    SampleError,
+    SharedFiles,
+    tree_cpu,
+    tree_usage,
+)
 from forq.supervisor.isolation.shared_memory import SHARED_EVERY, gone, readable_for
 from forq.supervisor.isolation.trail import MemoryTrail
 
@@ -78,6 +84,13 @@ class RunningChild:
     samples: int = 0  # memory samples taken that count its shared memory
     shared_bytes: int = 0  # its memory-backed open files, at their last count
     sample_failed: bool = False  # logged that a memory sample of it could not be taken
+    # its cost (`cost`): user and system CPU µs of its tree (wait4, or its cgroup's
+    # cpu.stat), when the claim that leased it was sent and when it was reaped (monotonic)
+    cpu_us: tuple[int, int] = (0, 0)
+    claimed: float = 0.0
+    ended: float = 0.0
+    rss: int = 0  # its last memory sample (bytes), for `forq top`
+    cpu_seen: tuple[float, float] | None = None  # (monotonic, CPU s) at the last heartbeat
     trail: MemoryTrail = field(default_factory=MemoryTrail)  # its last seconds' samples
 
     def __post_init__(self) -> None:
@@ -141,6 +154,26 @@ class RunningChild:
                 self.close_proc()
                 return None
         return self.proc.usage(shared)
+
+    def cpu_since_seen(self, now: float) -> tuple[float, float] | None:
+        """(CPU seconds its tree used so far, its CPU % since the last call or its start)
+        — its cgroup's count, or its live processes' and what they reaped; None when
+        it cannot be told (it exited, /proc unreadable). For the heartbeat (`forq top`)."""
+        if self.spec.cgroup:
+            used = JobCgroups.cpu(self.spec.cgroup)
+            cpu = None if used is None else (used[0] + used[1]) / 1e6
+        elif self.forked_by_server and not self.alive():
+            cpu = None  # reaped by its fork server: its pid may be a stranger's
+        else:
+            try:
+                cpu = tree_cpu(self.pid)
+            except SampleError:
+                cpu = None
+        if cpu is None:
+            return None
+        since, before = self.cpu_seen or (self.started, 0.0)
+        self.cpu_seen = (now, cpu)
+        return cpu, 100 * max(0.0, cpu - before) / max(now - since, 1e-3)
 
     @property
     def counts_shared(self) -> bool:

@@ -276,6 +276,7 @@ class Spawner:
         child.signal_group(signal.SIGKILL)
         _, status, usage = os.wait4(child.pid, 0)
         self.loop.remove_reader(child.pidfd)
+        child.cpu_us = (int(usage.ru_utime * 1e6), int(usage.ru_stime * 1e6))
         self.on_exit(child, status, usage.ru_maxrss * 1024, "")
         self.strays.sweep()  # what it left is ours now: it had no fork server to end it
 
@@ -292,9 +293,10 @@ class Spawner:
 
     def _dispatch_exits(self, server: ForkServer) -> None:
         while server.pending_exits:
-            pid, status, peak, fenced = server.pending_exits.pop(0)
+            pid, status, peak, fenced, utime_us, stime_us = server.pending_exits.pop(0)
             child = next((c for c in self._of(server) if c.server_pid == pid), None)
             if child is not None:
+                child.cpu_us = (utime_us, stime_us)
                 if fenced and child.kill_reason is None:
                     log.warning("job %s %s: lease not confirmed in time, its fork server "
                                 "killed its child", child.job_id, child.task)

@@ -216,6 +216,7 @@ class Children:
             self.launcher.discard(spec)
             tracing.TRACER.finished(job.id, lease.token, "not started", None, repr(exc))
             raise
+        child.claimed = sent_at
         self.by_job[job.id] = child
         self.running[queue] += 1
         self.budget.started(job.id, int(f.get("memory_limit") or 0))
@@ -256,6 +257,7 @@ class Children:
     def ended(self, child: RunningChild, status: int, peak_rss: int, cause: str = "") -> None:
         """A child was reaped (here, or by the fork server, which killed its group first).
         `cause`: what is known beyond its status, said in the reason of a crash."""
+        child.ended = time.monotonic()
         if child.pipe_open:
             child.read_pipe()
             self.loop.remove_reader(child.pipe)
@@ -267,6 +269,8 @@ class Children:
             child.oom = job_cgroups.oom_cause(child.spec.cgroup)
             peak = job_cgroups.usage(child.spec.cgroup, peak=True)
             child.peak_rss = peak if peak else max(child.peak_rss, peak_rss)
+            # every process it held, those that left its tree too (wait4 misses them)
+            child.cpu_us = job_cgroups.cpu(child.spec.cgroup) or child.cpu_us
             job_cgroups.remove(child.spec.cgroup)
         else:
             child.peak_rss = max(child.peak_rss, peak_rss)

@@ -17,6 +17,7 @@
 | `render` | human-readable views of jobs, queues, supervisors, schedules |
 | `terminal` | where human output goes: rich on a terminal, plain text elsewhere |
 | `demo` | `make demo` |
+| `usage/` | forq usage, top: what jobs cost, kept and live (a package: its own map) |
 
 Each family module has ``cmd_*`` functions (argparse Namespace in, exit code out) and a
 ``register(sub, parents)`` that adds its parsers; `main` calls every module's
@@ -27,4 +28,4 @@ A new command goes into the module of its family, or a new module listed here.
 from __future__ import annotations
 
 FAMILIES = ("jobs", "change", "find", "batches", "stats", "schedule", "dead", "operate",
-            "replay")
+            "replay", "usage.totals", "usage.top")

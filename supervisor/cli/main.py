@@ -20,6 +20,8 @@
     forq limit QUEUE [--rate 50/s|none] [--max-in-flight N|none] [--json]
     forq pause|resume QUEUE [--json]   forq resume QUEUE --task T (a tripped task)
     forq config check PATH
+    forq usage QUEUE [--group G] [--since 1d] [--json]
+    forq top [-q QUEUE] [--once] [--interval 2s] [--json]
 
 Redis: ``--redis URL`` (before or after the command), else ``$FORQ_REDIS_URL``,
 else the URL of the config given with ``--config``, else redis://127.0.0.1:6379/0.

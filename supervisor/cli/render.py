@@ -1,12 +1,11 @@
 """Human-readable views of jobs, queues, supervisors and schedules for the CLI.
 
-Pure functions: data in, text out (no Redis, no printing), so the CLI decides
-where things go and the tests can check the text without a server. Each table is a
-`Grid` (header and rows of cells) first: `table` lays it out as plain text (a pipe,
-a file, a script), `forq.supervisor.cli.terminal` as a rich table on a terminal. Times in
-job records are Redis-clock milliseconds; history entries and heartbeats are
-seconds. Everything is shown in the local time zone unless a schedule names
-its own.
+Pure functions: data in, text out (no Redis, no printing), so the CLI decides where
+things go and the tests can check the text without a server. Each table is a `Grid`
+(header and rows of cells) first: `table` lays it out as plain text (a pipe, a file, a
+script), `forq.supervisor.cli.terminal` as a rich table on a terminal. Times in job
+records are Redis-clock milliseconds; history entries and heartbeats are seconds.
+Everything is shown in the local time zone unless a schedule names its own.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 
 from forq import Job
 from forq.fleet import code_status
+from forq.supervisor.cli.usage.lines import cost_rows
 from forq.units import age, format_size, relative, when, when_ms
 
 REASON_WIDTH = 60  # a dead reason is cut to this in tables; `forq dead show` has it all
@@ -97,6 +97,7 @@ def job(job: Job) -> str:
         row("code", clip(printable(f["code"]), 80) or "? (no fork server: not known)")
     if f.get("finished_at"):
         row("finished", when_ms(f.get("finished_at")))
+    lines.extend(cost_rows(job))  # its last run's, if it has one
     if job.state == "succeeded" or f.get("result") not in (None, ""):
         row("result", _compact(job.result))
     if job.reason:

@@ -2,21 +2,19 @@
 
 The whole file is checked up front, before anything forks or touches Redis, so that a
 typo is reported once, as one line that names the file, the key and what was expected
-(``etc/forq.toml: [queue 2].concurrency: expected an integer >= 1, got "four"``),
-instead of surfacing later as a traceback in a child process. Unknown keys are errors
-at every level: a misspelt ``lease_tll`` silently falling back to a default is exactly
-the kind of mistake that only shows up in production.
+(``etc/forq.toml: [queue 2].concurrency: expected an integer >= 1, got "four"``), not
+later as a traceback in a child process. Unknown keys are errors at every level: a
+misspelt ``lease_tll`` silently falling back to a default only shows up in production.
 
 Choices worth knowing (also in ``etc/forq.toml``):
 
 * Durations and sizes use :mod:`forq.units` ("15s", "256MiB"); bare numbers are
   seconds / bytes. ``memory_limit = 0``: no limit; ``address_space_factor = 0``: no
   RLIMIT_AS backstop; ``memory_budget`` unset: no admission by memory.
-* Secrets never live in the TOML: a password inside ``[redis].url`` is
-  refused; use ``password_file`` (relative paths are relative to the config
-  file) or ``FORQ_REDIS_PASSWORD``.  ``FORQ_REDIS_URL`` and
-  ``FORQ_REDIS_PASSWORD`` win when set to a non-empty value; when the
-  password comes from the environment the file is not read.
+* Secrets never live in the TOML: a password inside ``[redis].url`` is refused; use
+  ``password_file`` (relative to the config file) or ``FORQ_REDIS_PASSWORD``.
+  ``FORQ_REDIS_URL`` and ``FORQ_REDIS_PASSWORD`` win when set to a non-empty value;
+  when the password comes from the environment the file is not read.
 * ``Config.job_policy(queue)`` for a queue this supervisor does not serve returns
   ``[defaults]`` plus task overrides (no queue overrides apply).
 * ``imports`` are only checked to be module names here; the supervisor imports them.
@@ -164,8 +162,7 @@ class Config:
         "auto", read.choices("auto", "required", "off"),
         "A cgroup per job, the kernel enforcing `memory_limit`: where possible, required, or never.",
         scope=SUPERVISOR)
-    # the fork server's memory on huge pages where the kernel offers them
-    # (supervisor/fork/hugepages.py)
+    # the fork server's memory on huge pages where available (supervisor/fork/hugepages.py)
     huge_pages: bool = key(
         True, read.BOOLEAN,
         "The fork server's memory on transparent huge pages where the kernel offers them.",
@@ -178,6 +175,10 @@ class Config:
     memory_reserve_after: float = key(
         "10s", read.durations(),
         "A job waiting this long for room reserves it: smaller jobs stop passing it.",
+        scope=SUPERVISOR)
+    job_cost: bool = key(  # supervisor/children/cost.py, lua/includes/cost.lua
+        True, read.BOOLEAN,
+        "Keep each job's cost: fields of its record, hourly usage per group, histograms.",
         scope=SUPERVISOR)
     # a deploy's label for the handler code, named with the fingerprint (fork/fingerprint.py)
     version: str = key(

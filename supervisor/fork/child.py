@@ -14,6 +14,7 @@ import os
 import resource
 import select
 import signal
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,7 +372,12 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
             namespaces.drop_capabilities()  # those of its fork server's user namespace
         _sandbox(spec)
         _limit(spec, preset)
-        report = _import(spec.imports) or encode_report(spec, _call, fd)
+        report = _import(spec.imports)
+        if not report:
+            began = time.monotonic()  # the handler's first line: its start latency ends
+            report = encode_report(spec, _call, fd)
+            if report:  # every result is one JSON object: "began" goes in front
+                report = b'{"began":%.6f,' % began + report[1:]
         _write_all(fd, report)
     except BaseException:  # noqa: BLE001
         code = 71  # the parent sees an exit without a report: a crash, reclaimed

@@ -71,7 +71,7 @@ class ForkServer:
     """The supervisor's end of `python -m forq.supervisor.fork.server`: asks it to fork each
     child, tells it each child's fencing deadline, and collects the exits it reports
     (`pending_exits`: pid, status, peak RSS in bytes, whether it killed the child for its
-    fencing deadline) for the supervisor's loop."""
+    fencing deadline, user and system CPU µs) for the supervisor's loop."""
 
     def __init__(self, launch: Launch, *,
                  while_waiting: tuple[float, Callable[[], object]] | None = None,
@@ -115,7 +115,7 @@ class ForkServer:
         self.out = OutputReader("", "", OUTPUT_CAP, who=f"fork server {self.proc.pid}")
         self.sock = ours
         self.pid = self.proc.pid
-        self.pending_exits: list[tuple[int, int, int, bool]] = []
+        self.pending_exits: list[tuple[int, int, int, bool, int, int]] = []
         self.closed = False
         if wait:
             try:
@@ -206,11 +206,12 @@ class ForkServer:
             if not isinstance(message, dict):
                 raise ValueError(f"not an object: {type(message).__name__}")
             if "exit" in message:
-                exit_ = (message["exit"], message["status"], message["maxrss"])
+                exit_ = (message["exit"], message["status"], message["maxrss"],
+                         message.get("utime_us", 0), message.get("stime_us", 0))
                 if not all(type(v) is int and 0 <= v < 1 << 40 for v in exit_):
                     raise ValueError(f"bad exit report {str(message)[:200]}")
                 self.pending_exits.append((exit_[0], exit_[1], exit_[2] * 1024,
-                                           message.get("fenced") is True))
+                                           message.get("fenced") is True, exit_[3], exit_[4]))
         except (ValueError, KeyError, RecursionError) as exc:
             for fd in fds:
                 os.close(fd)

@@ -1,18 +1,18 @@
 """What a job's child may say to its parent, and how the parent reads it.
 
-A child runs handler code, and handler code is untrusted: buggy, or written to do harm.
-Everything a child writes to its result pipe is therefore read here under a size cap
-and checked against a schema before the supervisor acts on it. Whatever fails the
-check becomes a `Violation` — the job ends as a crash with that reason — and never an
-exception in the supervisor, whose other jobs must not notice.
-
-Framing: one JSON object per line (``json.dumps`` never emits a raw newline, so a line
-is a message). A stream rather than datagrams, because a result may be larger than
-one pipe or socket buffer. Every message names its kind in ``"t"``:
+Handler code is untrusted (buggy, or written to do harm): whatever a child writes to
+its result pipe is read here under a size cap and checked against a schema before the
+supervisor acts on it. What fails the check is a `Violation` — the job ends as a crash
+with that reason — never an exception in the supervisor, whose other jobs must not
+notice. Framing: one JSON object per line (``json.dumps`` never emits a raw newline);
+a stream, not datagrams: a result may be larger than a pipe's buffer. Every message
+names its kind in ``"t"``:
 
 ``{"t": "result", "ok": true, "result": <any JSON>, "followups": [<job spec>, ...]}``
     the handler returned; the follow-ups are job specs built by ``current().enqueue``
-    (`forq.payload.build_spec`), each checked again here by `check_followup`.
+    (`forq.payload.build_spec`), each checked again here by `check_followup`. Any result
+    may say ``"began"``: CLOCK_MONOTONIC at the handler's first line (`children.cost`
+    checks it: only its own record's start latency can be wrong).
 ``{"t": "result", "ok": false, "error": {"type", "message", "traceback", "reason"},
 "fatal": bool}``
     the handler raised; ``fatal`` (NonRetryable, a result that cannot be stored) means
@@ -36,11 +36,10 @@ one pipe or socket buffer. Every message names its kind in ``"t"``:
     `MAX_STEP_BYTES` or results over `MAX_STEPS_BYTES` in all is a violation.
 
 ``{"t": "parents"}``
-    ``current().parents()``: the next page of the job's parents (read from Redis, never
-    named by the child), answered ``{"parents": [[queue, id, state, result, reason],
-    ...], "more": bool}`` or ``{"parents": null, "answer": "lost" | "expired"}``; asking
-    before the whole answer was written, or after the last page, is a violation.
-
+    ``current().parents()``: the next page of the job's parents (never named by the
+    child), answered ``{"parents": [[queue, id, state, result, reason], ...], "more":
+    bool}`` or ``{"parents": null, "answer": "lost" | "expired"}``; asking before the
+    whole answer was written, or after the last page, is a violation.
 The result is the child's last message: anything after it is a violation.
 """
 
@@ -285,6 +284,7 @@ class MessageReader:
         self.parents_next = 0  # where its next page starts (-1: after the last one)
         self.step_count = recorded_steps  # this job's steps, recorded and sent
         self.step_bytes = recorded_bytes  # and their results' bytes
+        self.began: Any = None  # the result's "began", unchecked (`children.cost`)
         self._allowance = float(PROGRESS_BURST)
         self._allowance_at = time.monotonic()
 
@@ -383,6 +383,7 @@ class MessageReader:
         kind = message.get("t")
         try:
             if kind == "result":
+                self.began = message.pop("began", None)
                 self.report = parse_result(message, self.job_id, self.queue, self.group)
             elif kind == "progress":
                 self._check_rate()

@@ -20,7 +20,8 @@ travel beside it (SCM_RIGHTS):
   its own, `namespaces.become_init`, names its children by their pids in that
   namespace, and every pid in its messages, "pid", "exit" and "fence" alike, is that
   name, `RunningChild.server_pid`); {"error": text} if the fork failed;
-  {"exit": pid, "status": wait status, "maxrss": KiB} when it has SIGKILLed the
+  {"exit": pid, "status": wait status, "maxrss": KiB, "utime_us", "stime_us": its
+  CPU time (wait4's rusage: its tree's, as it reaped them)} when it has SIGKILLed the
   child's process group and reaped it, with "fenced": true if it killed the child for
   its fencing deadline. The fork server runs handler modules' top-level code: the
   supervisor checks all of this as untrusted input (`client`).
@@ -72,6 +73,13 @@ def send_encoded(sock: socket.socket, data: bytes, fds: list[int] | None = None)
         sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     else:
         sock.send(data)
+
+
+def exit_report(pid: int, status: int, usage: Any) -> dict[str, Any]:
+    """The exit report of a reaped child, from `os.wait4`'s status and rusage: its CPU
+    time counts every process of its tree it reaped (a job's child is a subreaper)."""
+    return {"exit": pid, "status": status, "maxrss": usage.ru_maxrss,
+            "utime_us": int(usage.ru_utime * 1e6), "stime_us": int(usage.ru_stime * 1e6)}
 
 
 def read_memfd(fd: int) -> bytes:

@@ -54,7 +54,7 @@ from forq.supervisor.fork.child import (
     scrub_service_vars,
 )
 from forq.supervisor.fork.environment import restore
-from forq.supervisor.fork.protocol import RECV_MAX, fds_of, read_memfd, send
+from forq.supervisor.fork.protocol import RECV_MAX, exit_report, fds_of, read_memfd, send
 from forq.supervisor.fork.protocol import describe as describe_tasks
 from forq.supervisor.fork.spares import SERVER_TITLE, Spares
 
@@ -191,7 +191,7 @@ class Server:
             self.busy_at = time.monotonic()
             self.children.discard(pid)
             self.fence_at.pop(pid, None)
-            exit_message = {"exit": pid, "status": status, "maxrss": usage.ru_maxrss}
+            exit_message = exit_report(pid, status, usage)
             if pid in self.fenced:
                 self.fenced.discard(pid)
                 exit_message["fenced"] = True

@@ -211,6 +211,15 @@ class JobCgroups:
         except (OSError, ValueError):
             return None
 
+    @staticmethod
+    def cpu(path: str) -> tuple[int, int] | None:
+        """(user, system) CPU µs of every process the cgroup held (cpu.stat), or None."""
+        try:
+            stat = dict(line.split(" ", 1) for line in _read(f"{path}/cpu.stat").splitlines())
+            return int(stat["user_usec"]), int(stat["system_usec"])
+        except (OSError, ValueError, KeyError):
+            return None
+
     def remove(self, path: str) -> None:
         """Remove a job's cgroup once its child has ended. Stragglers (a grandchild that
         left the child's process group) are killed first; a cgroup that is still busy

@@ -59,7 +59,7 @@ class LimitPolice:
             if child.spec.cgroup:  # the kernel enforces its limit: keep the peak only
                 charged = JobCgroups.usage(child.spec.cgroup)
                 if charged is not None:  # unreadable: no sample, never a 0
-                    child.peak_rss = max(child.peak_rss, charged)
+                    child.rss, child.peak_rss = charged, max(child.peak_rss, charged)
                     child.trail.add(now, charged)
                 continue
             try:
@@ -79,7 +79,7 @@ class LimitPolice:
             if usage is None:
                 continue  # exited
             processes, rss = usage
-            child.peak_rss = max(child.peak_rss, rss)
+            child.rss, child.peak_rss = rss, max(child.peak_rss, rss)
             child.trail.add(now, rss)
             most = child.spec.max_processes
             if most and processes > most + 1 and child.kill_reason is None:

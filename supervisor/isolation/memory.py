@@ -18,6 +18,8 @@ A read that fails raises `SampleError` — the supervisor out of fds, a file it 
 read — and is never taken for "uses nothing": only a process that is gone (ENOENT,
 ESRCH) counts as nothing.
 
+`tree_cpu` walks the same tree for the CPU time it used so far (`forq top`'s CPU %).
+
 This is how memory limits are enforced where per-job cgroups (isolation/cgroups.py)
 cannot be used: on cgroup v1 and hybrid hosts, and without a delegated cgroup.
 """
@@ -30,9 +32,10 @@ import psutil
 
 from forq.supervisor.isolation.shared_memory import SampleError, SharedFiles, gone
 
-__all__ = ["RootFiles", "SampleError", "SharedFiles", "tree_usage"]
+__all__ = ["RootFiles", "SampleError", "SharedFiles", "tree_cpu", "tree_usage"]
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's CPU times
 _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 Usage = tuple[int, int]  # (live processes, bytes)
 
@@ -138,6 +141,28 @@ def _walk(pid: int, shared: SharedFiles | None) -> Usage:
             shared.add(current)
         todo.extend(_direct_children(current, threads))
     return count, total
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) `pid` and its live descendants used so far, with the
+    descendants they reaped; 0.0 if `pid` is gone. Raises SampleError."""
+    ticks = 0
+    todo = [pid] if _HAS_CHILDREN_FILE else _psutil_tree(pid)
+    while todo:
+        current = todo.pop()
+        try:
+            fields = _read(f"/proc/{current}/stat").rsplit(b")", 1)[1].split()
+            ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+            threads = int(fields[17])
+        except OSError as exc:
+            if gone(exc):
+                continue
+            raise _failed("CPU time", current, exc) from exc
+        except (ValueError, IndexError) as exc:
+            raise SampleError(f"CPU time of process {current}: unreadable stat") from exc
+        if _HAS_CHILDREN_FILE:
+            todo.extend(_direct_children(current, threads))
+    return ticks / CLOCK_TICKS
 
 
 class RootFiles:

@@ -82,10 +82,9 @@ class LeaseCalls:
                                  client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
-    def ack_many(self, acks: Sequence[tuple[str, str, str, Sequence[Mapping[str, Any]]]],
-                 client: Any = None) -> Any:
+    def ack_many(self, acks: Sequence[tuple[Any, ...]], client: Any = None) -> Any:
         """Ack several jobs in one script call: (job id, token, result JSON, same-queue
-        follow-up specs) each. Returns "ok"/"lost" per job; with a pipeline, queues the
+        follow-up specs[, the run's cost]) each. Returns "ok"/"lost" per job; with a pipeline, queues the
         call (`parse_acks` reads its reply)."""
         reply = self.scripts.run(tr.ack_many_call(self.keys, acks), client)
         return client if client is not None else tr.parse_acks(reply)
@@ -104,13 +103,14 @@ class LeaseCalls:
 
     def fail(self, job_id: str, token: str, error: Mapping[str, Any], mode: str = "retry",
              client: Any = None, delay_ms: int = 0, counted: bool = False,
-             pattern: str = "") -> Any:
+             pattern: str = "", cost: str = "") -> Any:
         """Count a failed attempt: retry with backoff, or dead (see lua/fail.lua); mode
         "snooze": the handler's own retry after `delay_ms`, an attempt if `counted`.
-        `pattern`: how it ended, for its task's circuit breaker."""
+        `pattern`: how it ended, for its task's circuit breaker; `cost`: the run's
+        (lua/includes/cost.lua)."""
         reply = self.scripts.run(tr.fail_call(self.keys, job_id, token, error, mode,
                                               delay_ms=delay_ms, counted=counted,
-                                              pattern=pattern), client)
+                                              pattern=pattern, cost=cost), client)
         return client if client is not None else tr.parse_fail(reply)
 
     parse_fail = staticmethod(tr.parse_fail)
@@ -126,11 +126,11 @@ class LeaseCalls:
     parse_throttle = staticmethod(control.parse_throttle)
 
     def expire(self, job_id: str, token: str, reason: str, client: Any = None,
-               pattern: str = "") -> Any:
+               pattern: str = "", cost: str = "") -> Any:
         """Report a crashed child: the lease expires now ("ok"), or "lost"; `pattern`:
-        how it crashed, for its task's circuit breaker."""
-        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason, pattern),
-                                 client)
+        how it crashed, for its task's circuit breaker; `cost`: the run's."""
+        reply = self.scripts.run(tr.expire_call(self.keys, job_id, token, reason, pattern,
+                                                cost), client)
         return client if client is not None else tr.parse_lease_reply(reply)
 
     def set_output(self, job_id: str, token: str, output: str, client: Any = None,

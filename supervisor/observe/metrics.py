@@ -27,6 +27,7 @@ from prometheus_client import (
 )
 
 from forq.supervisor.observe.depths import DEPTH_STATES, DepthCollector, DepthReader
+from forq.supervisor.observe.metrics_cost import CostMetrics
 
 __all__ = [
     "DEPTH_STATES",
@@ -153,6 +154,7 @@ class Metrics:
             buckets=RSS_BUCKETS,
             registry=r,
         )
+        self.cost = CostMetrics(r)  # forq_job_cpu_seconds, forq_job_peak_memory_bytes, ...
         self.children_running = Gauge(
             "forq_children_running",
             "Job children currently running on this supervisor.",

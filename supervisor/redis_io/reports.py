@@ -23,6 +23,7 @@ from forq.store import topology
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.transitions import parse_progress
+from forq.supervisor.children.cost import cost_of, measure
 from forq.supervisor.children.outcomes import Kind, Metric, Outcome
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.protocol import TaskInfo
@@ -34,7 +35,8 @@ from forq.supervisor.redis_io.notes import JobNotes
 
 log = logging.getLogger("forq.supervisor")
 
-AckArgs = tuple[str, str, str, list[dict[str, Any]]]  # Queue.ack_many's: id, token, result, follow-ups
+# ack_many's: id, token, result, follow-ups, the run's cost
+AckArgs = tuple[str, str, str, list[dict[str, Any]], str]
 
 
 @dataclass
@@ -95,6 +97,7 @@ class Reporter:
         self._acks: dict[str, list[tuple[Pending, AckArgs]]] | None = None
         # a task's registration (`idempotent=True`), as the fork server reported it
         self.task_info = task_info
+        self.meter = True  # [supervisor].job_cost: each run's cost in its report
         # reports to send again (their batch opened, or not yet): `take_again`
         self.again: list[Pending] = []
         self.again_errors: list[Exception] = []
@@ -172,21 +175,27 @@ class Reporter:
                 # with the same-queue follow-ups: if this ack is lost, the reclaim that
                 # finds the completion enqueues them instead
                 q.record_done(job_id, outcome.result_json, ttl, same, client=pipe)
+            ack = (job_id, token, outcome.result_json, same, self.cost(child))
             if self._acks is None:
-                q.ack(job_id, token, outcome.result_json, same, client=pipe)
+                q.ack_many([ack], client=pipe)
             else:
-                self._acks.setdefault(child.queue, []).append(
-                    (item, (job_id, token, outcome.result_json, same)))
+                self._acks.setdefault(child.queue, []).append((item, ack))
         elif outcome.kind is Kind.FAIL:
             q.fail(job_id, token, outcome.error, outcome.mode.value, client=pipe,
-                   delay_ms=outcome.delay_ms, counted=outcome.counted, pattern=outcome.pattern)
+                   delay_ms=outcome.delay_ms, counted=outcome.counted, pattern=outcome.pattern,
+                   cost=self.cost(child))
         elif outcome.kind is Kind.THROTTLE:
             q.throttle(job_id, token, outcome.delay_ms, outcome.group, outcome.reason,
                        client=pipe)
         elif outcome.kind is Kind.EXPIRE:
-            q.expire(job_id, token, outcome.reason, client=pipe, pattern=outcome.pattern)
+            q.expire(job_id, token, outcome.reason, client=pipe, pattern=outcome.pattern,
+                     cost=self.cost(child))
         elif outcome.kind is Kind.RELEASE:
             q.release(job_id, token, outcome.reason, client=pipe)
+
+    def cost(self, child: RunningChild) -> str:
+        """`child`'s cost for its report ("" none: not metered, or never started)."""
+        return cost_of(child) if self.meter else ""
 
     def wrote(self, item: Pending, replies: list[Any]) -> bool:
         """The answers to what `item`'s ack needs written first: written (its ack goes
@@ -312,6 +321,12 @@ class Reporter:
         if metric and child.pid:
             self.metrics.job_finished(child.queue, child.task, metric,
                                       time.monotonic() - child.started, child.peak_rss or None)
+            cost = measure(child) if self.meter else None
+            if cost is not None:
+                latency = cost.start_latency_ms
+                self.metrics.cost.observe(child.queue, child.task, cost.cpu_seconds,
+                                          cost.peak_bytes,
+                                          None if latency is None else latency / 1000)
         elif metric:
             self.metrics.job_finished(child.queue, child.task, metric, 0.0, None)
         return metric

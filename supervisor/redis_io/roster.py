@@ -52,9 +52,13 @@ def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
     never matters. Each child is a short list (id, queue, task, pid, elapsed s, timeout
     s, peak RSS bytes, memory limit bytes, lease left s) to keep the record compact.
     `held`: the ids of jobs leased ahead of a free slot (a queue's prefetch), no child yet.
+    `children_usage`, in the order of `children` (a list of its own, so that readers of
+    the rows above need no change): [CPU s so far, CPU % since the last beat, RSS bytes
+    at the last sample] each, the CPU figures null when they cannot be read (`forq top`).
     """
     now = time.monotonic()
     listed: list[list[Any]] = []
+    usage: list[list[Any]] = []
     total = 0
     for child in children:
         total += 1
@@ -67,6 +71,9 @@ def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
             child.peak_rss, child.spec.memory_limit,
             round(proven - now, 3) if proven is not None else None,
         ])
+        cpu = child.cpu_since_seen(now)
+        usage.append([round(cpu[0], 3), round(cpu[1], 1), child.rss] if cpu is not None
+                     else [None, None, child.rss])
     return {"memory_mode": "cgroups" if per_job_cgroups else "rss",
-            "children": listed, "children_total": total,
+            "children": listed, "children_usage": usage, "children_total": total,
             "held": list(held[:MAX_CHILDREN_LISTED])}

@@ -1,0 +1,50 @@
+--[[
+  cost: what a finished run of a job cost, kept in its record and added to its queue's
+  per-group usage totals (`forq usage`).
+
+  The record's `cost` field: "cpu_user_ms,cpu_system_ms,peak_bytes,wall_ms,latency_ms"
+  (latency: claim to the handler's first line; empty when unknown), as the supervisor
+  measured it (rusage from the kernel, its own memory samples and clock).
+    forq:{q}:usage:<hour>  hash  per group G ("" for jobs without one): jobs:G,
+                                 cpu_ms:G, peak:G (sum of the runs' peaks, bytes),
+                                 wall_ms:G; <hour> = Redis ms / 3600000; it expires
+                                 USAGE_KEEP_S after its hour ends (bounded by time)
+  Every run counts (a failed attempt cost as much as a successful one). `record_cost`
+  keeps a run's cost and adds it to `totals` (a Lua table); `add_usage` writes them: a
+  script that ends several jobs (ack) writes each group's sums once. Cost: one HSET per
+  run, four HINCRBY per group a call, an EXPIREAT with each hour's first run of a group.
+]]
+
+local USAGE_KEEP_S = 8 * 24 * 3600 -- a week and a day: `forq usage --since 7d` works
+
+-- Keep `cost` in the record at `jkey` and add it to `totals[group]`; false if there is
+-- none (or it is not the supervisor's format: nothing kept).
+local function record_cost(jkey, cost, group, totals)
+  if not cost or cost == '' then return false end
+  local u, s, p, w = string.match(cost, '^(%d+),(%d+),(%d+),(%d+),%d*$')
+  if not u then return false end
+  redis.call('HSET', jkey, 'cost', cost)
+  local g = group or ''
+  local t = totals[g]
+  if not t then
+    t = {0, 0, 0, 0}
+    totals[g] = t
+  end
+  t[1], t[2], t[3], t[4] = t[1] + 1, t[2] + tonumber(u) + tonumber(s), t[3] + tonumber(p),
+    t[4] + tonumber(w)
+  return true
+end
+
+-- Add the `totals` `record_cost` gathered to the queue's hourly usage.
+local function add_usage(prefix, totals, at)
+  local hour = math.floor(at / 3600000)
+  local ukey = prefix .. 'usage:' .. hour
+  for g, t in pairs(totals) do
+    if redis.call('HINCRBY', ukey, 'jobs:' .. g, t[1]) == t[1] then
+      redis.call('EXPIREAT', ukey, (hour + 1) * 3600 + USAGE_KEEP_S)
+    end
+    redis.call('HINCRBY', ukey, 'cpu_ms:' .. g, t[2])
+    redis.call('HINCRBY', ukey, 'peak:' .. g, t[3])
+    redis.call('HINCRBY', ukey, 'wall_ms:' .. g, t[4])
+  end
+end
