@@ -32,7 +32,19 @@ def trim(queue: Queue, limit: int = 1000) -> TrimResult:
     return parse_trim(queue.scripts.run(trim_call(queue.keys, limit)))
 
 
+def next_ms(queue: Queue) -> None:
+    """Wait for Redis's clock to move on a millisecond: jobs that end in the same one are
+    as old as each other, and a count's trim may take either."""
+    def ms() -> int:
+        seconds, micros = queue.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    now = ms()
+    wait_for(lambda: ms() > now, timeout=5, interval=0.0005, message="the next millisecond")
+
+
 def succeed(queue: Queue, task: str = "t.x", policy: str = "", **options) -> str:
+    next_ms(queue)
     jid = queue.enqueue(task, **options).id
     (lease,) = leasing(queue).claim(OWNER, 1, LONG, policy).leases
     assert lease.id == jid
@@ -41,6 +53,7 @@ def succeed(queue: Queue, task: str = "t.x", policy: str = "", **options) -> str
 
 
 def die(queue: Queue, task: str = "t.x", **options) -> str:
+    next_ms(queue)
     jid = queue.enqueue(task, **options).id
     (lease,) = leasing(queue).claim(OWNER, 1, LONG).leases
     assert leasing(queue).fail(jid, lease.token, {"message": "poison"}, "fatal").outcome == "dead"

@@ -18,9 +18,11 @@ local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', 'batch', 'b
 
 -- The fields a compact succeeded record keeps besides its end (state, result, attempts,
 -- finished_at), when its policy's keep_history is off: what a reader of its result
--- needs, and what retention reads (its idempotency key, its links).
+-- needs, what retention reads (its idempotency key, its links), and what the run was:
+-- its cost (includes/cost, written just before) and the code it ran.
 local COMPACT_FIELDS = {'id', 'task', 'queue', 'enqueued_at', 'started_at', 'crashes', 'key',
-  'unique_until', 'batch', 'batch_queue', 'parent', 'depends_on', 'callback_of', 'idempotent'}
+  'unique_until', 'batch', 'batch_queue', 'parent', 'depends_on', 'callback_of', 'idempotent',
+  'cost', 'code'}
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'

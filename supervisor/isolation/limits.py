@@ -60,7 +60,8 @@ class LimitPolice:
                 charged = JobCgroups.usage(child.spec.cgroup)
                 if charged is not None:  # unreadable: no sample, never a 0
                     child.rss, child.peak_rss = charged, max(child.peak_rss, charged)
-                    child.trail.add(now, charged)
+                    if charged:  # a cgroup emptied as the job exits reads 0
+                        child.trail.add(now, charged)
                 continue
             try:
                 usage = child.tree_usage()
@@ -80,7 +81,8 @@ class LimitPolice:
                 continue  # exited
             processes, rss = usage
             child.rss, child.peak_rss = rss, max(child.peak_rss, rss)
-            child.trail.add(now, rss)
+            if rss:  # a zombie (its end not yet reaped) reads 0: not its memory
+                child.trail.add(now, rss)
             most = child.spec.max_processes
             if most and processes > most + 1 and child.kill_reason is None:
                 # +1: the waiter of a job in its own PID namespace. Where the kernel
