@@ -346,11 +346,12 @@ def test_stats_table_and_json(forq, queue):
     assert 100 < kept["succeeded"]["bytes"] < 5000 and kept["dead"]["bytes"] > 100
 
 
-def _watch(redis_url: str, *args: str) -> subprocess.Popen[str]:
+def _watch(redis_url: str, *args: str, command: tuple[str, ...] = ("stats", "--watch")
+           ) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), FORQ_REDIS_URL=redis_url)
     # Ctrl-C's default, whatever this test run inherited: a shell's background job starts
     # with SIGINT ignored, and Python then never raises KeyboardInterrupt
-    return subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", "stats", "--watch", *args],
+    return subprocess.Popen([sys.executable, "-m", "forq.supervisor.cli", *command, *args],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -392,6 +393,30 @@ def test_stats_watch_json_is_one_object_per_line(redis_url, queue):
         proc.kill()
     assert proc.returncode == 0, err
     assert all(f["queues"][queue.name]["pending"] == 1 for f in frames)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("json_mode", [False, True], ids=["plain", "json"])
+def test_top_watches_as_stats_does_until_ctrl_c(redis_url, queue, json_mode):
+    """`forq top` without --once: frames in a pipe (no escape codes), or JSON lines."""
+    proc = _watch(redis_url, "-q", queue.name, "--interval", "50ms",
+                  *(["--json"] if json_mode else []), command=("top",))
+    try:
+        if json_mode:
+            frames = [json.loads(proc.stdout.readline()) for _ in range(2)]
+            assert all(f["jobs"] == [] for f in frames), frames
+        else:
+            seen: list[str] = []
+            while sum(line.startswith("forq top ") for line in seen) < 2:
+                line = proc.stdout.readline()
+                assert line, proc.stderr.read()
+                seen.append(line)
+            assert "no job running" in "".join(seen) and "\x1b" not in "".join(seen)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 def test_stats_watch_bad_interval(forq):

@@ -5,7 +5,6 @@ once or live; and a queue's events settings (`forq events QUEUE --enable/--disab
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -70,35 +69,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     interval = duration_arg(args.interval, "--interval", positive=True)
     stats = _stats(client, args.queue)  # an unreachable Redis fails here, once, exit 1
-    error = None
-    live = terminal.Live() if not args.json and terminal.interactive() else None
-    try:
-        with live or contextlib.nullcontext():
-            while True:
-                head = f"forq stats   {time.strftime('%Y-%m-%d %H:%M:%S')}   every " \
-                       f"{units.age(interval)}   (Ctrl-C to stop)"
-                if error:
-                    head += f"\ncannot reach Redis: {error} (retrying; the counts are the last read)"
-                if args.json:  # one compact object per line, for `| jq` or a log
-                    frame: dict[str, Any] = {"time": time.time(), "queues": stats}
-                    if error:
-                        frame["error"] = error
-                    print(json.dumps(frame), flush=True)
-                elif live is not None:
-                    live.update(render.stats_grid(stats) if stats else None,
-                                render.stats_table(stats), head)
-                else:  # not a terminal: plain frames one after another, no escape codes
-                    sys.stdout.write(f"{head}\n\n{render.stats_table(stats)}\n\n")
-                    sys.stdout.flush()
-                time.sleep(interval)
-                try:  # keep watching through a Redis outage
-                    stats, error = _stats(client, args.queue), None
-                except redis.RedisError as exc:
-                    error = " ".join(str(exc).split())
-    except KeyboardInterrupt:
-        if not args.json and live is None:
-            print()
-        return 0
+    return terminal.watch(
+        lambda: _stats(client, args.queue), stats, interval, as_json=args.json,
+        title=lambda _stats: f"forq stats   {time.strftime('%Y-%m-%d %H:%M:%S')}   every "
+                             f"{units.age(interval)}   (Ctrl-C to stop)",
+        frame=lambda seen: {"time": time.time(), "queues": seen},
+        grid=lambda seen: render.stats_grid(seen) if seen else None,
+        plain=render.stats_table, stale="the counts are the last read")
 
 
 def cmd_workers(args: argparse.Namespace) -> int:

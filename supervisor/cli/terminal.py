@@ -12,12 +12,18 @@ drawn. ``--json`` never comes here. rich is imported only on a terminal.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+import redis
 
 from forq.supervisor.cli.render import Grid
+
+T = TypeVar("T")
 
 NUMERIC = frozenset({"pending", "scheduled", "active", "dead", "ok/1m", "failed/1m",
                      "attempts", "crashes", "pid", "busy"})
@@ -85,6 +91,43 @@ class Live:
 
         body = rich_table(grid) if grid is not None else Text(plain)
         self.live.update(Group(Text(status, style="dim"), body), refresh=True)
+
+
+def watch(read: Callable[[], T], seen: T, interval: float, *, as_json: bool,
+          title: Callable[[T], str], frame: Callable[[T], dict[str, Any]],
+          grid: Callable[[T], Grid | None], plain: Callable[[T], str], stale: str) -> int:
+    """Show what `read` returns (`seen`: its first read) every `interval` s until Ctrl-C:
+    redrawn in place on a terminal, frame after frame anywhere else (no escape codes), or
+    one compact JSON object (`frame`) a line with `as_json`, for `| jq` or a log. Through
+    a Redis outage it keeps the last read, says so (`stale`: what is shown), and reads
+    again on the next turn. Returns the exit status, 0."""
+    error = None
+    live = Live() if not as_json and interactive() else None
+    try:
+        with live or contextlib.nullcontext():
+            while True:
+                head = title(seen)
+                if error:
+                    head += f"\ncannot reach Redis: {error} (retrying; {stale})"
+                if as_json:
+                    out = frame(seen)
+                    if error:
+                        out["error"] = error
+                    print(json.dumps(out), flush=True)
+                elif live is not None:
+                    live.update(grid(seen), plain(seen), head)
+                else:
+                    sys.stdout.write(f"{head}\n\n{plain(seen)}\n\n")
+                    sys.stdout.flush()
+                time.sleep(interval)
+                try:
+                    seen, error = read(), None
+                except redis.RedisError as exc:
+                    error = " ".join(str(exc).split())
+    except KeyboardInterrupt:
+        if not as_json and live is None:
+            print()
+    return 0
 
 
 Advance = Callable[..., None]  # advance(n=1, note=None): n more done; note beside the bar

@@ -12,9 +12,6 @@ frames (``--once``: one, then exit).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -86,29 +83,14 @@ def cmd_top(args: argparse.Namespace) -> int:
         else:
             print(plain(seen))
         return 0
-    error = None
-    live = terminal.Live() if not args.json and terminal.interactive() else None
-    try:
-        with live or contextlib.nullcontext():
-            while True:
-                head = (f"forq top   {time.strftime('%Y-%m-%d %H:%M:%S')}   "
-                        f"{len(seen['jobs'])} running   every {age(interval)}   (Ctrl-C to stop)")
-                if error:
-                    head += f"\ncannot reach Redis: {error} (retrying; the last read is shown)"
-                if args.json:
-                    print(json.dumps({"time": time.time(), "jobs": seen["jobs"]}), flush=True)
-                elif live is not None:
-                    live.update(grid(seen) if seen["jobs"] else None, plain(seen), head)
-                else:
-                    sys.stdout.write(f"{head}\n\n{plain(seen)}\n\n")
-                    sys.stdout.flush()
-                time.sleep(interval)
-                try:  # keep watching through a Redis outage
-                    seen, error = running_jobs(client, args.queue), None
-                except redis.RedisError as exc:
-                    error = " ".join(str(exc).split())
-    except KeyboardInterrupt:
-        return 0
+    return terminal.watch(
+        lambda: running_jobs(client, args.queue), seen, interval, as_json=args.json,
+        title=lambda seen: f"forq top   {time.strftime('%Y-%m-%d %H:%M:%S')}   "
+                           f"{len(seen['jobs'])} running   every {age(interval)}   "
+                           f"(Ctrl-C to stop)",
+        frame=lambda seen: {"time": time.time(), "jobs": seen["jobs"]},
+        grid=lambda seen: grid(seen) if seen["jobs"] else None,
+        plain=plain, stale="the last read is shown")
 
 
 def register(sub: Any, parents: Parents) -> None:
