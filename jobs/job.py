@@ -264,9 +264,9 @@ class Job:
             out["memory_trail"] = [list(sample) for sample in self.memory_trail]
         if "depends_on" in self.fields:
             out["depends_on"] = self.depends_on
+            out["waiting_on"] = self.waiting_on
         if self.cost is not None:
             out["cost"] = self.cost
-            out["waiting_on"] = self.waiting_on
         return out
 
     def refresh(self) -> Job:
