@@ -81,6 +81,16 @@ def test_a_succeeded_record_is_compact_and_indexed(queue: Queue, r: redis_lib.Re
     assert retained_counts(r, queue.keys) == {"succeeded": 1, "dead": 0}
 
 
+def test_forq_job_says_a_compact_records_arguments_were_not_kept(queue: Queue):
+    from forq.supervisor.cli import render
+
+    shown = render.job(queue.get(succeed(queue, args=["secret"])))
+    assert "args      not kept (keep_history = true keeps them)" in shown, shown
+    assert "secret" not in shown
+    kept = render.job(queue.get(succeed(queue, args=["x"], keep_history=True)))
+    assert 'args      ["x"]' in kept and "kwargs" in kept, kept
+
+
 def test_keep_history_keeps_the_whole_record(queue: Queue, r: redis_lib.Redis):
     jid = succeed(queue, args=[1, 2], keep_history=True)
     job = queue.get(jid)

@@ -69,8 +69,10 @@ def job(job: Job) -> str:
         + f"    crashes {job.crashes}" + (f" of {f['max_crashes']}" if "max_crashes" in f else "")
         + (f"    snoozes {job.snoozes}" + (f" of {f['max_snoozes']}" if "max_snoozes" in f
                                           else "") if job.snoozes else ""))
-    row("args", _compact(job.args))
-    row("kwargs", _compact(job.kwargs))
+    compact = "args" not in f and job.state == "succeeded"  # retention's default record
+    row("args", "not kept (keep_history = true keeps them)" if compact else _compact(job.args))
+    if not compact:
+        row("kwargs", _compact(job.kwargs))
     for label in ("priority", "key", "group", "parent"):  # each shown when set
         if f.get(label):
             row(label, f[label])
@@ -133,8 +135,7 @@ def job(job: Job) -> str:
                                         for before, size in trail))
     if job.output:
         lines.append("  output (stdout and stderr, the last few KiB)")
-        lines.extend("    " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-                     for line in job.output.splitlines())
+        lines.extend("    " + printable(line) for line in job.output.splitlines())
 
     lines.append("  history")
     if not job.history:
