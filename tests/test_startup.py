@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +114,39 @@ def test_stop_while_waiting_for_redis_exits_0(tmp_path):
         assert "stopped" in sup.log() and "Traceback" not in sup.log()
     finally:
         sup.kill()
+
+
+@pytest.mark.timeout(60)
+def test_waiting_for_redis_backs_off_and_says_so_once(tmp_path):
+    """A "Redis" that takes each connection and hangs up: the supervisor tries again
+    after 0.1, 0.2, 0.4 s … (each try a connection), and says it waits once, not at
+    every try or at every wake-up of its loop."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    tries: list[float] = []
+
+    def hang_up() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            tries.append(time.monotonic())
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    port = listener.getsockname()[1]
+    config = write_config(tmp_path / "forq.toml", f"redis://127.0.0.1:{port}/0", {"q": 1})
+    sup = SupervisorProcess(config).start(wait_ready=False)
+    try:
+        wait_for(lambda: len(tries) >= 4, timeout=30, message="four tries to connect")
+        gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+        assert all(gap > 0.05 for gap in gaps), gaps  # backed off, never a hot loop
+        assert sup.log().count("redis not reachable yet") == 1, sup.log()
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(timeout=20) == 0
+    finally:
+        sup.kill()
+        listener.close()
 
 
 @pytest.mark.timeout(60)

@@ -37,7 +37,9 @@ CHILD = textwrap.dedent("""
 
     url, name = sys.argv[1], sys.argv[2]
     q = Queue(name, url=url)
-    handle = q.enqueue("wheel.check", 41, kwargs={"plus": 1})
+    # keep_history: the whole record stays once it succeeded (the default keeps a compact
+    # one, without its arguments), so the test can read them back
+    handle = q.enqueue("wheel.check", 41, kwargs={"plus": 1}, keep_history=True)
     claimed = leasing(q).claim("wheel-test", 5, 60000)
     lease = claimed.leases[0]
     reply = leasing(q).ack(lease.id, lease.token, json.dumps(42))

@@ -31,6 +31,7 @@ def wait_until_reachable(client: redis.Redis, loop: EventLoop, *, stopped: Calla
     another check than `client.ping()` (a cluster: the node forq's format lives on)."""
     delay = BACKOFF_MIN
     missed = False
+    last_log = -LOG_EVERY
     while not stopped():
         try:
             (ping or client.ping)()
@@ -39,9 +40,16 @@ def wait_until_reachable(client: redis.Redis, loop: EventLoop, *, stopped: Calla
             if not missed:
                 on_first_miss()
                 missed = True
-            log.warning("redis not reachable yet (%s); retrying in %.1fs", exc, delay)
+            now = time.monotonic()
+            if now - last_log > LOG_EVERY:  # said once, then every LOG_EVERY
+                log.warning("redis not reachable yet (%s); retrying in %.1fs", exc, delay)
+                last_log = now
+            # the whole delay, whatever else wakes the loop meanwhile (a watchdog ping, a
+            # scrape, a timer): a wake-up is not a reason to ping again
+            retry_at = now + delay
             loop.timers.schedule(delay, lambda: None)
-            loop.run_once(cap=delay)
+            while not stopped() and (left := retry_at - time.monotonic()) > 0:
+                loop.run_once(cap=left)
             delay = min(delay * 2, BACKOFF_MAX)
 
 
