@@ -62,6 +62,8 @@ reaper_interval = "1s"
 drain_timeout = "60s"
 imports = {json.dumps(["forq.examples", "forq_test_tasks", *imports])}
 {extra}
+[defaults]
+keep_history = true  # the tests read succeeded jobs' histories (claims, crashes)
 [[queue]]
 name = "{QUEUE}"
 concurrency = {concurrency}
@@ -301,9 +303,11 @@ def test_the_units_under_a_real_systemd():
 
     pytest_argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
                    "-rfEs", "-o", "timeout=600", str(Path(__file__)), "-k", "not real_systemd"]
-    # the units' journals follow the result, for a failure's post-mortem
-    command = ["sh", "-c", f"{shlex.join(pytest_argv)}; rc=$?; [ $rc = 0 ] || journalctl "
-               "-u 'forq@*' -o short-monotonic --no-pager | tail -n 150; exit $rc"]
+    # on a failure the units' journals, then the tests' own output last: the assertion
+    # shows the console's end, and a long journal must not push the failure out of it
+    command = ["sh", "-c", f"{shlex.join(pytest_argv)} > /tmp/vm-tests.out 2>&1; rc=$?; "
+               "[ $rc = 0 ] || journalctl -u 'forq@*' -o short-monotonic --no-pager | "
+               "tail -n 60; tail -n 120 /tmp/vm-tests.out; exit $rc"]
     try:
         rc, console = systemd_vm.run(command, timeout=1100)
     except vm.VMUnavailable as exc:
