@@ -70,7 +70,7 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("result_ttl", "result_ttl_ms", "duration", "1d",
               "The longest a succeeded or cancelled record is kept (0 keeps none); see keep_succeeded."),
     PolicyKey("keep_succeeded.age", "keep_succeeded_ms", "duration", "1h",
-              "A succeeded job's record is trimmed this long after its end (docs/retention.md)."),
+              "A succeeded job's record is trimmed this long after its end (docs/operations/retention.md)."),
     PolicyKey("keep_succeeded.count", "keep_succeeded_count", "integer", 10000,
               "At most this many succeeded records per queue (jobs sharing this count)."),
     PolicyKey("keep_dead.age", "keep_dead_ms", "duration", "30d",

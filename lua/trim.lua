@@ -1,6 +1,6 @@
 --[[
   trim: retention. Delete the records of ended jobs (succeeded, dead) past their keep
-  age or beyond their keep count (docs/retention.md), or, for `forq purge`, the ids
+  age or beyond their keep count (docs/operations/retention.md), or, for `forq purge`, the ids
   given. The reaper runs a pass for every served queue, bounded by ARGV[3]; concurrent
   passes are safe (each record is deleted by the first call to reach it).
 

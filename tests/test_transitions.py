@@ -453,7 +453,7 @@ def test_ack_with_result_ttl_caps_the_keep(queue, r):
     lease = claim_one(queue)
     assert leasing(queue).ack(jid, lease.token, "1") == "ok"
     finished = int(r.hget(queue.keys.job(jid), "finished_at"))
-    # the reaper's trim deletes it after 10 s (docs/retention.md), not a key expiry
+    # the reaper's trim deletes it after 10 s (docs/operations/retention.md), not a key expiry
     assert r.zscore(queue.keys.kept_bucket("succeeded:10000"), jid) == finished + 10_000
     assert not r.exists(queue.keys.history(jid))  # a compact record: no history kept
 

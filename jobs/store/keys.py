@@ -56,7 +56,7 @@ class QueueKeys:
 
     @property
     def kept(self) -> str:
-        """Set of the retention buckets "<state>:<count>" (lua/trim.lua, docs/retention.md)."""
+        """Set of the retention buckets "<state>:<count>" (lua/trim.lua, docs/operations/retention.md)."""
         return self.prefix + "kept"
 
     def kept_bucket(self, bucket: str) -> str:

@@ -1,6 +1,6 @@
 --[[
   retain: a job that ended succeeded or dead enters its queue's retention index, from
-  which the reaper trims it (trim.lua) by age and by count (docs/retention.md).
+  which the reaper trims it (trim.lua) by age and by count (docs/operations/retention.md).
 ]]
 --@include includes/policy
 

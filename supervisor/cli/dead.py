@@ -185,7 +185,7 @@ def register(sub: Any, parents: Parents) -> None:
         d.add_argument("--all", action="store_true", help="every dead job of the queue")
         d.set_defaults(func=func)
     p = sub.add_parser("purge", parents=listing,
-                       help="ended jobs deleted now, by state, task and age (docs/retention.md)")
+                       help="ended jobs deleted now, by state, task and age (docs/operations/retention.md)")
     p.add_argument("-q", "--queue", required=True)
     p.add_argument("--state", required=True, choices=KEPT_STATES,
                    help="succeeded or dead (a live job is never purged)")

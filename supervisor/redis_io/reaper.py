@@ -8,7 +8,7 @@ crashed child (`expire`), so a crash is back in pending within milliseconds.
 Each timed pass also sweeps the jobs whose expiry before start passed while they
 waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run,
 and trims the records of ended jobs past their keep age or count (trim.lua, at most
-`TRIM_BATCH` index entries per queue a pass; docs/retention.md).
+`TRIM_BATCH` index entries per queue a pass; docs/operations/retention.md).
 """
 
 from __future__ import annotations
