@@ -18,12 +18,14 @@
 local USAGE_KEEP_S = 8 * 24 * 3600 -- a week and a day: `forq usage --since 7d` works
 
 -- Keep `cost` in the record at `jkey` and add it to `totals[group]`; false if there is
--- none (or it is not the supervisor's format: nothing kept).
-local function record_cost(jkey, cost, group, totals)
+-- none (or it is not the supervisor's format: nothing kept), else the cost. `deferred`:
+-- the caller writes the field itself, in its own HSET of the record (ack, which ends the
+-- job with one): nothing is written here.
+local function record_cost(jkey, cost, group, totals, deferred)
   if not cost or cost == '' then return false end
   local u, s, p, w = string.match(cost, '^(%d+),(%d+),(%d+),(%d+),%d*$')
   if not u then return false end
-  redis.call('HSET', jkey, 'cost', cost)
+  if not deferred then redis.call('HSET', jkey, 'cost', cost) end
   local g = group or ''
   local t = totals[g]
   if not t then
@@ -32,7 +34,7 @@ local function record_cost(jkey, cost, group, totals)
   end
   t[1], t[2], t[3], t[4] = t[1] + 1, t[2] + tonumber(u) + tonumber(s), t[3] + tonumber(p),
     t[4] + tonumber(w)
-  return true
+  return cost
 end
 
 -- Add the `totals` `record_cost` gathered to the queue's hourly usage.

@@ -12,9 +12,10 @@
 --@include includes/retain
 
 -- The fields `succeed` needs, in this order; ack reads them with its token check.
+-- The task and the lease's owner name the job's `succeeded` event (includes/events).
 local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', 'batch', 'batch_queue',
   'child_batch', 'dependents', 'policy', 'task', 'keep_succeeded_ms', 'keep_succeeded_count',
-  'keep_history'}
+  'keep_history', 'owner'}
 
 -- The fields a compact succeeded record keeps besides its end (state, result, attempts,
 -- finished_at), when its policy's keep_history is off: what a reader of its result
@@ -27,12 +28,14 @@ local COMPACT_FIELDS = {'id', 'task', 'queue', 'enqueued_at', 'started_at', 'cra
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
 -- values when the caller has read them (from index `i`), else nil; `batched`: the
--- caller removes the job from `active` and counts the success, for a whole batch at once.
-local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
+-- caller removes the job from `active` and counts the success, for a whole batch at once;
+-- `extra`: nil or a flat list of more fields to write with the end (ack: the run's cost),
+-- in the same HSET.
+local function succeed(prefix, id, jkey, result, at, source, f, i, batched, extra)
   if f == nil then
     f, i = redis.call('HMGET', jkey, unpack(SUCCEED_FIELDS)), 1
   end
-  emit(prefix, 'succeeded', id, nil, true) -- first: it reads the lease's owner
+  emit(prefix, 'succeeded', id, f[i + 9], f[i + 13]) -- its task and the lease's owner
   if not batched then redis.call('ZREM', prefix .. 'active', id) end
   local keep = keep_of(prefix, 'succeeded', f[i + 8], f[i + 9], f, i + 10)
   local ended = {'state', 'succeeded', 'finished_at', at, 'result', result,
@@ -47,9 +50,11 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched)
         ended[#ended + 1] = v[k]
       end
     end
+    if extra then for k = 1, #extra do ended[#ended + 1] = extra[k] end end
     redis.call('DEL', jkey, jkey .. ':history')
     redis.call('HSET', jkey, unpack(ended))
   else
+    if extra then for k = 1, #extra do ended[#ended + 1] = extra[k] end end
     redis.call('HSET', jkey, unpack(ended))
     redis.call('HDEL', jkey, 'owner', 'token', 'lease_deadline', 'cancel_requested',
       'error_pending')
