@@ -8,7 +8,8 @@
                                 group limits (see includes/groups), paused (pause.lua:
                                 lease nothing while it is set) and throttled_until
                                 (includes/throttle: lease nothing before then), tripped
-                                (includes/breaker: how many tasks are tripped)
+                                (includes/breaker: how many tasks are tripped), events
+                                (includes/events)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -76,10 +77,12 @@ local ttl = tonumber(ARGV[4])
 local code = ARGV[6]
 local at = now_ms()
 -- the global limits, shared by every supervisor through this hash (used in step 2); a
--- paused queue leases nothing, known from the same HMGET
+-- paused queue leases nothing, known from the same HMGET; and the events switch
+-- (includes/events), which each leased job's `started` event needs
 local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
   'group_concurrency', 'group_rate', 'group_burst', 'paused', 'throttled_until',
-  'group_throttles', 'tripped')
+  'group_throttles', 'tripped', 'events')
+events_known(limits[12])
 if limits[8] then return {-1, 0, redis.call('ZCARD', pending_key), 0, at} end
 -- a throttled queue (includes/throttle) leases nothing until then: come back at its end
 local throttled = tonumber(limits[9])
