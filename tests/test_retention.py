@@ -366,3 +366,16 @@ def test_forq_purge_refuses_a_live_state(redis_url: str, queue: Queue):
     out = forq(redis_url, "purge", "-q", queue.name, "--state", "pending")
     assert out.returncode == 2
     assert "--state" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_success_leaves_the_recently_finished_cap_to_the_trim_pass(queue: Queue,
+                                                                   r: redis_lib.Redis):
+    """An ack lists its job in the "recently finished" index without trimming it (one
+    command less a job); the reaper's pass trims it to its newest 10,000."""
+    r.zadd(queue.keys.finished, {f"old-{i}": i for i in range(10_000)})
+    jid = succeed(queue)
+    assert r.zcard(queue.keys.finished) == 10_001
+    trim(queue)
+    assert r.zcard(queue.keys.finished) == 10_000
+    assert r.zscore(queue.keys.finished, jid) is not None
+    assert r.zscore(queue.keys.finished, "old-0") is None
