@@ -11,19 +11,23 @@
 --@include includes/events
 --@include includes/retain
 
--- The fields `succeed` needs, in this order; ack reads them with its token check.
--- The task and the lease's owner name the job's `succeeded` event (includes/events).
-local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', 'batch', 'batch_queue',
-  'child_batch', 'dependents', 'policy', 'task', 'keep_succeeded_ms', 'keep_succeeded_count',
-  'keep_history', 'owner'}
-
 -- The fields a compact succeeded record keeps besides its end (state, result, attempts,
 -- finished_at), when its policy's keep_history is off: what a reader of its result
 -- needs, what retention reads (its idempotency key, its links), and what the run was:
--- its cost (includes/cost, written just before) and the code it ran.
+-- its cost (includes/cost: an earlier attempt's, or this one's from the caller) and the
+-- code it ran.
 local COMPACT_FIELDS = {'id', 'task', 'queue', 'enqueued_at', 'started_at', 'crashes', 'key',
   'unique_until', 'batch', 'batch_queue', 'parent', 'depends_on', 'callback_of', 'idempotent',
   'cost', 'code'}
+
+-- The fields `succeed` needs, in this order; ack reads them with its token check.
+-- The task and the lease's owner name the job's `succeeded` event (includes/events);
+-- COMPACT_FIELDS follow (from index 15), read in the same HMGET.
+local SUCCEED_FIELDS = {'attempts', 'result_ttl_ms', 'key', 'group', 'batch', 'batch_queue',
+  'child_batch', 'dependents', 'policy', 'task', 'keep_succeeded_ms', 'keep_succeeded_count',
+  'keep_history', 'owner'}
+local COMPACT_AT = #SUCCEED_FIELDS
+for _, name in ipairs(COMPACT_FIELDS) do SUCCEED_FIELDS[#SUCCEED_FIELDS + 1] = name end
 
 -- Mark an active job succeeded (used by ack, and by claim/reclaim for an idempotent
 -- job whose completion the parent had already recorded). `f` holds SUCCEED_FIELDS'
@@ -43,11 +47,11 @@ local function succeed(prefix, id, jkey, result, at, source, f, i, batched, extr
   if keep[3] == 0 then
     -- compact: written anew without its history, arguments, steps and lease, so a small
     -- record is a listpack again (a hash once past 64-byte values stays a hashtable)
-    local v = redis.call('HMGET', jkey, unpack(COMPACT_FIELDS))
     for k, name in ipairs(COMPACT_FIELDS) do
-      if v[k] then
+      local v = f[i + COMPACT_AT + k - 1]
+      if v then
         ended[#ended + 1] = name
-        ended[#ended + 1] = v[k]
+        ended[#ended + 1] = v
       end
     end
     if extra then for k = 1, #extra do ended[#ended + 1] = extra[k] end end
