@@ -371,7 +371,9 @@ class ForqSupervisor:
             pass
 
     def __enter__(self) -> ForqSupervisor:
-        return self.start()
+        # `with sup.start():` is started already: starting it again would leave the
+        # first one running, unwatched, after the block (as `testing.supervisor` does)
+        return self if self.proc is not None and self.proc.poll() is None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -70,6 +70,16 @@ def _cpu(pid: int) -> float:
     return st["user"] + st["sys"]
 
 
+def _wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid`: its sleeps, so its wake-ups."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
 def idle_cpu(url: str, seconds: float, python: str | None = None) -> dict[str, Any]:
     """CPU seconds of an idle supervisor (and its fork server, spares) over `seconds`,
     and what its idle loop costs Redis."""
@@ -84,7 +94,9 @@ def idle_cpu(url: str, seconds: float, python: str | None = None) -> dict[str, A
         pids = [sup.pid, *descendants(sup.pid)]
         cpu1 = {pid: _cpu(pid) for pid in pids}
         rcpu1, calls1 = redis_cpu_seconds(r), command_calls(r)
+        woke1 = _wakeups(sup.pid)
         time.sleep(seconds)
+        woke2 = _wakeups(sup.pid)
         rcpu2, calls2 = redis_cpu_seconds(r), command_calls(r)
         cpu2 = {}
         for pid in pids:
@@ -94,10 +106,13 @@ def idle_cpu(url: str, seconds: float, python: str | None = None) -> dict[str, A
                 cpu2[pid] = cpu1[pid]
     own = cpu2[sup.pid] - cpu1[sup.pid]
     helpers = sum(cpu2[p] - cpu1[p] for p in pids if p != sup.pid)
-    calls = sum(v - calls1.get(k, 0) for k, v in calls2.items() if k != "info")
+    per = {k: (v - calls1.get(k, 0)) / seconds for k, v in calls2.items() if k != "info"}
+    per = {k: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0}
     return {"seconds": seconds, "supervisor_cpu_s": own, "helpers_cpu_s": helpers,
             "processes": len(pids), "share_of_a_core": (own + helpers) / seconds,
-            "redis_cpu_s": rcpu2 - rcpu1, "redis_commands_per_s": calls / seconds}
+            "wakeups_per_s": (woke2 - woke1) / seconds,
+            "redis_cpu_s": rcpu2 - rcpu1, "redis_commands_per_s": sum(per.values()),
+            "redis_commands": per}
 
 
 def scripts_alone(url: str, jobs: int, texts: dict[str, str]) -> dict[str, Any]:
@@ -248,8 +263,14 @@ def report(res: dict[str, Any]) -> None:
         print(f"\nidle ({side}, {idle['seconds']:g} s): supervisor {idle['supervisor_cpu_s']:.3f} "
               f"CPU s, fork server and spares ({idle['processes'] - 1}) "
               f"{idle['helpers_cpu_s']:.3f} CPU s: {idle['share_of_a_core']:.2%} of a core; "
+              f"{idle.get('wakeups_per_s', 0):.1f} wake-ups/s (supervisor); "
               f"Redis {idle['redis_cpu_s']:.3f} CPU s, {idle['redis_commands_per_s']:.1f} "
-              f"commands/s")
+              f"commands/s: {idle.get('redis_commands', {})}")
+    if {"this", "baseline"} <= set(res["idle"]):
+        a, b = res["idle"]["this"], res["idle"]["baseline"]
+        print(f"  this ÷ baseline: CPU {_ratio(a['share_of_a_core'], b['share_of_a_core'])}, "
+              f"wake-ups {_ratio(a['wakeups_per_s'], b['wakeups_per_s'])}, Redis commands "
+              f"{_ratio(a['redis_commands_per_s'], b['redis_commands_per_s'])}")
 
 
 def _p(lat: dict[str, Any], p: int) -> float:

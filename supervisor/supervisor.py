@@ -265,7 +265,7 @@ class Supervisor:
         self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
             self.redis, self.served(), self.health, self.relay,
             self.shards if self.sharded else None))
-        self.loop.timers.every(self.config.memory_sample_interval, self.children.police_limits)
+        self.children.police_every(self.config.memory_sample_interval)
         self.loop.timers.every(HEARTBEAT_INTERVAL, self.heartbeat.beat)
         self.loop.timers.every(POLL_INTERVAL, self.wakeups.poll)
         self.scheduler.run_on(self.loop.timers, self.health, lambda: self.drain.active)

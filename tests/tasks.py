@@ -175,3 +175,12 @@ def liar(name: str, size: int = 1):
     """A hostile handler: raises an exception whose type name it chose (another task's
     name, a signal's, `size` times over): its own task's pattern, capped, nothing else."""
     raise type(name * size, (Exception,), {})("not what it says")
+
+
+@task("tests.hold_memory")
+def hold_memory(mib: int, seconds: float) -> int:
+    """Touches `mib` MiB at once, holds it for `seconds`, then returns: over its memory
+    limit only for that long, so only a sampler that looks within it kills the job."""
+    block = bytearray(os.urandom(1)) * (mib << 20)
+    time.sleep(seconds)
+    return len(block)

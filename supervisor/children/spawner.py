@@ -77,7 +77,8 @@ class Spawner:
         self.starting: tuple[ForkServer, bool, Callable[[ForkServerError | None], None],
                              list] | None = None
         # what a job leaves behind that no fork server ended (`strays`)
-        self.strays = Strays(loop, self._started_here)
+        self.strays = Strays(loop, self._started_here,
+                             lambda: any(True for _ in self.children()))
 
     def _started_here(self) -> list[int]:
         """The pids of the children the supervisor started: its fork servers (each its
@@ -231,6 +232,7 @@ class Spawner:
               fence_at: float | None = None) -> RunningChild:
         """`fence_at` (monotonic): the fork server kills the child then, unless `fence`
         moves it on (a child forked here has no such guard)."""
+        self.strays.hurry()  # what it may leave is swept at the fast pace while it runs
         for _attempt in range(2):  # a lost fork server is replaced once, then forked here
             server = self.server
             if server is None:

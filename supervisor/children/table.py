@@ -30,6 +30,7 @@ from forq.supervisor.isolation.limits import KILL_GRACE, LimitPolice
 from forq.supervisor.leases.held import AUTO_PREFETCH, HeldLeases, ShortJobs
 from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
+from forq.supervisor.loop.timers import Ticker
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
 from forq.supervisor.redis_io.reports import Pending
@@ -62,6 +63,7 @@ class Children:
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
         self.short_jobs = ShortJobs()  # queues with prefetch = "auto": are their jobs short
         self.budget = MemoryBudget()  # [supervisor] memory_budget: admission by memory
+        self.police_ticker: Ticker | None = None  # `police_every`
 
     def __len__(self) -> int:
         return len(self.by_job)
@@ -218,6 +220,8 @@ class Children:
             raise
         child.claimed = sent_at
         self.by_job[job.id] = child
+        if self.police_ticker is not None:  # its limits within one interval of its start
+            self.police_ticker.hurry()
         self.running[queue] += 1
         self.budget.started(job.id, int(f.get("memory_limit") or 0))
         self.leases.add(queue, job.id, lease.token, sent_at)
@@ -318,6 +322,16 @@ class Children:
         for child in self:
             child.stop(KillReason.RELEASED, why, grace=KILL_GRACE)
             self.kill_after_grace(child)
+
+    def police_every(self, interval: float) -> None:
+        """Police the limits every `interval` while a child runs (or a cgroup waits to be
+        removed), at the timers' idle pace otherwise; a launch hurries it back."""
+        self.police_ticker = self.loop.timers.every(interval, self.police_limits,
+                                                    idle=self.nothing_to_police)
+
+    def nothing_to_police(self) -> bool:
+        cgroups = self.launcher.cgroups
+        return not self.by_job and not (cgroups is not None and cgroups.leftovers)
 
     def police_limits(self) -> None:
         if self.launcher.cgroups is not None:

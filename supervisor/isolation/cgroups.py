@@ -227,6 +227,11 @@ class JobCgroups:
         if not _kill_and_remove(path):
             self._leftovers.append(path)
 
+    @property
+    def leftovers(self) -> int:
+        """Cgroups still busy after their job ended, for `sweep` to try again."""
+        return len(self._leftovers)
+
     def sweep(self) -> None:
         """Try again to remove the cgroups that were still busy."""
         if self._leftovers:
