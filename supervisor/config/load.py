@@ -142,7 +142,8 @@ class Config:
         scope=SUPERVISOR)
     memory_sample_interval: float = key(
         "50ms", read.durations(positive=True),
-        "How often a child's memory (when not in a cgroup) and time limit are checked.",
+        "How often a child's memory (when not in a cgroup) and time limit are checked "
+        "while children run (every second while none does).",
         scope=SUPERVISOR)
     address_space_factor: float = key(
         4.0, read.Reader(_FACTOR, _address_space_factor),
