@@ -142,8 +142,7 @@ class Config:
         scope=SUPERVISOR)
     memory_sample_interval: float = key(
         "50ms", read.durations(positive=True),
-        "How often a child's memory (when not in a cgroup) and time limit are checked "
-        "while children run (every second while none does).",
+        "How often children's memory (outside a cgroup) and time limits are checked (1s if none run).",
         scope=SUPERVISOR)
     address_space_factor: float = key(
         4.0, read.Reader(_FACTOR, _address_space_factor),
