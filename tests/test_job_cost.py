@@ -118,6 +118,8 @@ def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redi
                   sample(samples, "forq_job_peak_memory_bytes_bucket", **mine)}
         assert (memory[floatToGoString(64 * MIB)], memory[floatToGoString(512 * MIB)]) == (0, 1), memory
         assert sample(samples, "forq_job_start_latency_seconds_count", **mine)[0][1] == 1
+        # no memory_budget: none of its metrics (`absent()` says so to an alert)
+        assert not [name for name in samples if name.startswith("forq_memory_")]
 
         shown = forq(redis_url, "job", jid, "--json")
         assert shown["cost"] == cost

@@ -32,6 +32,7 @@ from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_memory import MemorySnapshot
 from forq.supervisor.redis_io.reports import Pending
 
 log = logging.getLogger("forq.supervisor")
@@ -113,6 +114,13 @@ class Children:
                         if lease.job.id not in self.budget.waiting)
         room = self.budget.claimable(queue, held_cost, time.monotonic())
         return free if room is None else min(free, room)
+
+    def memory(self) -> MemorySnapshot:
+        """The memory budget's figures now, for the metrics endpoint."""
+        held = sum(self._cost(lease) for lease in self.held.every())
+        return MemorySnapshot(self.budget.budget, self.budget.used, held,
+                              {q: self.budget.waiters(q) for q in self.slots},
+                              self.budget.refused_total)
 
     def _cost(self, lease: Lease) -> int:
         return self.budget.cost(int(lease.job.fields.get("memory_limit") or 0), lease.job.task)
