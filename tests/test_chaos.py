@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ import pytest
 from chaos.checker import Checker, Exec
 from chaos.faults import KINDS
 from forq import Job
-from tests import background
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -123,24 +121,16 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     assert len(early) >= 2, batches  # the first two batches (examples are in batch order)
 
 
-def soak_a_leaking_fleet() -> tuple[int, dict, str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("chaos starts its own redis-server; none on PATH")
-    with tempfile.TemporaryDirectory(prefix="forq-soak-") as tmp:
-        return run_chaos(
-            Path(tmp), "--soak", "--duration", "165s", "--sample-interval", "5s", "--rate",
-            "20", "--seed", "5", "--break", "leak", "--settle", "30s", timeout=260)
-
-
-@pytest.mark.background(soak_a_leaking_fleet, lane="soak")
+@needs_redis
 @pytest.mark.timeout(300)
-def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat() -> None:
+def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat(tmp_path: Path) -> None:
     """A 165 s soak sampled every 5 s in which chaos-2 is built to leak (`--break leak`:
     an fd and 256 KiB every 10th ack it sends: about 45 fds and 11 MiB a minute at this
     load). Its two series must be called a leak and fail the run, and no other process's:
-    the others are the control. It runs beside the rest of the suite (tests/background.py),
-    which loads the host as a fleet's neighbours would."""
-    code, result, out = background.result(soak_a_leaking_fleet)
+    the others are the control."""
+    code, result, out = run_chaos(
+        tmp_path, "--soak", "--duration", "165s", "--sample-interval", "5s", "--rate", "20",
+        "--seed", "5", "--break", "leak", "--settle", "30s", timeout=260)
     assert code == 1, out
     soak = result["soak"]
     assert not soak["ok"] and not result["ok"]
