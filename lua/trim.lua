@@ -2,7 +2,9 @@
   trim: retention. Delete the records of ended jobs (succeeded, dead) past their keep
   age or beyond their keep count (docs/operations/retention.md), or, for `forq purge`, the ids
   given. The reaper runs a pass for every served queue, bounded by ARGV[3]; concurrent
-  passes are safe (each record is deleted by the first call to reach it).
+  passes are safe (each record is deleted by the first call to reach it). A pass also
+  trims the "recently finished" index (forq:{q}:finished) to its newest 10,000, which a
+  success leaves to it (includes/finish).
 
   KEYS[1]  forq:{q}:kept        set of the buckets "<state>:<count>"; each is the zset
                                 forq:{q}:kept:<state>:<count> of the ended jobs sharing
@@ -27,6 +29,7 @@
 --@include includes/job
 
 local RECHECK_MS = 60000 -- a record a waiting job still needs is looked at again after
+local FINISHED_CAP = 10000 -- the "recently finished" index's newest kept (includes/finish)
 
 local kept_key, dead_key = KEYS[1], KEYS[2]
 local prefix, mode, budget = ARGV[1], ARGV[2], tonumber(ARGV[3]) or 0
@@ -101,6 +104,8 @@ if mode == 'ids' then
   return out
 end
 
+-- the "recently finished" index back to its cap: a success does not trim it (includes/finish)
+redis.call('ZREMRANGEBYRANK', prefix .. 'finished', 0, -FINISHED_CAP - 1)
 local buckets = redis.call('SMEMBERS', kept_key)
 table.sort(buckets)
 for _, bucket in ipairs(buckets) do
