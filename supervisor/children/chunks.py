@@ -20,6 +20,7 @@ jobs not reported are released, nothing counted.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -91,19 +92,23 @@ def member(lease: Lease) -> dict[str, Any]:
             "crashes": job.crashes, "group": job.fields.get("group") or None}
 
 
-def view(child: RunningChild, lease: Lease, first: bool) -> RunningChild:
+def view(child: RunningChild, lease: Lease, silent: OutputReader | None) -> RunningChild:
     """One job of a chunk, for its report: the chunk's process (its pid, times, peak
-    memory, kill reason) with this job's lease; a share of its CPU (the chunk's split
-    evenly), and its output with the first job's report only."""
+    memory, kill reason, reader) with this job's lease and spec; a share of its CPU (the
+    chunk's split evenly); its output with the first job's report only (`silent`: the
+    others' empty one; None for the first). A shallow copy: a chunk ends in one go."""
     job = lease.job
-    spec = dataclasses.replace(child.spec, job_id=job.id, args=job.args, kwargs=job.kwargs,
-                               attempts=job.attempts, crashes=job.crashes, chunk=[],
-                               group=job.fields.get("group") or None)
-    one = dataclasses.replace(child, lease=lease, spec=spec, members=[])
-    one.reader.began = child.reader.began
+    one = copy.copy(child)
+    one.lease, one.members = lease, []
+    one.spec = copy.copy(child.spec)
+    spec = one.spec
+    spec.job_id, spec.args, spec.kwargs, spec.chunk = job.id, job.args, job.kwargs, []
+    spec.attempts, spec.crashes = job.attempts, job.crashes
+    spec.group = job.fields.get("group") or None
     n = max(1, len(child.members))
     one.cpu_us = (child.cpu_us[0] // n, child.cpu_us[1] // n)
-    one.out = child.out if first else OutputReader(job.id, job.task, 0)
+    if silent is not None:
+        one.out = silent
     return one
 
 
@@ -113,8 +118,9 @@ def outcomes(child: RunningChild, status: int) -> list[tuple[RunningChild, Outco
     rest = classify(child, status)  # the end of the process: for each job not reported
     reason = child.kill_reason
     out = []
+    silent = OutputReader(child.job_id, child.task, 0)  # nothing: the first job has it
     for i, lease in enumerate(child.members):
-        one = view(child, lease, i == 0)
+        one = view(child, lease, None if i == 0 else silent)
         job_id = lease.job.id
         report = reports.get(job_id)
         if reason is KillReason.LEASE_LOST and (job_id in child.lost or not child.lost):

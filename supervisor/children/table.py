@@ -257,8 +257,7 @@ class Children:
         self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
         if child.output >= 0:
             self.loop.add_reader(child.output, lambda _f, _m: self._on_output(child))
-        for one in every:
-            _started(self.metrics, queue, one, child.pid)
+        _started(self.metrics, queue, every, child.pid, chunk=bool(members))
         self.metrics.set_children(queue, self.running[queue])
         self.on_change()
 
@@ -347,12 +346,20 @@ def _refine(outcome: Outcome, cause: str) -> None:
         outcome.reason = f"{cause}: {outcome.reason}"
 
 
-def _started(metrics: Metrics, queue: str, lease: Lease, pid: int) -> None:
-    job, f = lease.job, lease.job.fields
-    waited = None
-    if f.get("started_at"):
-        waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
-                                                   int(f.get("run_at", 0)))) / 1000
-    metrics.job_started(queue, job.task, waited)
-    log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, pid,
-             job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
+def _started(metrics: Metrics, queue: str, every: list[Lease], pid: int, chunk: bool) -> None:
+    """The news of a child's start: each job's wait, and a log line (one for a chunk)."""
+    for lease in every:
+        f = lease.job.fields
+        waited = None
+        if f.get("started_at"):
+            waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
+                                                       int(f.get("run_at", 0)))) / 1000
+        metrics.job_started(queue, lease.job.task, waited)
+    job = every[0].job
+    if chunk:
+        log.info("chunk of %d %s started in pid %d: %s", len(every), job.task, pid,
+                 " ".join(lease.job.id for lease in every),
+                 extra={"job": job.id, "task": job.task, "event": "started"})
+    else:
+        log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, pid,
+                 job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
