@@ -108,3 +108,17 @@ def slow(jobs: list[ChunkJob]) -> None:
     for job in jobs:
         note(job, "ran")
     time.sleep(float(jobs[0].args[1]))
+
+
+@task("chunks.wait_file", chunk=8)
+def wait_file(jobs: list[ChunkJob]) -> None:
+    """Reports the first job, then waits until the file named by the first job's second
+    argument exists; every job succeeds."""
+    jobs[0].ok("first")
+    note(jobs[0], "ran")
+    gate = jobs[0].args[1]
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    for job in jobs[1:]:
+        note(job, "ran")
+

@@ -10,6 +10,7 @@ leases them together; tests/chunk_tasks.py notes each run in a file, outside Red
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ import pytest
 from forq import Queue, task
 from forq.errors import JobNotFound
 from forq.job import Job
+from forq.registry import TaskSpec
+from forq.supervisor.children.chunk_reader import ChunkReader
+from forq.supervisor.fork.protocol import BadTaskTable, describe, parse
 from tests import helpers
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, write_config
 
@@ -184,3 +188,75 @@ def test_a_chunk_cannot_report_for_a_job_outside_it_or_more_than_its_jobs(
             assert (done[i].state, done[i].result, done[i].crashes) == (
                 "succeeded", "honest", 1), done[i].history
             assert "malformed" in str(done[i].history)
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_stops_the_chunk_and_gives_its_other_unreported_jobs_back(
+        tmp_path, redis_url, queue):
+    notes, gate = tmp_path / "notes", tmp_path / "gate"
+    a, b, c = enqueue(queue, "chunks.wait_file", notes, str(gate), str(gate), str(gate))
+    with supervisor(tmp_path, redis_url, queue, lease_ttl="1s") as sup:
+        helpers.wait_for(lambda: notes.exists() and notes.read_text(), timeout=20,
+                         message="the chunk reported its first job")
+        assert queue.cancel(b) == "cancelling"
+        helpers.wait_job(queue, b, ("cancelled",), 20, context=lambda: sup.log()[-3000:])
+        helpers.wait_for(lambda: "released" in [e["event"] for e in queue.get(c).history],
+                         timeout=20, message="the chunk's other job given back")
+        gate.touch()  # c runs again, alone: it may finish now
+        done = finished(queue, [a, c], sup)
+    assert (done[a].state, done[a].result, done[a].attempts) == ("succeeded", "first", 1)
+    assert queue.get(b).state == "cancelled"
+    # released: nothing counted, then run again to success
+    assert (done[c].state, done[c].crashes, done[c].attempts) == ("succeeded", 0, 1), \
+        done[c].history
+    assert "another job of its chunk was cancelled" in str(done[c].history)
+
+
+# -- what the parent reads (no supervisor) ------------------------------------------------
+
+
+def reader(*ids: str) -> ChunkReader:
+    return ChunkReader(list(ids), 1 << 16, "q")
+
+
+def feed(r: ChunkReader, *messages: dict[str, Any]) -> ChunkReader:
+    r.feed(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+    return r
+
+
+def test_the_reader_takes_one_result_per_job_of_the_chunk():
+    r = feed(reader("a", "b"), {"t": "began", "at": 1.5},
+             {"t": "result", "job": "b", "ok": True, "result": [1]},
+             {"t": "result", "job": "a", "ok": False,
+              "error": {"type": "ValueError", "message": "x"}})
+    assert not r.violation and r.began == 1.5
+    assert r.reports["b"].ok and r.reports["b"].result_json == "[1]"
+    assert not r.reports["a"].ok and r.reports["a"].error["reason"] == "ValueError: x"
+
+
+@pytest.mark.parametrize(("messages", "said"), [
+    ([{"t": "result", "job": "c", "ok": True}], "'c', which is not in its chunk"),
+    ([{"t": "result", "ok": True}], "None, which is not in its chunk"),
+    ([{"t": "result", "job": "a", "ok": True}] * 2, "reported job a twice"),
+    ([{"t": "result", "job": "a", "ok": True}, {"t": "result", "job": "b", "ok": True},
+      {"t": "result", "job": "b", "ok": True}], "wrote after the results of all 2 jobs"),
+    ([{"t": "progress", "progress": 0.5}], "a chunk sends only results, not 'progress'"),
+    ([{"t": "step", "name": "s", "result": 1}], "a chunk sends only results, not 'step'"),
+    ([{"t": "began", "at": 1}, {"t": "began", "at": 2}], "says began once"),
+    ([{"t": "result", "job": "a", "ok": "yes"}], "result.ok must be true or false"),
+])
+def test_the_reader_refuses_what_a_chunk_may_not_say(messages, said):
+    r = feed(reader("a", "b"), *messages)
+    assert said in r.violation, r.violation
+    assert r.done
+
+
+def test_the_task_table_carries_chunks_and_refuses_bad_ones():
+    table = describe({"t.one": TaskSpec("t.one", print), "t.many": TaskSpec("t.many", print,
+                                                                         chunk=8)})
+    assert table == {"t.one": {"idempotent": False},
+                     "t.many": {"idempotent": False, "chunk": 8}}
+    assert parse(table)["t.many"].chunk == 8 and parse(table)["t.one"].chunk == 1
+    for bad in (0, 33, "8", True):
+        with pytest.raises(BadTaskTable, match="chunk must be an integer"):
+            parse({"t.x": {"chunk": bad}})
