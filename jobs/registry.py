@@ -93,7 +93,37 @@ class TaskSpec:
     def call(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Run the handler in the job's child: an `async def` one with `asyncio.run`
         (a fresh loop per job, so nothing is shared between jobs but the process's
-        imports); a coroutine returned by a plain function is a mistake, said so."""
+        imports); a coroutine returned by a plain function is a mistake, said so. A
+        chunked task's job run alone (`forq replay`): its handler gets a list of one."""
+        if self.chunk > 1:
+            return self._alone(args, kwargs)
+        return self._invoke(args, kwargs)
+
+    def call_chunk(self, jobs: list[ChunkJob]) -> Any:
+        """Run a chunked handler with its chunk's jobs (`task(chunk=N)`)."""
+        return self._invoke([jobs], {})
+
+    def _alone(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        ctx = _current
+        said: list[tuple[Any, BaseException | None]] = []
+        job = ChunkJob(ctx.id if ctx else "", ctx.queue if ctx else "", self.name, args,
+                       kwargs, ctx.attempts if ctx else 0, ctx.crashes if ctx else 0,
+                       lambda _job, result, exc: said.append((result, exc)))
+        returned = self._invoke([[job]], {})
+        if not said:
+            if returned is not None and (not isinstance(returned, list) or len(returned) != 1):
+                raise TypeError(f"chunked task {self.name!r} returned "
+                                f"{type(returned).__name__}; it returns None or a list of 1 "
+                                "outcome")
+            said.append((None, None) if returned is None else
+                        (None, returned[0]) if isinstance(returned[0], BaseException)
+                        else (returned[0], None))
+        result, exc = said[0]
+        if exc is not None:
+            raise exc
+        return result
+
+    def _invoke(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if self.is_async:
             import asyncio  # preloaded by the fork server when any handler is async
 

@@ -11,6 +11,8 @@ leases them together; tests/chunk_tasks.py notes each run in a file, outside Red
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,9 @@ from forq.job import Job
 from forq.registry import TaskSpec
 from forq.supervisor.children.chunk_reader import ChunkReader
 from forq.supervisor.fork.protocol import BadTaskTable, describe, parse
+from forq.supervisor.leases.calls import leasing
 from tests import helpers
-from tests.supervisors import TEST_IMPORTS, SupervisorProcess, write_config
+from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config
 
 TERMINAL = ("succeeded", "dead", "cancelled")
 
@@ -108,11 +111,13 @@ def test_each_job_of_a_chunk_is_acked_failed_or_dead_on_its_own(tmp_path, redis_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("fork_server", [True, False], ids=["fork-server", "exec-alone"])
 def test_a_chunk_killed_mid_way_retries_only_the_jobs_it_had_not_reported(
-        tmp_path, redis_url, queue):
+        tmp_path, redis_url, queue, fork_server):
     notes = tmp_path / "notes"
     a, b, c, d = enqueue(queue, "chunks.crash", notes, "ok", "ok", "crash", "ok")
-    with supervisor(tmp_path, redis_url, queue) as sup:
+    extra = "" if fork_server else "fork_server = false\n"
+    with supervisor(tmp_path, redis_url, queue, supervisor_extra=extra) as sup:
         done = finished(queue, [a, b, c, d], sup)
     assert {j.state for j in done.values()} == {"succeeded"}, sup.log()[-3000:]
     # reported before the SIGKILL: settled, run once, no crash counted
@@ -260,3 +265,18 @@ def test_the_task_table_carries_chunks_and_refuses_bad_ones():
     for bad in (0, 33, "8", True):
         with pytest.raises(BadTaskTable, match="chunk must be an integer"):
             parse({"t.x": {"chunk": bad}})
+
+
+def test_forq_replay_runs_a_chunked_job_alone_as_a_chunk_of_one(tmp_path, redis_url, queue):
+    notes = tmp_path / "notes"
+    job = queue.enqueue("chunks.mixed", str(notes), "fail")
+    (lease,) = leasing(queue).claim("chunk-test:1", 1, 60_000).leases
+    leasing(queue).fail(lease.id, lease.token, {"message": "x", "reason": "no"}, mode="fatal")
+    config = write_config(tmp_path / "forq.toml", redis_url, {queue.name: 1},
+                          imports=("tests.chunk_tasks",))
+    proc = subprocess.run([sys.executable, "-m", "forq.supervisor.cli", "replay", job.id,
+                           "--config", str(config)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert f"replay of {job.id}: failed: ValueError: boom {job.id}" in proc.stdout, (
+        proc.stdout + proc.stderr)
+    assert runs(notes) and runs(notes)[0][1] == job.id  # its handler got it in a list

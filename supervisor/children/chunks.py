@@ -39,9 +39,29 @@ def size(info: TaskInfo | None) -> int:
     return info.chunk if info is not None else 1
 
 
+class ClaimWidth:
+    """How many jobs a queue claims per free slot. No claim can tell which tasks' jobs
+    it will lease, so a queue starts at the largest chunk of any registered task
+    (`widest`) — a backlog of a chunked task fills its chunks from the first claim —
+    and then claims as wide as the chunked tasks its last claim leased: a queue whose
+    jobs are not chunked goes back to one per slot after its first claim (what that
+    one leased beyond its slots waits, held and extended, for the next free one)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}  # queue -> the widest chunk its last claim leased
+
+    def per_slot(self, queue: str, tasks: Mapping[str, TaskInfo] | None) -> int:
+        most = widest(tasks)
+        return min(self.last.get(queue, most), most)
+
+    def seen(self, queue: str, leases: list[Lease], chunk_of: Callable[[str], int]) -> None:
+        """A claim of the queue leased `leases` (none: nothing learnt)."""
+        if leases:
+            self.last[queue] = max(chunk_of(task) for task in {x.job.task for x in leases})
+
+
 def widest(tasks: Mapping[str, TaskInfo] | None) -> int:
-    """The largest chunk of any registered task: a queue claims that many jobs per free
-    slot (which task's jobs it will lease, no claim can tell). 1 without chunked tasks."""
+    """The largest chunk of any registered task (1 without chunked tasks)."""
     if not tasks:
         return 1
     cached = _WIDEST.get(id(tasks))

@@ -65,6 +65,7 @@ class Children:
         self.budget = MemoryBudget()  # [supervisor] memory_budget: admission by memory
         # how many jobs of a task one child runs (`task(chunk=N)`; 1 unless chunked)
         self.chunk_of = lambda task: chunks.size(spawner.task_info(task))
+        self.claim_width = chunks.ClaimWidth()  # jobs claimed per free slot
 
     def __len__(self) -> int:
         return len(self.unique())
@@ -114,8 +115,8 @@ class Children:
         prefetch = self.short_jobs.prefetch(queue, prefetch)
         held = self.held.count(queue) - min(self.budget.waiters(queue), concurrency)
         # a chunked task takes up to N jobs per slot: claim that many per free slot
-        free = max(0, (concurrency - self.running[queue]) * chunks.widest(self.spawner.tasks)
-                   + prefetch - held)
+        wide = self.claim_width.per_slot(queue, self.spawner.tasks)
+        free = max(0, (concurrency - self.running[queue]) * wide + prefetch - held)
         if free == 0 or self.budget.budget is None:
             return free
         held_cost = sum(self._cost(lease) for lease in self.held.every()
@@ -131,6 +132,7 @@ class Children:
 
     def start_all(self, queue: str, leases: list[Lease], sent_at: float) -> None:
         """The jobs a claim sent at `sent_at` leased, a chunked task's in chunks."""
+        self.claim_width.seen(queue, leases, self.chunk_of)
         for chunk in chunks.group(leases, self.chunk_of):
             self.start(queue, chunk[0], sent_at, chunk)
 

@@ -309,7 +309,7 @@ def run_chunk(spec: ChildSpec, fd: int) -> None:
     try:
         if task is None:
             raise LookupError(f"unknown task {spec.task!r}")
-        returned = task.call([jobs], {})
+        returned = task.call_chunk(jobs)
         if returned is not None and (not isinstance(returned, list)
                                      or len(returned) != len(jobs)):
             raise TypeError(f"chunked task {spec.task!r} returned {type(returned).__name__}"
