@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.chunk_tasks import CHUNK
 from bench.common import (
     BENCH,
     REPO,
@@ -38,7 +39,6 @@ from bench.common import (
     summary,
 )
 from bench.peers import venv
-from bench.tasks import CHUNK
 from forq.supervisor.cli import terminal
 
 # [[queue]].prefetch of the second forq row of the end-to-end section: what a user with
@@ -199,7 +199,8 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                                                    queue_extra=forq_sup.EVENTS_OFF))
         chunked_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
                                                 queue_extra="prefetch = 0\n",
-                                                task="bench.noop_chunk"))
+                                                task="bench.noop_chunk",
+                                                imports=("bench.chunk_tasks",)))
         for system in systems:
             peers[system].append(run_driver("drain", system, ctx["redis_base"], 1,
                                             n=sz.drain[system], reps=1))

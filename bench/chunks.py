@@ -14,9 +14,9 @@ import argparse
 
 from bench import supervisor as forq_sup
 from bench.__main__ import run_driver
+from bench.chunk_tasks import CHUNK
 from bench.common import RedisServer, log, median
 from bench.peers import venv
-from bench.tasks import CHUNK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"round {i + 1}/{args.rounds}: {args.jobs} no-op jobs each ...")
             rates["chunked"].append(forq_sup.drain_once(
                 url, args.jobs, queue_extra="prefetch = 0\n",
-                task="bench.noop_chunk")["jobs_per_s"])
+                task="bench.noop_chunk",
+                imports=("bench.chunk_tasks",))["jobs_per_s"])
             rates["forq"].append(forq_sup.drain_once(
                 url, args.jobs, queue_extra="prefetch = 4\n")["jobs_per_s"])
             rates["dramatiq"].append(run_driver("drain", "dramatiq", base, 1, n=args.jobs,

@@ -18,15 +18,6 @@ def noop(*_args, **_kwargs) -> None:
     return None
 
 
-CHUNK = 32  # the chunked no-op's `chunk` (`forq.registry.MAX_CHUNK`)
-
-
-@task("bench.noop_chunk", chunk=CHUNK)
-def noop_chunk(_jobs) -> None:
-    """A no-op as a chunked handler (docs/guide/chunks.md): every job succeeds."""
-    return None
-
-
 @task("bench.stamp")
 def stamp() -> float:
     """The wall clock when the handler started: enqueue→start latency, in µs."""
