@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,6 +34,8 @@ from forq.supervisor.children.output import OutputReader
 from forq.supervisor.children.running import KillReason, RunningChild
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.protocol import TaskInfo
+
+log = logging.getLogger("forq.supervisor")
 
 
 def size(info: TaskInfo | None) -> int:
@@ -122,7 +126,7 @@ def view(child: RunningChild, lease: Lease, silent: OutputReader | None) -> Runn
     one.lease, one.members = lease, []
     one.spec = copy.copy(child.spec)
     spec = one.spec
-    spec.job_id, spec.args, spec.kwargs, spec.chunk = job.id, job.args, job.kwargs, []
+    spec.job_id, spec.args, spec.kwargs = job.id, job.args, job.kwargs  # chunk: kept
     spec.attempts, spec.crashes = job.attempts, job.crashes
     spec.group = job.fields.get("group") or None
     n = max(1, len(child.members))
@@ -157,4 +161,8 @@ def outcomes(child: RunningChild, status: int) -> list[tuple[RunningChild, Outco
         else:
             outcome = dataclasses.replace(rest)
         out.append((one, outcome))
+    kinds = Counter(str(outcome.kind) for _one, outcome in out)
+    log.info("chunk of %d %s in pid %d ended: %d reported, %s", len(out), child.task, child.pid,
+             len(reports), ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())),
+             extra={"job": child.job_id, "task": child.task, "event": "chunk_ended"})
     return out
