@@ -233,6 +233,30 @@ def test_a_record_a_waiting_job_needs_stays_until_it_ends(queue: Queue):
     assert not exists(queue, done) and not exists(queue, later)
 
 
+def test_a_batch_members_record_stays_until_its_batchs_callbacks_end(queue: Queue):
+    """A batch's callbacks read its members' results (parent_results): a member ended
+    past its keep stays while the batch is open and until every callback has ended.
+    Chaos's soak (30 s keeps, a backlog) caught callbacks reading trimmed members."""
+    batch = queue.batch([{"task": "t.m", "keep_succeeded": GONE},
+                         {"task": "t.m", "keep_succeeded": GONE}], on_complete="cb.done")
+    first, second = (lease for lease in leasing(queue).claim(OWNER, 2, LONG).leases)
+    assert leasing(queue).ack(first.id, first.token, "1") == "ok"
+    assert trim(queue) == (0, 0, 1, False)  # the batch is open: its callback may read it
+    assert exists(queue, first.id)
+    assert leasing(queue).ack(second.id, second.token, "2") == "ok"  # done: on_complete
+    bucket = queue.keys.kept_bucket("succeeded:10000")
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).kept_back == 2  # its callback is pending
+    (callback,) = leasing(queue).claim(OWNER, 1, LONG).leases
+    assert callback.id == f"{batch.id}-on_complete"
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).kept_back == 2  # running: it may read them now
+    assert leasing(queue).ack(callback.id, callback.token, "3") == "ok"
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).succeeded == 2
+    assert not exists(queue, first.id) and not exists(queue, second.id)
+
+
 # -- per task and per job -------------------------------------------------------------------
 
 
