@@ -505,6 +505,7 @@ METHOD = """
 `--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, appsize, latency, recovery,
 scale, ceiling, leases), `python -m bench.appsize` for the application-size axis alone,
 `python -m bench.prefetch` for what `prefetch` buys and costs a fleet,
+`python -m bench.chunks` for chunked handlers beside Dramatiq 2 × 1,
 `python -m bench.childcost` for a job's child's CPU and faults, forked lean or not, `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
 `--slots`, `--only forq,bullmq`), `python -m bench.leases` for one supervisor holding
 1,000 leases,
