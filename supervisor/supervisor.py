@@ -115,7 +115,7 @@ class Supervisor:
         # to the children, a child's start asks the fencer for its first deadline, a fork
         # server that starts slowly needs the renewal): those calls go through `self`.
         self.spawner = Spawner(
-            self.loop, lambda: self.children.by_job.values(),
+            self.loop, lambda: self.children.unique(),
             lambda *end: self.children.ended(*end),
             # a new fork server (start, reload) may import for longer than a lease lasts
             while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()))
