@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 
 from forq.queue import Lease
 from forq.supervisor.children import chunks
-from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal_delay
+from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.outcomes import FailMode, Kind, Outcome, classify
 from forq.supervisor.children.running import KillReason, RunningChild
@@ -128,9 +128,7 @@ class Children:
     def memory(self) -> MemorySnapshot:
         """The memory budget's figures now, for the metrics endpoint."""
         held = sum(self._cost(lease) for lease in self.held.every())
-        return MemorySnapshot(self.budget.budget, self.budget.used, held,
-                              {q: self.budget.waiters(q) for q in self.slots},
-                              self.budget.refused_total)
+        return self.budget.snapshot(held, self.slots)
 
     def _cost(self, lease: Lease) -> int:
         return self.budget.cost(int(lease.job.fields.get("memory_limit") or 0), lease.job.task)
@@ -185,16 +183,11 @@ class Children:
         self._never_started(queue, lease, Outcome(Kind.RELEASE, "released", reason=why))
 
     def _refuse(self, queue: str, lease: Lease) -> None:
-        """A job whose memory limit is over the whole budget: snoozed (no attempt),
-        longer each time, so a supervisor with room takes it; never started here."""
         job = lease.job
         why = self.budget.refuse(job.id, queue, job.task, self._cost(lease), time.monotonic())
         log.warning("job %s %s: %s; snoozed", job.id, job.task, why,
                     extra={"job": job.id, "task": job.task, "event": "over_memory_budget"})
-        self._never_started(queue, lease, Outcome(
-            Kind.FAIL, "snoozed", mode=FailMode.SNOOZE, reason=why,
-            delay_ms=refusal_delay(job.snoozes), counted=False,
-            error={"type": "OverMemoryBudget", "reason": why, "message": why}))
+        self._never_started(queue, lease, refusal(job.snoozes, why))
 
     def _never_started(self, queue: str, lease: Lease, outcome: Outcome) -> None:
         self.budget.forget(lease.job.id)
