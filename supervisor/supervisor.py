@@ -34,7 +34,7 @@ from forq.store.connection import connect, describe
 from forq.store.topology import fail_fast, is_cluster
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.spawner import Spawner
-from forq.supervisor.children.table import Children
+from forq.supervisor.children.table import Children, police_every
 from forq.supervisor.config.load import Config, ConfigError, check_redis_url, load_config
 from forq.supervisor.fork.client import ForkServerFatal
 from forq.supervisor.isolation import cgroups, protections
@@ -52,6 +52,7 @@ from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_memory import MemoryCollector
 from forq.supervisor.observe.metrics_server import MetricsServer
 from forq.supervisor.observe.retention import RetentionCollector
 from forq.supervisor.redis_io import checks as redis_checks
@@ -114,7 +115,7 @@ class Supervisor:
         # to the children, a child's start asks the fencer for its first deadline, a fork
         # server that starts slowly needs the renewal): those calls go through `self`.
         self.spawner = Spawner(
-            self.loop, lambda: self.children.by_job.values(),
+            self.loop, lambda: self.children.unique(),
             lambda *end: self.children.ended(*end),
             # a new fork server (start, reload) may import for longer than a lease lasts
             while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()))
@@ -124,6 +125,7 @@ class Supervisor:
             on_report=self._report, on_notes=self.notes.heard,
             first_deadline=lambda sent_at: self.fencer.first_deadline(sent_at),
             on_change=lambda: self.heartbeat.set_title())
+        self.metrics.registry.register(MemoryCollector(self.children.memory))
         self.fencer = self.make_fencer()
         self.renewal = LeaseRenewal(
             self.leases, self.redis, self.queues, self.fencer, self.spawner, self.health,
@@ -265,7 +267,7 @@ class Supervisor:
         self.loop.timers.every(self.config.reaper_interval, lambda: self.reaper.reap(
             self.redis, self.served(), self.health, self.relay,
             self.shards if self.sharded else None))
-        self.children.police_every(self.config.memory_sample_interval)
+        police_every(self.children, self.config.memory_sample_interval)
         self.loop.timers.every(HEARTBEAT_INTERVAL, self.heartbeat.beat)
         self.loop.timers.every(POLL_INTERVAL, self.wakeups.poll)
         self.scheduler.run_on(self.loop.timers, self.health, lambda: self.drain.active)
