@@ -23,7 +23,8 @@ queue's events on, job cost metered), no-op jobs, concurrency 2:
   a time on an idle supervisor). Targets: p50 ≤ 2 ms, p99 ≤ 5 ms.
 * **Idle CPU**: a supervisor with no jobs, `--idle` seconds after it settled: CPU
   seconds (user + sys from /proc) of the supervisor and of its fork server and spares,
-  and the Redis CPU and commands its idle loop costs (its reaper passes, heartbeats).
+  the supervisor's wake-ups (voluntary context switches), and the Redis CPU and
+  commands, by name, its idle loop costs (its reaper passes, heartbeats).
 
 `--baseline PYTHON` runs the same rounds with another checkout's venv python as the
 supervisor (e.g. the main branch), alternating with this one: each figure beside its
