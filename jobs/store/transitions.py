@@ -104,19 +104,39 @@ class DeadBatchResult(NamedTuple):
 # -- producing -------------------------------------------------------------------------
 
 
+# the fields a job spec gives the enqueue script by position (lua/enqueue.lua)
+_ENQUEUE_POSITIONAL = frozenset(("id", "task", "args", "kwargs", "priority"))
+
+
+def _enqueue_args(spec: Mapping[str, Any]) -> tuple[str, str, str, str, str, str]:
+    """One job's six arguments: id, task, args, kwargs, priority, then its other fields as
+    one JSON object, or "" when it has none (a plain job, the script's short path)."""
+    rest = ("" if len(spec) <= 5 and _ENQUEUE_POSITIONAL.issuperset(spec) else
+            json.dumps({k: v for k, v in spec.items() if k not in _ENQUEUE_POSITIONAL},
+                       separators=(",", ":")))
+    return (spec["id"], spec["task"], spec.get("args", "[]"), spec.get("kwargs", "{}"),
+            str(spec.get("priority", 0)), rest)
+
+
 def enqueue_calls(keys: QueueKeys, specs: Sequence[Mapping[str, Any]]) -> list[ScriptCall]:
     """Validated specs (`forq.payload.build_spec`) in calls of `ENQUEUE_BATCH` jobs."""
-    return [
-        ScriptCall("enqueue", (keys.pending, keys.scheduled),
-                   (keys.prefix, keys.queue,
-                    *(json.dumps(s) for s in specs[start:start + ENQUEUE_BATCH])))
-        for start in range(0, len(specs), ENQUEUE_BATCH)
-    ]
+    calls = []
+    for start in range(0, len(specs), ENQUEUE_BATCH):
+        args: list[str] = [keys.prefix, keys.queue]
+        for spec in specs[start:start + ENQUEUE_BATCH]:
+            args += _enqueue_args(spec)
+        calls.append(ScriptCall("enqueue", (keys.pending, keys.scheduled), tuple(args)))
+    return calls
 
 
-def parse_enqueue(reply: Sequence[Any]) -> list[Enqueued]:
-    """Three entries per job: id, status, run_at (the last unused by producers)."""
-    return [Enqueued(str(reply[i]), str(reply[i + 1])) for i in range(0, len(reply), 3)]
+def parse_enqueue(reply: Sequence[Any], ids: Sequence[str]) -> list[Enqueued]:
+    """The outcome of each job of one call, sent under `ids`: the reply lists only those
+    that did not become pending under their own id, four entries each (place in the call
+    from 1, id, status, run_at: the last unused by producers)."""
+    out = [Enqueued(job_id, "pending") for job_id in ids]
+    for i in range(0, len(reply), 4):
+        out[int(reply[i]) - 1] = Enqueued(str(reply[i + 1]), str(reply[i + 2]))
+    return out
 
 
 # -- operator actions ------------------------------------------------------------------
