@@ -9,7 +9,7 @@ whole list (validation, encoding, 500 jobs a script call, one pipeline), BullMQ'
 `addBulk` 1,000 jobs a call from the first call to the last's return, timed in Node
 (`bench/peers/bullmq/ceiling.js addbulk`), after a warm-up call loaded its scripts.
 
-    .venv/bin/python -m bench.addbulk [--n 20000] [--rounds 3]
+    .venv/bin/python -m bench.addbulk [--n 20000] [--rounds 3] [--before CHECKOUT]
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
-from bench.common import CEILING_KWARGS, RedisServer, ceiling_args, log, median, summary
+from bench.common import CEILING_KWARGS, REPO, RedisServer, ceiling_args, log, median, summary
 from bench.peers import venv
 
 PAYLOADS = ("noop", "mail")  # ceiling.js's names for the two kinds of job
@@ -78,11 +79,24 @@ def bullmq_add_bulk(url: str, n: int, payload: str) -> dict[str, float]:
 Round = dict[str, dict[str, dict[str, float]]]  # payload -> system -> measure -> value
 
 
-def one_round(url: str, bullmq_url: str | None, n: int) -> Round:
-    """forq then BullMQ for each payload: {payload: {"forq": {...}, "bullmq": {...}}}."""
+def forq_many_in(checkout: Path, url: str, n: int, payload: str) -> dict[str, float]:
+    """`forq_many` with the forq of another checkout (its .venv, e.g. main's before a
+    change), this file's code: a before beside the after, in the same round."""
+    code = ("import json, sys; from bench.addbulk import forq_many; "
+            f"print(json.dumps(forq_many({url!r}, {n}, {payload!r})))")
+    proc = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", code],
+                          capture_output=True, text=True, timeout=600, check=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=str(REPO))
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def one_round(url: str, bullmq_url: str | None, n: int, before: Path | None = None) -> Round:
+    """forq then BullMQ for each payload: {payload: {"forq": {...}, "bullmq": {...}}};
+    with `before` (a checkout), its forq first, as "before"."""
     out: Round = {}
     for payload in PAYLOADS:
-        out[payload] = {"forq": forq_many(url, n, payload)}
+        out[payload] = {"before": forq_many_in(before, url, n, payload)} if before else {}
+        out[payload]["forq"] = forq_many(url, n, payload)
         if bullmq_url:
             out[payload]["bullmq"] = bullmq_add_bulk(bullmq_url, n, payload)
     return out
@@ -107,6 +121,11 @@ def summarize(rounds: list[Round], n: int) -> dict[str, Any]:
             entry["bullmq"] = _system([p["bullmq"] for p in bull], n)
             entry["ratio"] = summary([p["forq"]["jobs_per_s"] / p["bullmq"]["jobs_per_s"]
                                       for p in bull])
+        old = [p for p in bull if "before" in p]
+        if old:
+            entry["before"] = _system([p["before"] for p in old], n)
+            entry["before_ratio"] = summary([p["before"]["jobs_per_s"] / p["bullmq"]["jobs_per_s"]
+                                             for p in old])
         out[payload] = entry
     return out
 
@@ -122,6 +141,11 @@ def ratio_line(result: dict[str, Any]) -> str:
                          f" BullMQ {b['median']:,.0f}/s ({b['client_cpu_us_per_job']:.1f}, "
                          f"{b['redis_cpu_us_per_job']:.1f}), enqueue_many / addBulk "
                          f"{entry['ratio']['median']:.2f}×")
+            if "before" in entry:
+                e = entry["before"]
+                parts[-1] += (f" (before: {e['median']:,.0f}/s ({e['client_cpu_us_per_job']:.1f}, "
+                              f"{e['redis_cpu_us_per_job']:.1f}), "
+                              f"{entry['before_ratio']['median']:.2f}×)")
     return "; ".join(parts) or "BullMQ not measured (no node/npm)"
 
 
@@ -129,12 +153,15 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.addbulk", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--before", type=Path, help="a checkout (with its .venv) whose forq each "
+                   "round measures first, as the before of a change (e.g. /work/main)")
     args = p.parse_args()
     have_node = venv.ensure_node(log)
     with RedisServer() as server:
         rounds = []
         for i in range(args.rounds):
-            rounds.append(one_round(server.url(0), server.url(4) if have_node else None, args.n))
+            rounds.append(one_round(server.url(0), server.url(4) if have_node else None, args.n,
+                                    args.before))
             log(f"round {i + 1}: " + ratio_line(summarize(rounds[-1:], args.n)))
         result = summarize(rounds, args.n)
     print(json.dumps(result, indent=2))
