@@ -172,6 +172,13 @@ def command_calls(client: Any) -> dict[str, int]:
             for k, v in client.info("commandstats").items()}
 
 
+def command_usec(client: Any) -> dict[str, int]:
+    """Redis's per-command time in µs (INFO commandstats), server-wide; a script's
+    (evalsha, eval) includes the commands it ran, which are counted on their own too."""
+    return {k.removeprefix("cmdstat_"): int(v["usec"])
+            for k, v in client.info("commandstats").items()}
+
+
 def commands_per_job(before: dict[str, int], after: dict[str, int], jobs: int,
                      polls: dict[str, int] | None = None) -> dict[str, Any]:
     """Commands Redis ran per finished job between two `command_calls` snapshots,
@@ -270,9 +277,11 @@ def write_forq_config(path: Path, redis_url: str, queue: str, concurrency: int =
                       lease_ttl: str = "15s", reaper_interval: str = "1s",
                       imports: Sequence[str] = ("bench.tasks",), timeout: str = "5m",
                       memory_sample_interval: str = "50ms", extra: str = "",
-                      queue_extra: str = "", supervisor_extra: str = "") -> Path:
+                      queue_extra: str = "", supervisor_extra: str = "",
+                      keep_history: bool | None = True) -> Path:
     """One queue, the benchmarks' defaults (a lease long enough never to matter), the
-    test harness's writer (forq.testing.supervisor.write_config)."""
+    test harness's writer (forq.testing.supervisor.write_config). `keep_history`: as
+    there (None: the production default, a compact succeeded record)."""
     from forq.testing.supervisor import write_config
 
     return write_config(path, redis_url, {queue: concurrency}, imports=imports,
@@ -280,7 +289,7 @@ def write_forq_config(path: Path, redis_url: str, queue: str, concurrency: int =
                         drain_timeout="10s", memory_sample_interval=memory_sample_interval,
                         timeout=timeout, memory_limit="512MiB", max_crashes=5,
                         queue_extra=queue_extra, supervisor_extra=supervisor_extra,
-                        extra=extra)
+                        extra=extra, keep_history=keep_history)
 
 
 class ForqSupervisor:

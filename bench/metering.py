@@ -12,7 +12,8 @@ Two parts, each on one private Redis, the variants alternating which goes first:
   as they are with an empty cost (`[supervisor].job_cost = false`), and with a cost (the
   record's field and the hourly per-group totals; ten groups). Redis's µs per job (INFO
   commandstats: EVALSHA's usec, the commands inside included) and the commands Redis
-  runs per job (those inside the script: one HSET and four HINCRBY more with a cost).
+  runs per job (those inside the script: with a cost, the totals' HMGET and HSET a call,
+  and fail's and expire's HSET of the record; ack writes it in the HSET that ends the job).
 * **End to end**: a real supervisor drains `--e2e` no-op jobs with ``job_cost = true``
   and ``false`` (the same checkout): jobs/s, the supervisor's CPU ms per job, Redis's
   CPU ms and commands per job. The "plain path" of the issue: within 5% means the
@@ -48,7 +49,7 @@ COST = "312,4,104857600,350,3"  # 0.3 s of CPU, 100 MiB, as a real report says i
 SCRIPTS = ("ack", "fail", "expire")
 ROWS = ("ack, 1 a call", "ack, 16 a call", "fail (dead)", "expire")
 VARIANTS = ("before", "off", "on")
-METERED = ("hset", "hincrby", "expireat")  # what record_cost runs
+METERED = ("hset", "hmget", "hincrby", "expireat")  # what record_cost and add_usage run
 
 
 def before_metering() -> str | None:
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nRedis {s['redis']}; {s['jobs']:,} jobs a figure, median of {s['rounds']} rounds; "
           f"before = {s['before']}\n")
     print("Redis µs/job: median of the rounds (least in brackets); metering µs/job: what "
-          "HSET, HINCRBY and EXPIREAT took more with a cost than without (INFO "
+          "HSET, HMGET, HINCRBY and EXPIREAT took more with a cost than without (INFO "
           "commandstats)\n")
     print("| transition | Redis µs/job before | off | on | commands/job before | off | on "
           "| metering µs/job |")

@@ -543,7 +543,9 @@ scale, ceiling, leases), `python -m bench.appsize` for the application-size axis
 `python -m bench.prefetch` for what `prefetch` buys and costs a fleet,
 `python -m bench.childcost` for a job's child's CPU and faults, forked lean or not, `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
 `--slots`, `--only forq,bullmq`), `python -m bench.leases` for one supervisor holding
-1,000 leases,
+1,000 leases, `python -m bench.redis_cost` for a lone supervisor's Redis cost per job,
+pick-up and idle CPU against issue 27's targets (`--baseline` another checkout's python,
+`--base-commit` another commit's scripts),
 `--no-profile`. `.venv/bin/python -m bench.supervisor` gives the supervisor's own
 figures (issue 3) alone. The peers run from `bench/.venv-peers` (created on first use
 with pip), each worker as its own CLI would start it (`rq worker -w ...`,

@@ -60,6 +60,7 @@ from bench.common import (
     ForqSupervisor,
     RedisServer,
     command_calls,
+    command_usec,
     commands_per_job,
     log,
     median,
@@ -175,12 +176,15 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
                profile_to: Path | None = None, queue_extra: str = "",
                supervisor_extra: str = "", launcher: list[str] | None = None,
                producer: str | None = None, imports: tuple[str, ...] = ("bench.tasks",),
-               env: dict[str, str] | None = None) -> dict[str, Any]:
+               env: dict[str, str] | None = None,
+               keep_history: bool | None = True, python: str | None = None) -> dict[str, Any]:
     """Enqueue n no-op jobs, start a supervisor, time first finish → last finish.
     `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup); `producer`:
     another venv's python that enqueues instead of this process (an older forq, whose
     data format this one would refuse — give it a Redis database of its own);
-    `imports`: the handler modules; `env`: added to the supervisor's environment."""
+    `imports`: the handler modules; `env`: added to the supervisor's environment;
+    `keep_history`: the config's (None: the default, a compact succeeded record);
+    `python`: another checkout's venv python runs the supervisor (a baseline)."""
     workdir = workdir or _tmpdir()
     r = connect(url)
     name = _queue_name("e2e")
@@ -192,8 +196,10 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
             q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, concurrency,
                             queue_extra=queue_extra, supervisor_extra=supervisor_extra,
-                            imports=imports)
+                            imports=imports, keep_history=keep_history)
     sup = ForqSupervisor(cfg, workdir / f"{name}.log", env=env)
+    if python:
+        sup.command = [python, *sup.command[1:]]
     if launcher:
         sup.command = [*launcher, *sup.command]
     stats_key = q.keys.stats
@@ -209,6 +215,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         server1 = _helpers_stat(sup.pid)
         rcpu1 = _redis_cpu(r)
         calls1 = command_calls(r)
+        usec1 = command_usec(r)
         if profile_to is not None:
             spy = _start_py_spy(sup.pid, profile_to)
         poll = Counted(lambda: int(r.hget(stats_key, "succeeded") or 0))
@@ -222,6 +229,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         helpers = sum(v - helpers1[k] for k, v in helpers2.items() if k in helpers1)
         rcpu2 = _redis_cpu(r)
         calls2 = command_calls(r)
+        usec2 = command_usec(r)
         rss = sup.rss()
         helpers_rss = [rss_bytes(pid) or 0 for pid in helpers2]  # the fork server
         jobs = done - first
@@ -250,6 +258,9 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
             "children_cpu_ms_per_job": (cpu2[1] - cpu1[1] + helpers) / jobs * 1000,
             "redis_cpu_ms_per_job": (rcpu2 - rcpu1) / jobs * 1000,
             "redis_commands_per_job": commands_per_job(calls1, calls2, jobs, {"hget": poll.calls}),
+            # Redis's time in the scripts (the commands they ran included) a job
+            "redis_script_us_per_job": sum(usec2.get(k, 0) - usec1.get(k, 0)
+                                           for k in ("evalsha", "eval")) / jobs,
         }
     finally:
         if spy is not None:
@@ -323,14 +334,20 @@ def throughput_events(url: str, n: int, reps: int) -> tuple[dict[str, Any], dict
 
 
 def latency(url: str, samples: int, workdir: Path | None = None,
-            queue_extra: str = "") -> dict[str, Any]:
-    """Enqueue→handler start on an idle supervisor, one job at a time."""
+            queue_extra: str = "", keep_history: bool | None = True,
+            python: str | None = None) -> dict[str, Any]:
+    """Enqueue→handler start on an idle supervisor, one job at a time (`python`: as
+    `drain_once`'s)."""
     workdir = workdir or _tmpdir()
     r = connect(url)
     name = _queue_name("lat")
     q = Queue(name, redis=r)
-    cfg = write_forq_config(workdir / f"{name}.toml", url, name, 2, queue_extra=queue_extra)
-    sup = ForqSupervisor(cfg, workdir / f"{name}.log").start()
+    cfg = write_forq_config(workdir / f"{name}.toml", url, name, 2, queue_extra=queue_extra,
+                            keep_history=keep_history)
+    sup = ForqSupervisor(cfg, workdir / f"{name}.log")
+    if python:
+        sup.command = [python, *sup.command[1:]]
+    sup.start()
     start_ms, after_ms, claim_ms, enq_claim_ms, fork_ms = [], [], [], [], []
     try:
         time.sleep(0.5)  # idle: start-up work done

@@ -32,6 +32,7 @@
 --@include includes/succeed
 --@include includes/cost
 --@include includes/breaker
+--@include includes/events
 
 -- succeed's fields and the task, whose successes count in its circuit breaker
 local ACK_FIELDS = {unpack(SUCCEED_FIELDS)}
@@ -62,6 +63,9 @@ if #held_jobs > 0 then
   local ids = {}
   for k, job in ipairs(held_jobs) do ids[k] = job[1] end
   redis.call('ZREM', KEYS[1], unpack(ids))
+  -- the queue's events switch and max_in_flight, read together (includes/events, wake)
+  local limits = redis.call('HMGET', prefix .. 'limits', 'events', 'max_in_flight')
+  events_known(limits[1])
   local at = now_ms()
   local woke = false
   local totals, metered = {}, false -- the runs' costs, summed per group for one write
@@ -70,9 +74,10 @@ if #held_jobs > 0 then
     local id, jkey, result, f, first, n, cost = unpack(job)
     local task = f[TASK_AT]
     if task then tasks[task] = (tasks[task] or 0) + 1 end
-    -- before `succeed`, which may delete the record
-    if record_cost(jkey, cost, f[6], totals) then metered = true end
-    succeed(prefix, id, jkey, result, at, nil, f, 3, true)
+    -- written by `succeed`, in the HSET that ends the job
+    local kept = record_cost(jkey, cost, f[6], totals, true)
+    if kept then metered = true end
+    succeed(prefix, id, jkey, result, at, nil, f, 3, true, kept and {'cost', kept} or nil)
     if n > 0 then
       local specs = {}
       for k = 1, n do specs[k] = cjson.decode(ARGV[first + k - 1]) end
@@ -85,7 +90,7 @@ if #held_jobs > 0 then
   if metered then add_usage(prefix, totals, at) end
   count(prefix, 'succeeded', at, #held_jobs)
   for task, n in pairs(tasks) do breaker_count(prefix, task, at, n) end
-  if not woke then slot_freed(prefix) end
+  if not woke then slot_freed(prefix, limits[2]) end
 end
 if #answers == 1 then return answers[1] end
 return answers

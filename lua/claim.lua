@@ -8,7 +8,8 @@
                                 group limits (see includes/groups), paused (pause.lua:
                                 lease nothing while it is set) and throttled_until
                                 (includes/throttle: lease nothing before then), tripped
-                                (includes/breaker: how many tasks are tripped)
+                                (includes/breaker: how many tasks are tripped), events
+                                (includes/events)
   KEYS[5]  forq:{q}:bucket      hash: tokens, ts   (the global rate-limit token bucket)
   ARGV[1]  key prefix "forq:{q}:"
   ARGV[2]  supervisor id (lease owner)
@@ -17,8 +18,10 @@
   ARGV[5]  job policy JSON {"defaults": {...}, "tasks": {name: {...}}} or "": the
            limits for what the producer left unset. Stored once as the hash
            forq:{q}:policy:<sha1 of ARGV[5]> (see includes/policy); a job's first
-           claim names it in the job's `policy` field and copies just `result_ttl_ms`,
-           which every ack needs, into the job; fail and reclaim read the rest from it
+           claim names it in the job's `policy` field and copies `result_ttl_ms` and
+           the success's keep (keep_succeeded_ms, keep_succeeded_count, keep_history),
+           which every ack needs, into the job, where it lacks them; fail and reclaim
+           read the rest from it
   ARGV[6]  (optional) the handler code the jobs will run ("VERSION+FINGERPRINT", see
            supervisor/fork/fingerprint.py): set as each leased job's `code` field ("" when
            unknown) and, when not "", named in its `claimed` history entry
@@ -75,11 +78,15 @@ local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local code = ARGV[6]
 local at = now_ms()
+-- a job's keep fields its first claim copies from the policy (see step 3)
+local SUCCESS_KEEP = {'keep_succeeded_ms', 'keep_succeeded_count', 'keep_history'}
 -- the global limits, shared by every supervisor through this hash (used in step 2); a
--- paused queue leases nothing, known from the same HMGET
+-- paused queue leases nothing, known from the same HMGET; and the events switch
+-- (includes/events), which each leased job's `started` event needs
 local limits = redis.call('HMGET', limits_key, 'max_in_flight', 'rate', 'burst', 'grouped',
   'group_concurrency', 'group_rate', 'group_burst', 'paused', 'throttled_until',
-  'group_throttles', 'tripped')
+  'group_throttles', 'tripped', 'events')
+events_known(limits[12])
 if limits[8] then return {-1, 0, redis.call('ZCARD', pending_key), 0, at} end
 -- a throttled queue (includes/throttle) leases nothing until then: come back at its end
 local throttled = tonumber(limits[9])
@@ -310,12 +317,23 @@ if count_popped > 0 then
       if policy and not fields['policy'] then
         set[#set + 1] = 'policy'
         set[#set + 1] = policy_sha
+        local task = fields['task'] and record[fields['task'] + 1]
         if not fields['result_ttl_ms'] then
-          local task = fields['task'] and record[fields['task'] + 1]
           local p = (policy['tasks'] and policy['tasks'][task]) or policy['defaults'] or {}
           if p['result_ttl_ms'] then
             set[#set + 1] = 'result_ttl_ms'
             set[#set + 1] = tostring(p['result_ttl_ms'])
+          end
+        end
+        -- and how its success is kept (includes/retain: the task's, else the queue's),
+        -- which its ack would read from the policy: the compact record drops them
+        local own = (policy['tasks'] and policy['tasks'][task]) or {}
+        for _, name in ipairs(SUCCESS_KEEP) do
+          local v = own[name]
+          if v == nil and policy['defaults'] then v = policy['defaults'][name] end
+          if v ~= nil and not fields[name] then
+            set[#set + 1] = name
+            set[#set + 1] = tostring(v)
           end
         end
       end

@@ -234,3 +234,20 @@ def test_one_ack_call_adds_its_jobs_costs_per_group(queue):
     assert queue.get(ids[1]).cost == {"cpu_user_ms": 300, "cpu_system_ms": 30,
                                       "peak_memory": 3000, "wall_ms": 400,
                                       "start_latency_ms": None}
+
+
+def test_usage_adds_a_forq_before_it_whose_totals_had_a_field_per_figure(queue):
+    """The totals are packed in one field a group (`runs:G`); the hour's hash of a
+    supervisor of before kept a counter per figure (`jobs:G`, ...): `forq usage` adds both,
+    and a packed field no script wrote is not counted."""
+    now_s = redis_now(queue.redis)
+    ukey = queue.keys.usage(int(now_s // 3600))
+    queue.redis.hset(ukey, mapping={"jobs:a": 2, "cpu_ms:a": 40, "peak:a": 400, "wall_ms:a": 60,
+                                    "runs:junk": "1,2,x,4"})
+    jid = queue.enqueue("cost.burn", 0, 0, group="a").id
+    calls = leasing(queue)
+    (lease,) = calls.claim("test:1", 1, 60_000).leases
+    assert calls.ack_many([(jid, lease.token, "null", [], "100,10,1000,200,3")]) == ["ok"]
+    assert queue.redis.hget(ukey, "runs:a") == "1,110,1000,200"
+    totals = read_usage(queue.redis, queue.name, 3600, redis_now(queue.redis))
+    assert totals == {"a": {"jobs": 3, "cpu_ms": 150, "peak": 1400, "wall_ms": 260}}

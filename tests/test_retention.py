@@ -233,6 +233,30 @@ def test_a_record_a_waiting_job_needs_stays_until_it_ends(queue: Queue):
     assert not exists(queue, done) and not exists(queue, later)
 
 
+def test_a_batch_members_record_stays_until_its_batchs_callbacks_end(queue: Queue):
+    """A batch's callbacks read its members' results (parent_results): a member ended
+    past its keep stays while the batch is open and until every callback has ended.
+    Chaos's soak (30 s keeps, a backlog) caught callbacks reading trimmed members."""
+    batch = queue.batch([{"task": "t.m", "keep_succeeded": GONE},
+                         {"task": "t.m", "keep_succeeded": GONE}], on_complete="cb.done")
+    first, second = (lease for lease in leasing(queue).claim(OWNER, 2, LONG).leases)
+    assert leasing(queue).ack(first.id, first.token, "1") == "ok"
+    assert trim(queue) == (0, 0, 1, False)  # the batch is open: its callback may read it
+    assert exists(queue, first.id)
+    assert leasing(queue).ack(second.id, second.token, "2") == "ok"  # done: on_complete
+    bucket = queue.keys.kept_bucket("succeeded:10000")
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).kept_back == 2  # its callback is pending
+    (callback,) = leasing(queue).claim(OWNER, 1, LONG).leases
+    assert callback.id == f"{batch.id}-on_complete"
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).kept_back == 2  # running: it may read them now
+    assert leasing(queue).ack(callback.id, callback.token, "3") == "ok"
+    queue.redis.zadd(bucket, {first.id: 0, second.id: 0})
+    assert trim(queue).succeeded == 2
+    assert not exists(queue, first.id) and not exists(queue, second.id)
+
+
 # -- per task and per job -------------------------------------------------------------------
 
 
@@ -366,3 +390,40 @@ def test_forq_purge_refuses_a_live_state(redis_url: str, queue: Queue):
     out = forq(redis_url, "purge", "-q", queue.name, "--state", "pending")
     assert out.returncode == 2
     assert "--state" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_success_leaves_the_recently_finished_cap_to_the_trim_pass(queue: Queue,
+                                                                   r: redis_lib.Redis):
+    """An ack lists its job in the "recently finished" index without trimming it (one
+    command less a job); the reaper's pass trims it to its newest 10,000."""
+    r.zadd(queue.keys.finished, {f"old-{i}": i for i in range(10_000)})
+    jid = succeed(queue)
+    assert r.zcard(queue.keys.finished) == 10_001
+    trim(queue)
+    assert r.zcard(queue.keys.finished) == 10_000
+    assert r.zscore(queue.keys.finished, jid) is not None
+    assert r.zscore(queue.keys.finished, "old-0") is None
+
+
+def test_a_jobs_first_claim_copies_its_policys_success_keep(queue: Queue, r: redis_lib.Redis):
+    """The claim copies the keep of a success (the task's, else the queue's) from the
+    supervisor's policy into the job, where the producer left it unset, so that its ack
+    reads no policy; the compact record drops the copies."""
+    policy = json.dumps({"defaults": {"keep_succeeded_count": 7, "keep_succeeded_ms": 50_000,
+                                      "keep_history": 0},
+                         "tasks": {"t.y": {"keep_succeeded_count": 3}}})
+    mine = queue.enqueue("t.x", keep_succeeded={"count": 5}).id
+    other = queue.enqueue("t.y").id
+    plain = queue.enqueue("t.x").id
+    leases = {lease.id: lease for lease in leasing(queue).claim(OWNER, 3, LONG, policy).leases}
+    keep = ("keep_succeeded_count", "keep_succeeded_ms", "keep_history")
+    assert r.hmget(queue.keys.job(mine), *keep)[0] == "5"  # the producer's wins
+    assert r.hmget(queue.keys.job(other), *keep) == ["3", "50000", "0"]
+    assert r.hmget(queue.keys.job(plain), *keep) == ["7", "50000", "0"]
+    for jid, lease in leases.items():
+        assert leasing(queue).ack(jid, lease.token, "null") == "ok"
+    buckets = {b: set(r.zrange(queue.keys.kept_bucket(b), 0, -1)) for b in r.smembers(queue.keys.kept)}
+    assert buckets == {"succeeded:5": {mine}, "succeeded:3": {other}, "succeeded:7": {plain}}
+    assert r.hmget(queue.keys.job(plain), *keep) == [None, None, None]  # compact
+    finished = int(r.hget(queue.keys.job(plain), "finished_at"))
+    assert r.zscore(queue.keys.kept_bucket("succeeded:7"), plain) == finished + 50_000

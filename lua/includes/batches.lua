@@ -48,8 +48,14 @@ local function batch_done(bprefix, bid, at)
   local specs = {}
   if r[1] and ok then specs[#specs + 1] = cjson.decode(r[1]) end
   if r[2] then specs[#specs + 1] = cjson.decode(r[2]) end
-  -- the callbacks' link to the batch, for their handlers' `current().parent_results()`
-  for _, spec in ipairs(specs) do spec['callback_of'] = bid end
+  -- the callbacks' link to the batch, for their handlers' `current().parent_results()`;
+  -- the batch lists them, so retention (trim.lua) keeps its members' records for them
+  local ids = {}
+  for _, spec in ipairs(specs) do
+    spec['callback_of'] = bid
+    ids[#ids + 1] = spec['id']
+  end
+  if #ids > 0 then redis.call('HSET', bkey, 'callbacks', cjson.encode(ids)) end
   if #specs > 0 then enqueue_followups(bprefix, prefix_queue(bprefix), nil, specs, at) end
   for _, suffix in ipairs({'', ':ended', ':failed', ':members'}) do
     redis.call('PEXPIRE', bkey .. suffix, BATCH_KEEP_MS)

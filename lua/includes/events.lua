@@ -11,8 +11,9 @@
   The switch and the cap are the queue's limits hash field `events`: absent, the
   default EVENTS_KEEP entries; "0", no events (nothing written, nothing read but that
   field); N, about N entries kept (XADD MAXLEN ~ N trims whole stream nodes).
-  Cost: the field's HGET once per script call, then one XADD per event, plus one HMGET
-  when the caller does not know the job's task (the result is remembered for the call).
+  Cost: the field's HGET once per script call (none when the caller read it with the
+  limits: `events_known`), then one XADD per event, plus one HMGET when the caller does
+  not know the job's task and owner (the result is remembered for the call).
 ]]
 --@include includes/job
 
@@ -37,13 +38,18 @@ local function clip(text, max)
   return string.sub(text, 1, cut)
 end
 
+-- The queue's `events` field as read (`raw`: its value, false when absent): a script
+-- that reads the limits hash anyway (claim, ack) reads it there and says so here, which
+-- saves events_on's own HGET.
+local function events_known(raw)
+  local n = tonumber(raw) or EVENTS_KEEP
+  if n ~= n then n = EVENTS_KEEP end -- NaN: whoever wrote it, the default
+  events_keep = math.max(0, math.min(math.floor(n), EVENTS_KEEP_MAX))
+end
+
 -- Whether the queue writes events (and how many it keeps), read once per call.
 local function events_on(prefix)
-  if events_keep == nil then
-    local n = tonumber(redis.call('HGET', prefix .. 'limits', 'events')) or EVENTS_KEEP
-    if n ~= n then n = EVENTS_KEEP end -- NaN: whoever wrote it, the default
-    events_keep = math.max(0, math.min(math.floor(n), EVENTS_KEEP_MAX))
-  end
+  if events_keep == nil then events_known(redis.call('HGET', prefix .. 'limits', 'events')) end
   return events_keep > 0
 end
 

@@ -18,7 +18,7 @@ local FINISHED_CAP = 10000 -- the "recently finished" index keeps this many newe
 
 -- A job reached succeeded, dead or cancelled: free its idempotency key (or keep it
 -- until `unique_until`), start the record's retention clock, and list it in the capped
--- "recently finished" index (zset by finish time; two commands, O(log n) each). `key` is
+-- "recently finished" index (zset by finish time; O(log n)). `key` is
 -- the job's idempotency key when the caller has read it already (false: it has none).
 -- Retention: `retention_ms` is its result_ttl (0: the record goes now; -1 for a death);
 -- a succeeded or dead job enters the retention index (`retain`; `keep` is a succeeded
@@ -39,7 +39,10 @@ local function finish(prefix, id, retention_ms, at, key, state, links, keep)
   if retention_ms ~= 0 then
     local fkey = prefix .. 'finished'
     redis.call('ZADD', fkey, at, id)
-    redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1)
+    -- a success (every ack: the hot path) leaves the cap to the reaper's trim pass, once
+    -- a pass (trim.lua: the index may hold a pass's successes more in between); the
+    -- other ends, rarer, keep it at once
+    if state ~= 'succeeded' then redis.call('ZREMRANGEBYRANK', fkey, 0, -FINISHED_CAP - 1) end
   end
   if key == nil then key = redis.call('HGET', jkey, 'key') end
   if key then

@@ -13,7 +13,8 @@ local keep_read = {} -- a script call's policy reads, by state, policy and task
 local buckets_listed = {} -- the buckets this call has listed in `kept` already
 
 -- How a job that ended `state` is kept: {age ms, count, history 0/1}. `own` holds the
--- job's own three keep fields (HMGET's answer from index `i`: the producer's), a
+-- job's own three keep fields (HMGET's answer from index `i`: the producer's, or for a
+-- success those its first claim copied from the same policy, lua/claim.lua), a
 -- missing one comes from its policy `policy` (the task's, then the default), else the
 -- default. A policy is read once per script call for its task (an ack of 32 jobs: one).
 local function keep_of(prefix, state, policy, task, own, i)

@@ -36,10 +36,17 @@ def read_usage(client: Any, queue: str, since_s: float, now_s: float) -> dict[st
     for bucket in pipe.execute():
         for name, value in bucket.items():
             figure, _, group = (name.decode() if isinstance(name, bytes) else name).partition(":")
-            if figure not in FIGURES:
-                continue
-            row = totals.setdefault(group, dict.fromkeys(FIGURES, 0))
-            row[figure] += int(value)
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            if figure == "runs":  # the four figures packed (lua/includes/cost.lua)
+                parts = text.split(",")
+                if len(parts) != len(FIGURES) or not all(p.isdigit() for p in parts):
+                    continue  # not what the scripts write: not counted
+                row = totals.setdefault(group, dict.fromkeys(FIGURES, 0))
+                for name_, part in zip(FIGURES, parts, strict=True):
+                    row[name_] += int(part)
+            elif figure in FIGURES and text.lstrip("-").isdigit():  # a field per figure
+                row = totals.setdefault(group, dict.fromkeys(FIGURES, 0))
+                row[figure] += int(text)
     return totals
 
 
