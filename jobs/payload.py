@@ -7,7 +7,6 @@ worker. Errors name the offending argument so the producer can fix the call.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import threading
 import time
@@ -15,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Literal
 
-from forq.defaults import ENQUEUE, POLICY_KEYS, PolicyKey
 from forq.errors import PayloadError
 from forq.store.keyed import keyed
+from forq.store.policy import PER_JOB_POLICY, job_policy_options
 from forq.tracing import current_traceparent, valid_traceparent
 from forq.units import UnitError, parse_duration
 
@@ -25,22 +24,12 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 PRIORITY_LIMIT = 1000  # the pending score keeps priority * 2^42 exact in a double
 MAX_GROUP_BYTES = 256  # a group key is part of Redis key names: keep them short
 
-# a job policy key set per job (a forq.defaults row with the enqueue scope), as
-# its option ("backoff" for backoff.base, …) and as the field a spec stores
-PER_JOB_POLICY = tuple(key for key in POLICY_KEYS if ENQUEUE in key.scopes)
-# the options that take a mapping ("backoff", "keep_succeeded", "keep_dead") and their parts
-NESTED_PARTS: dict[str, tuple[str, ...]] = {
-    option: tuple(k.name.partition(".")[2] for k in PER_JOB_POLICY
-                  if k.name.startswith(option + "."))
-    for option in dict.fromkeys(k.name.partition(".")[0] for k in PER_JOB_POLICY if "." in k.name)
-}
 OPTIONS = frozenset({
     "args", "kwargs", "priority", "delay", "run_at", "key", "unique_for", "job_id",
     "idempotent", "group", "expires_in", "expire_at", "depends_on", "allow_failure", "lifo",
     "replace", "debounce", "key_scope",
     *(key.name.partition(".")[0] for key in PER_JOB_POLICY),
 })
-_POLICY_OPTIONS = frozenset(key.name.partition(".")[0] for key in PER_JOB_POLICY)
 # the options a plain job may have: build_spec skips the checks of all the others
 _PLAIN_OPTIONS = frozenset({"args", "kwargs", "priority", "job_id"})
 MAX_DEPENDENCIES = 1000  # parents of one job (each is one read in the enqueue script)
@@ -177,53 +166,6 @@ def _ms(value: Any, where: str) -> int:
         raise PayloadError(str(exc)) from None
 
 
-def _policy_value(task: str, key: PolicyKey, value: Any) -> int | float:
-    """One per-job policy option, stored as its row says and within its row's bounds
-    (the same bounds a config has), or a PayloadError naming it."""
-    where = f"task {task!r}: {key.name}"
-    if key.kind == "boolean":  # a flag: True or False, not 1 or "yes"
-        if isinstance(value, bool):
-            return key.stored(value)
-        raise PayloadError(f"{where} must be true or false, got {value!r}")
-    if key.kind in ("integer", "number") and (
-            isinstance(value, bool) or not isinstance(value, (int, float))
-            or (key.kind == "integer" and not isinstance(value, int))):
-        raise PayloadError(f"{where} must be {'an integer' if key.kind == 'integer' else 'a number'}"
-                           f", got {value!r}")
-    try:
-        stored = key.stored(value)
-    except UnitError as exc:
-        raise PayloadError(f"{where}: {exc}") from None
-    shown = value if key.kind in ("integer", "number") else stored
-    if key.positive and stored <= 0:
-        raise PayloadError(f"{where} must be more than 0, got {value!r}")
-    if not key.minimum <= shown <= key.maximum or shown != shown:  # NaN fails both
-        bounds = (f"from {key.minimum:g} to {key.maximum:g}" if key.maximum != math.inf
-                  else f"at least {key.minimum:g}")
-        raise PayloadError(f"{where} must be {bounds}, got {value!r}")
-    return stored
-
-
-def _policy(task: str, options: Mapping[str, Any], spec: dict[str, Any]) -> None:
-    """The per-job policy options (forq.defaults rows with the enqueue scope) into `spec`."""
-    if _POLICY_OPTIONS.isdisjoint(options):
-        return  # most jobs: none given (the walk below costs ~20 µs a job)
-    for option, parts in NESTED_PARTS.items():
-        given = options.get(option)
-        if given is not None and not isinstance(given, Mapping):
-            raise PayloadError(f"task {task!r}: {option} must be a mapping of "
-                               f"{'/'.join(parts)}, got {type(given).__name__}")
-        unknown = sorted(str(k) for k in (given or ()) if k not in parts)
-        if unknown:
-            raise PayloadError(f"task {task!r}: {option} has unknown key(s) {', '.join(unknown)}"
-                               f" (known: {', '.join(parts)})")
-    for key in PER_JOB_POLICY:
-        option, _, part = key.name.partition(".")
-        value = (options.get(option) or {}).get(part) if part else options.get(option)
-        if value is not None:
-            spec[key.field] = _policy_value(task, key, value)
-
-
 def build_spec(
     task: str,
     options: Mapping[str, Any],
@@ -281,7 +223,7 @@ def build_spec(
         spec["run_at_ms"] = int(run_at * 1000)
     keyed(task, options, spec)
     _expiry(task, options, spec)
-    _policy(task, options, spec)
+    job_policy_options(task, options, spec)
     if options.get("idempotent"):
         spec["idempotent"] = 1
     if options.get("group") is not None:

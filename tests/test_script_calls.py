@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from forq.store import control, finder
+from forq.store import control, cron, finder
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.scripts import source
@@ -44,8 +44,8 @@ CALLS = {
     "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
     "set_priority": tr.set_priority_call(KEYS, "a", 5),
     "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
-    "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
-    "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
+    "schedule_define": cron.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
+    "schedule_fired": cron.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
     "throttle": control.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
     "set_throttle": control.set_throttle_call(KEYS, 60_000, "g"),
     "parents": control.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
@@ -134,6 +134,6 @@ def test_parsers_read_the_documented_replies():
     assert records == [{"id": "a", "score": "4", "task": "t.x", "enqueued_at": "1000"}]
     assert (cursor, examined, gone) == ("5|b", 3, 1)
     assert finder.parse_find(["5", "b", 1, 3, 0])[1] is None  # done: no cursor
-    assert tr.parse_schedule_define(["exists", 4]) == ("exists", 4)
+    assert cron.parse_schedule_define(["exists", 4]) == ("exists", 4)
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])
