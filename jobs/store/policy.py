@@ -5,7 +5,8 @@ claim; lua/claim.lua stores it as the hash ``forq:{q}:policy:<sha1 of that JSON>
 ``NAME`` for a default, ``NAME:TASK`` for a task's own) and names it in each job it
 claims first (the job's ``policy`` field). A job's limit is then its own field (the
 producer's), else its policy's. This module gives readers the same view: the claim's
-reply and `Queue.get` show every limit, as when each job carried them all.
+reply and `Queue.get` show every limit, as when each job carried them all. The policy
+options an enqueue gives a job of its own are checked here too (`job_policy_options`).
 """
 
 from __future__ import annotations
