@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.chunk_tasks import CHUNK
 from bench.common import (
     BENCH,
     REPO,
@@ -190,6 +191,7 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     forq_runs: list[dict[str, Any]] = []
     prefetch_runs: list[dict[str, Any]] = []  # the same, with jobs leased ahead of a slot
     events_off_runs: list[dict[str, Any]] = []  # the same, without the queue's events
+    chunked_runs: list[dict[str, Any]] = []  # a chunked no-op (`task(chunk=32)`), #27
     peers: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     # the fork limit is measured again in every round: the ratio to it is the target, and
     # a single measurement at the start would carry that moment's noise into it
@@ -208,6 +210,10 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                                                  queue_extra=f"prefetch = {PREFETCH}\n"))
         events_off_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
                                                    queue_extra=forq_sup.EVENTS_OFF))
+        chunked_runs.append(forq_sup.drain_once(ctx["url"], sz.drain["forq"],
+                                                queue_extra="prefetch = 0\n",
+                                                task="bench.noop_chunk",
+                                                imports=("bench.chunk_tasks",)))
         for system in systems:
             peers[system].append(run_driver("drain", system, ctx["redis_base"], 1,
                                             n=sz.drain[system], reps=1))
@@ -216,10 +222,17 @@ def section_e2e(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
                                prefetch_runs, sz.drain["forq"]), prefetch=PREFETCH),
                            "forq-events-off": forq_sup.throughput_summary(
                                events_off_runs, sz.drain["forq"]),
+                           "forq-chunked": dict(forq_sup.throughput_summary(
+                               chunked_runs, sz.drain["forq"]), chunk=CHUNK),
                            "fork_limit_in_rounds": summary(fork_runs)}
     ctx.setdefault("fork_runs", []).extend(fork_runs)
     for system, runs in peers.items():
         out[system] = _merge(runs)
+    dramatiq = out["dramatiq"].get("median")
+    if dramatiq:
+        log(f"e2e: forq chunked (chunk={CHUNK}) {out['forq-chunked']['median']:,.0f} jobs/s, "
+            f"{out['forq-chunked']['median'] / dramatiq:.2f}× Dramatiq 2×1 "
+            f"({dramatiq:,.0f} jobs/s, same run)")
     if ctx.get("profile"):
         log("e2e: forq once more under py-spy (profile; not counted) ...")
         prof = BENCH / ".profile-supervisor.txt"

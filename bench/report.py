@@ -12,6 +12,7 @@ FINDINGS_PATH = Path(__file__).resolve().parent / "FINDINGS.md"
 NAMES = {"forq": "forq (supervisor, concurrency 2, `prefetch = 0`)",
          "forq-prefetch": "forq, `prefetch = {prefetch}` (docs/operations/supervisor.md, \"Prefetch\")",
          "forq-events-off": "forq, the queue's `events = false` (docs/guide/events.md)",
+         "forq-chunked": "forq, a chunked no-op, `task(chunk={chunk})` (docs/guide/chunks.md)",
          "rq-fork": "RQ Worker ×2 (fork per job)",
          "rq-simple": "RQ SimpleWorker ×2 (no fork)", "celery": "Celery prefork, concurrency 2",
          "dramatiq": "Dramatiq 2 processes × 1 thread"}
@@ -116,6 +117,11 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         ratio = free / dramatiq
         out.append((f"isolation for free: end to end{how} ≥ Dramatiq 2 × 1 (#18)", "≥ 1.0×",
                     f"{ratio:.2f}× ({n(free)} vs {n(dramatiq)} jobs/s)", ratio >= 1.0))
+    chunked = get(s, "e2e", "forq-chunked", "median")
+    if chunked and dramatiq:
+        ratio = chunked / dramatiq
+        out.append(("chunked no-op handlers ≥ 3× Dramatiq 2 × 1 (#27)", "≥ 3.0×",
+                    f"{ratio:.2f}× ({n(chunked)} vs {n(dramatiq)} jobs/s)", ratio >= 3.0))
     many = get(s, "enqueue", "forq", "enqueue_many", "median")
     if many:
         out.append(("enqueue_many ≥ 40,000 jobs/s", "≥ 40,000/s", f"{n(many)}/s", many >= 40_000))
@@ -333,13 +339,16 @@ def render(res: dict[str, Any]) -> str:
                    "registry, Celery's and Dramatiq's result keys).\n")
         rows = []
         forq_rate = get(e, "forq", "median")
-        for system in ("forq", "forq-prefetch", "forq-events-off", "rq-fork", "rq-simple",
-                       "celery", "dramatiq"):
+        for system in ("forq", "forq-prefetch", "forq-events-off", "forq-chunked", "rq-fork",
+                       "rq-simple", "celery", "dramatiq"):
             d = e.get(system)
             if not isinstance(d, dict) or "median" not in d:
                 continue
             fork_per_job = "yes" if system.startswith("forq") or system == "rq-fork" else "no"
-            rows.append([NAMES[system].format(prefetch=d.get("prefetch")), fork_per_job,
+            if system == "forq-chunked":
+                fork_per_job = f"per chunk of ≤ {d.get('chunk')}"
+            rows.append([NAMES[system].format(prefetch=d.get("prefetch"), chunk=d.get("chunk")),
+                         fork_per_job,
                          n(d.get("n")), n(d["median"]),
                          f"{d['median'] / fork:.0%}" if fork else "n/a",
                          f"{forq_rate / d['median']:.2f}×"
@@ -541,6 +550,7 @@ METHOD = """
 `--skip-1m`, `--only SECTION,...` (limits, enqueue, e2e, appsize, latency, recovery,
 scale, ceiling, leases), `python -m bench.appsize` for the application-size axis alone,
 `python -m bench.prefetch` for what `prefetch` buys and costs a fleet,
+`python -m bench.chunks` for chunked handlers beside Dramatiq 2 × 1,
 `python -m bench.childcost` for a job's child's CPU and faults, forked lean or not, `python -m bench.ceiling` for the Redis ceiling alone (`--n`, `--procs`,
 `--slots`, `--only forq,bullmq`), `python -m bench.leases` for one supervisor holding
 1,000 leases, `python -m bench.redis_cost` for a lone supervisor's Redis cost per job,

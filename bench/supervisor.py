@@ -177,8 +177,10 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
                supervisor_extra: str = "", launcher: list[str] | None = None,
                producer: str | None = None, imports: tuple[str, ...] = ("bench.tasks",),
                env: dict[str, str] | None = None,
-               keep_history: bool | None = True, python: str | None = None) -> dict[str, Any]:
-    """Enqueue n no-op jobs, start a supervisor, time first finish → last finish.
+               keep_history: bool | None = True, python: str | None = None,
+               task: str = "bench.noop") -> dict[str, Any]:
+    """Enqueue n no-op jobs (of `task`: "bench.noop_chunk" for the chunked no-op), start
+    a supervisor, time first finish → last finish.
     `launcher`: what runs `forq` (bench/cgroups.py starts it in a cgroup); `producer`:
     another venv's python that enqueues instead of this process (an older forq, whose
     data format this one would refuse — give it a Redis database of its own);
@@ -193,7 +195,7 @@ def drain_once(url: str, n: int, concurrency: int = 2, workdir: Path | None = No
         subprocess.run([producer, "-c", _ENQUEUE_NOOPS, url, name, str(n)], check=True)
     else:
         for start in range(0, n, 5000):
-            q.enqueue_many([{"task": "bench.noop"}] * min(5000, n - start))
+            q.enqueue_many([{"task": task}] * min(5000, n - start))
     cfg = write_forq_config(workdir / f"{name}.toml", url, name, concurrency,
                             queue_extra=queue_extra, supervisor_extra=supervisor_extra,
                             imports=imports, keep_history=keep_history)

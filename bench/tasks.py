@@ -61,3 +61,12 @@ def hold_memory(mib: int, seconds: float = 0.0) -> float:
         time.sleep(seconds)
     del buf
     return now
+
+
+@task("bench.segv")
+def segv(*_args, **_kwargs) -> None:
+    """A bad deploy: every job of this task kills its process with SIGSEGV
+    (bench.breaker)."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from forq.registry import NonRetryable, Retry, current, task
+from forq.registry import ChunkJob, NonRetryable, Retry, current, task
 
 if TYPE_CHECKING:
     from forq.async_queue import AsyncJob, AsyncQueue
@@ -42,7 +42,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "DEAD", "PENDING", "SCHEDULED", "STATES",
+    "ACTIVE", "AsyncJob", "AsyncQueue", "CANCELLED", "ChunkJob", "DEAD", "PENDING", "SCHEDULED", "STATES",
     "SUCCEEDED", "ForqError", "IncompatibleFormat", "Job", "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "PayloadError", "NonRetryable", "NotReplicated", "Queue",
     "QueueEvent", "QueueFull", "Retry", "current", "find_job", "known_queues", "task",

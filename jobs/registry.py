@@ -86,11 +86,44 @@ class TaskSpec:
     func: Callable[..., Any]
     idempotent: bool = False
     is_async: bool = False  # an `async def` handler: run with a fresh event loop
+    # `chunk=N`: up to N leased jobs of this task in one child, the handler called with
+    # a list of `ChunkJob` (docs/guide/chunks.md); 1: one job per child
+    chunk: int = 1
 
     def call(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Run the handler in the job's child: an `async def` one with `asyncio.run`
         (a fresh loop per job, so nothing is shared between jobs but the process's
-        imports); a coroutine returned by a plain function is a mistake, said so."""
+        imports); a coroutine returned by a plain function is a mistake, said so. A
+        chunked task's job run alone (`forq replay`): its handler gets a list of one."""
+        if self.chunk > 1:
+            return self._alone(args, kwargs)
+        return self._invoke(args, kwargs)
+
+    def call_chunk(self, jobs: list[ChunkJob]) -> Any:
+        """Run a chunked handler with its chunk's jobs (`task(chunk=N)`)."""
+        return self._invoke([jobs], {})
+
+    def _alone(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        ctx = _current
+        said: list[tuple[Any, BaseException | None]] = []
+        job = ChunkJob(ctx.id if ctx else "", ctx.queue if ctx else "", self.name, args,
+                       kwargs, ctx.attempts if ctx else 0, ctx.crashes if ctx else 0,
+                       lambda _job, result, exc: said.append((result, exc)))
+        returned = self._invoke([[job]], {})
+        if not said:
+            if returned is not None and (not isinstance(returned, list) or len(returned) != 1):
+                raise TypeError(f"chunked task {self.name!r} returned "
+                                f"{type(returned).__name__}; it returns None or a list of 1 "
+                                "outcome")
+            said.append((None, None) if returned is None else
+                        (None, returned[0]) if isinstance(returned[0], BaseException)
+                        else (returned[0], None))
+        result, exc = said[0]
+        if exc is not None:
+            raise exc
+        return result
+
+    def _invoke(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if self.is_async:
             import asyncio  # preloaded by the fork server when any handler is async
 
@@ -109,19 +142,34 @@ class TaskSpec:
 _TASKS: dict[str, TaskSpec] = {}
 
 
-def task(name: str | None = None, *, idempotent: bool = False) -> Callable[[F], F]:
+#: the most jobs one chunk may hold (`task(chunk=)`): a claim leases at most 32 jobs
+MAX_CHUNK = 32
+
+
+def task(name: str | None = None, *, idempotent: bool = False,
+         chunk: int = 1) -> Callable[[F], F]:
     """Register a handler under `name` (default: ``module.function``); plain functions
     and `async def` ones alike (detected here, each run in its own child).
 
     ``idempotent=True`` declares every job of this task effectively-once: once its
     handler succeeded it is never run again within the idempotency TTL, even if the
     ack was lost.
+
+    ``chunk=N`` (2 to `MAX_CHUNK`): the supervisor runs up to N leased jobs of this
+    task in one child, and the handler is called with a list of `ChunkJob`; each job
+    is acked, failed or retried on its own (`ChunkJob.ok` / `ChunkJob.fail` as it goes,
+    or the handler's return: None (all succeed), or a list of one outcome per job, an
+    exception instance for a failure; a raise fails every job not yet reported). The
+    jobs of a chunk share one process: docs/guide/chunks.md says what that gives up.
     """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK:
+        raise ValueError(f"task {name!r}: chunk must be an integer from 1 to {MAX_CHUNK}, "
+                         f"got {chunk!r}")
 
     def register(func: F) -> F:
         task_name = name or f"{func.__module__}.{func.__name__}"
         _TASKS[task_name] = TaskSpec(task_name, func, idempotent,
-                                     inspect.iscoroutinefunction(func))
+                                     inspect.iscoroutinefunction(func), chunk)
         return func
 
     return register
@@ -263,6 +311,49 @@ class JobContext:
                        **{name: spec.record[name] for name in ("on_success", "on_complete")
                           if name in spec.record}}
         return spec.id
+
+
+class ChunkJob:
+    """One job of a chunk, as a chunked handler (`task(chunk=N)`) sees it: its id,
+    arguments and counts, and `ok` / `fail` to report its outcome now. A job reported
+    is settled: a crash of the chunk's process later does not run it again; the jobs
+    not yet reported when the process dies are retried (each as a crash)."""
+
+    def __init__(self, id: str, queue: str, task: str, args: list[Any],  # noqa: A002
+                 kwargs: dict[str, Any], attempts: int = 0, crashes: int = 0,
+                 report: Callable[[ChunkJob, Any, BaseException | None], None] | None = None
+                 ) -> None:
+        self.id = id
+        self.queue = queue
+        self.task = task
+        self.args = args
+        self.kwargs = kwargs
+        self.attempts = attempts
+        self.crashes = crashes
+        self.reported = False
+        self._report = report
+
+    def __repr__(self) -> str:
+        return f"ChunkJob({self.id!r}, {self.task!r})"
+
+    def ok(self, result: Any = None) -> None:
+        """This job succeeded with `result` (JSON): reported to the supervisor now."""
+        self._settle(result, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """This job failed with `exc`: retried per its own retries (`NonRetryable`: dead
+        now; `Retry`: again after its delay), reported to the supervisor now."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"job {self.id}: fail() takes an exception, got "
+                            f"{type(exc).__name__}")
+        self._settle(None, exc)
+
+    def _settle(self, result: Any, exc: BaseException | None) -> None:
+        if self.reported:
+            raise RuntimeError(f"job {self.id} of this chunk was already reported")
+        self.reported = True
+        if self._report is not None:  # outside a supervisor's child: nowhere to report
+            self._report(self, result, exc)
 
 
 _current: JobContext | None = None

@@ -50,7 +50,7 @@
 --@include includes/replace
 
 -- Why the short path: a plain job (most of an enqueue_many) costs Redis about half of
--- what enqueue_one's general path does (bench/RESULTS.md, "Findings VIII"): no JSON to
+-- what enqueue_one's general path does (bench/RESULTS.md, "Findings X"): no JSON to
 -- decode, one INCRBY of the queue's seq and one ZADD for the whole call, and its numbers
 -- turned into text once a call (a Lua number given to redis.call is formatted anew on
 -- every call). It writes the same record, history, event and index entry.

@@ -17,11 +17,13 @@
   the task's circuit breaker here, where the parent names it, not in reclaim (a lease
   that expired because its supervisor died is no fault of the task).
   Transitions: none
+  Events: tripped
 ]]
 --@include includes/time
 --@include includes/job
 --@include includes/fencing
 --@include includes/history
+--@include includes/events
 --@include includes/breaker
 --@include includes/cost
 
@@ -31,7 +33,10 @@ local jkey = job_key(prefix, id)
 local f = held(jkey, token, 'task', 'group')
 if not f then return 'lost' end
 local at = now_ms()
-breaker_end(prefix, id, jkey, f[3], ARGV[5], at)
+local trip = breaker_end(prefix, id, jkey, f[3], ARGV[5], at)
+-- this crash tripped its task: on the stream, on the supervisor (the lease's owner)
+if trip then emit(prefix, 'tripped', id, f[3], true, trip.pattern, {'jobs', trip.jobs, 'ends', trip.ends,
+    'of', trip.of, 'window_ms', trip.window_ms, 'until', trip['until']}) end
 redis.call('HSET', jkey, 'last_crash', reason, 'lease_deadline', 0)
 local totals = {}
 if record_cost(jkey, ARGV[6], f[4], totals) then add_usage(prefix, totals, at) end

@@ -35,7 +35,7 @@
   Transitions: [*] -> pending, [*] -> scheduled
   (a job that ends releases the jobs waiting on it, or sends them to dead; the end of
   a batch's last member enqueues the batch's callbacks)
-  Events: failed, retried, snoozed, dead, cancelled, enqueued
+  Events: failed, retried, snoozed, dead, cancelled, enqueued, tripped
 ]]
 --@include includes/time
 --@include includes/job
@@ -62,7 +62,12 @@ if f[3] and (mode == 'retry' or mode == 'snooze') then mode = 'cancel' end
 local snooze = mode == 'snooze'
 local counted = not snooze or ARGV[8] == '1'
 local at = now_ms()
-if mode ~= 'cancel' and not snooze then breaker_end(prefix, id, jkey, f[5], ARGV[9], at) end
+if mode ~= 'cancel' and not snooze then
+  local trip = breaker_end(prefix, id, jkey, f[5], ARGV[9], at)
+  -- this end tripped its task: on the stream, on the supervisor (the lease's owner)
+  if trip then emit(prefix, 'tripped', id, f[5], true, trip.pattern, {'jobs', trip.jobs, 'ends', trip.ends,
+    'of', trip.of, 'window_ms', trip.window_ms, 'until', trip['until']}) end
+end
 local attempts
 if counted then
   attempts = redis.call('HINCRBY', jkey, 'attempts', 1)

@@ -12,6 +12,8 @@
   ARGV[2]  the task to resume, or "" for the cool-down pass
   ARGV[3]  the most parked jobs to move back in this call
 
+  Each task untripped writes a `resumed` event (no job's: its id is "", `by` operator
+  or cooldown).
   Returns {untripped, moved, left, tripped}: how many tasks this call untripped, how many
     jobs it moved back to pending, how many parked jobs of untripped tasks wait for the
     next call, and the tasks still tripped as a flat list {task1, reason1, ...} (the
@@ -19,6 +21,7 @@
   A parked job stays `pending` (its `parked` field names its task); one that left pending
   meanwhile (cancelled, expired before start) is dropped from the parked set, not moved.
   Transitions: none
+  Events: resumed
 ]]
 --@include includes/time
 --@include includes/job
@@ -26,6 +29,7 @@
 --@include includes/wake
 --@include includes/pending
 --@include includes/groups
+--@include includes/events
 
 local tripped_key, limits_key = KEYS[1], KEYS[2]
 local prefix, only = ARGV[1], ARGV[2]
@@ -37,8 +41,10 @@ if only == '' and redis.call('HLEN', tripped_key) == 0
 end
 local at = now_ms()
 local untripped = 0
+-- each task untripped on the event stream: `resumed`, no job's, `by` who resumed it
 if only ~= '' then
   untripped = redis.call('HDEL', tripped_key, only)
+  if untripped > 0 then emit(prefix, 'resumed', '', only, false, nil, {'by', 'operator'}) end
 else
   local all = redis.call('HGETALL', tripped_key)
   for i = 1, #all, 2 do
@@ -46,6 +52,7 @@ else
     local till = ok and type(reason) == 'table' and tonumber(reason['until']) or 0
     if not ok or (till > 0 and till <= at) then
       untripped = untripped + redis.call('HDEL', tripped_key, all[i])
+      emit(prefix, 'resumed', '', all[i], false, nil, {'by', 'cooldown'})
     end
   end
 end

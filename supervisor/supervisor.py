@@ -52,6 +52,7 @@ from forq.supervisor.loop.sdnotify import Notifier, watchdog_interval
 from forq.supervisor.loop.wakeups import POLL_INTERVAL, Wakeups
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_memory import MemoryCollector
 from forq.supervisor.observe.metrics_server import MetricsServer
 from forq.supervisor.observe.retention import RetentionCollector
 from forq.supervisor.redis_io import checks as redis_checks
@@ -114,7 +115,7 @@ class Supervisor:
         # to the children, a child's start asks the fencer for its first deadline, a fork
         # server that starts slowly needs the renewal): those calls go through `self`.
         self.spawner = Spawner(
-            self.loop, lambda: self.children.by_job.values(),
+            self.loop, lambda: self.children.unique(),
             lambda *end: self.children.ended(*end),
             # a new fork server (start, reload) may import for longer than a lease lasts
             while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()))
@@ -124,6 +125,7 @@ class Supervisor:
             on_report=self._report, on_notes=self.notes.heard,
             first_deadline=lambda sent_at: self.fencer.first_deadline(sent_at),
             on_change=lambda: self.heartbeat.set_title())
+        self.metrics.registry.register(MemoryCollector(self.children.memory))
         self.fencer = self.make_fencer()
         self.renewal = LeaseRenewal(
             self.leases, self.redis, self.queues, self.fencer, self.spawner, self.health,

@@ -6,6 +6,7 @@ supervisors (tests/supervisors.py) for the ends a parent observes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,40 @@ def test_twenty_crashes_of_one_task_trip_it_and_claim_parks_only_its_jobs(queue:
     assert sorted(lease.id for lease in claim.leases) == sorted(bad)  # their order kept
     assert [lease.id for lease in claim.leases] == bad
     assert all(queue.get(j).history[-2]["event"] == "unparked" for j in bad)
+
+
+def test_a_trip_and_a_resume_are_on_the_queue_event_stream(queue: Queue, redis_url: str):
+    ids = crash(queue, "t.bad", 20)  # crashes: expire.lua
+    calls = leasing(queue)
+    for i in range(20):  # failures: fail.lua
+        queue.enqueue("t.raises", i, max_attempts=1)
+        (lease,) = calls.claim(OWNER, 1, LONG).leases
+        calls.fail(lease.id, lease.token, {"type": "KeyError", "message": "k", "reason": "k"},
+                   pattern="exception:KeyError")
+        last = lease.id
+    assert sorted(queue.stats()["tripped"]) == ["t.bad", "t.raises"]
+    assert queue.resume(task="t.bad") is True
+    assert queue.resume(task="t.bad") is False  # not tripped: no second event
+
+    events = [e for e in queue.events() if e.kind in ("tripped", "resumed")]
+    assert [(e.kind, e.task) for e in events] == [
+        ("tripped", "t.bad"), ("tripped", "t.raises"), ("resumed", "t.bad")]
+    crashed, failed, resumed = events
+    # named after the job whose end tripped it, on the supervisor that ran it
+    assert crashed.job_id in ids and crashed.supervisor == OWNER
+    assert crashed.reason == "signal:SIGSEGV"
+    assert crashed.fields["jobs"] == "20" and crashed.fields["ends"] == "20"
+    assert crashed.fields["of"] == "20" and crashed.fields["window_ms"] == "60000"
+    # its cool-down from the trip (the script's clock, ms rounded; the stream id is XADD's)
+    tripped_ms = int(crashed.stream_id.split("-")[0])
+    assert abs(tripped_ms - (int(crashed.fields["until"]) - 600_000)) <= 5, crashed
+    assert (failed.job_id, failed.supervisor, failed.reason) == (last, OWNER,
+                                                                 "exception:KeyError")
+    assert (resumed.job_id, resumed.supervisor, resumed.fields) == ("", None,
+                                                                    {"by": "operator"})
+    shown = forq(redis_url, "events", queue.name, "--event", "resumed")
+    assert shown.returncode == 0, shown.stderr
+    assert "resumed  -  t.bad  by=operator" in shown.stdout, shown.stdout
 
 
 def test_a_parked_job_takes_its_place_in_a_claim_without_blocking_the_rest(queue: Queue):
@@ -207,9 +242,14 @@ def test_the_cool_down_resumes_a_tripped_task_by_itself(tmp_path: Path, redis_ur
         # then, with no one's help, the reaper untrips it and the rest run (and trip it again)
         until(lambda: all(queue.get(j).state == "dead" for j in bad), sup, "every bad job ran", 30)
         assert "resumed after their circuit breaker's cool-down" in sup.log()
+        me = f"{os.uname().nodename}:{sup.pid}"
     events = [[h["event"] for h in queue.get(j).history] for j in bad]
     parked = [e for e in events if "parked" in e]
     assert parked and all("unparked" in e for e in parked)
+    # on the event stream: each trip on the supervisor, each resume by the cool-down
+    kinds = [(e.kind, e.supervisor, e.fields.get("by")) for e in queue.events()
+             if e.kind in ("tripped", "resumed")]
+    assert kinds[:2] == [("tripped", me, None), ("resumed", None, "cooldown")]
 
 
 def test_a_handler_names_no_task_but_its_own_nor_a_pattern_of_its_choosing(

@@ -59,6 +59,16 @@ def test_the_events_page_lists_filters_pages_and_escapes(web, queue: Queue):
     assert "events are off for this queue" in off
 
 
+def test_a_tasks_resumed_event_names_no_job_and_links_none(web, queue: Queue):
+    """A circuit breaker's `resumed` is a task's, not a job's: its row has no job link."""
+    queue.redis.hset(queue.keys.tripped, "t.bad", '{"pattern": "signal:SIGSEGV"}')
+    assert queue.resume(task="t.bad") is True
+    status, page, _ = Browserless(web.url).get(f"/queues/{queue.name}/events?event=resumed")
+    assert status == 200
+    row = page.split('data-event="resumed"', 1)[1].split("</tr>", 1)[0]
+    assert "t.bad" in row and "by=operator" in row and "/jobs/" not in row, row
+
+
 @pytest.fixture
 def alone() -> Iterator[Queue]:
     """A queue on a Redis of its own: no other test's queue or supervisor moves the

@@ -118,6 +118,8 @@ def test_record_keeps_cpu_of_the_tree_peak_wall_and_start_latency(tmp_path, redi
                   sample(samples, "forq_job_peak_memory_bytes_bucket", **mine)}
         assert (memory[floatToGoString(64 * MIB)], memory[floatToGoString(512 * MIB)]) == (0, 1), memory
         assert sample(samples, "forq_job_start_latency_seconds_count", **mine)[0][1] == 1
+        # no memory_budget: none of its metrics (`absent()` says so to an alert)
+        assert not [name for name in samples if name.startswith("forq_memory_")]
 
         shown = forq(redis_url, "job", jid, "--json")
         assert shown["cost"] == cost
@@ -251,3 +253,51 @@ def test_usage_adds_a_forq_before_it_whose_totals_had_a_field_per_figure(queue):
     assert queue.redis.hget(ukey, "runs:a") == "1,110,1000,200"
     totals = read_usage(queue.redis, queue.name, 3600, redis_now(queue.redis))
     assert totals == {"a": {"jobs": 3, "cpu_ms": 150, "peak": 1400, "wall_ms": 260}}
+
+
+# what a hostile child may say as its handler's first line ("began", CLOCK_MONOTONIC):
+# not a number (None kept), or a number anywhere (clamped to the child's life)
+HOSTILE_BEGAN = {
+    "NaN": (b"NaN", None), "inf": (b"Infinity", None), "-inf": (b"-Infinity", None),
+    "a string": (b'"soon"', None), "true": (b"true", None), "a list": (b"[1.5]", None),
+    "an object": (b'{"t": 1}', None),
+    "an int too large for a float": (b"1" + b"0" * 400, None),
+    "a negative int too large": (b"-1" + b"0" * 400, None),
+    "negative": (b"-5", "start"), "zero: before the claim": (b"0", "start"),
+    "the largest float": (b"1.7976931348623157e308", "end"),
+    "after its end": (b"1e12", "end"),
+}
+
+
+def test_a_hostile_began_is_never_a_start_latency_outside_the_childs_life(
+        tmp_path, redis_url, queue):
+    """The start latency's end is the one figure a child says: whatever it sends, the
+    supervisor goes on, and the latency kept is none or within claim → the child's end
+    (clamped: at the child's start when it says earlier, at its end when later)."""
+    from tests.test_hostile import b64
+
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        ids = {name: queue.enqueue("hostile.pipe", b64(
+            b'{"began": ' + began + b', "t": "result", "ok": true, "result": 7}\n')).id
+               for name, (began, _where) in HOSTILE_BEGAN.items()}
+        for name, jid in ids.items():
+            job = wait_job(queue, jid, sup)
+            assert job.state == "succeeded" and job.result == 7, (name, job.history)
+            cost, where = job.cost, HOSTILE_BEGAN[name][1]
+            assert cost is not None, (name, job.fields)
+            latency = cost["start_latency_ms"]
+            if where is None:
+                assert latency is None, (name, cost)
+                continue
+            at = {h["event"]: h["at"] for h in job.history}
+            # the claim and the end by Redis's clock: the supervisor's claim was sent
+            # before (a round trip), its child ended before the ack
+            assert 0 <= latency <= at["succeeded"] - at["claimed"] + 100, (name, cost, at)
+            if where == "end":
+                assert latency >= cost["wall_ms"] - 1, (name, cost)
+            else:
+                assert latency <= 5000, (name, cost)  # the fork: far less than the 1e12 s
+        assert sup.proc.poll() is None, sup.log()
+        assert queue.enqueue("tests.echo", "still here").wait(timeout=20)["args"] == [
+            "still here"]
+        assert "Traceback" not in sup.log() and "unexpected error" not in sup.log(), sup.log()

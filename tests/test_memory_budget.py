@@ -27,18 +27,38 @@ from forq import Queue
 from forq.fleet import live_supervisors
 from forq.supervisor.config.load import ConfigError, load_config
 from tests.helpers import wait_for, wait_job
+from tests.redis_server import free_port
 from tests.supervisors import REPO, SupervisorProcess, write_config
+from tests.test_job_cost import sample, scrape
 from tests.web_server import WebProcess
 
 MiB = 1 << 20
 
 
 def config(tmp_path: Path, redis_url: str, queue: Queue, budget: str | None,
-           concurrency: int = 6, name: str = "") -> Path:
+           concurrency: int = 6, name: str = "", metrics_port: int = 0) -> Path:
     # a job waiting for room reserves it after 2 s here (10 s by default)
     extra = f'memory_budget = "{budget}"\nmemory_reserve_after = "2s"' if budget else ""
-    return write_config(tmp_path / f"forq{name}.toml", redis_url, {queue.name: concurrency},
+    path = write_config(tmp_path / f"forq{name}.toml", redis_url, {queue.name: concurrency},
                         memory_limit="64MiB", supervisor_extra=extra, name=name)
+    if metrics_port:
+        path.write_text(path.read_text().replace(
+            'listen = ""', f'listen = "127.0.0.1:{metrics_port}"'))
+    return path
+
+
+def memory_metrics(port: int, queue: Queue) -> dict[str, float]:
+    """The memory budget's samples on the supervisor's real /metrics endpoint."""
+    got = scrape(port)
+    out = {name: sample(got, name)[0][1] for name in ("forq_memory_budget_bytes",
+                                                      "forq_memory_refused_total")
+           if sample(got, name)}
+    for state in ("running", "held"):
+        for _labels, value in sample(got, "forq_memory_admitted_bytes", state=state):
+            out[state] = value
+    for _labels, value in sample(got, "forq_jobs_waiting_for_memory", queue=queue.name):
+        out["waiting"] = value
+    return out
 
 
 def gated(queue: Queue, log: Path, gate: Path, limit: str | int) -> dict:
@@ -79,7 +99,9 @@ def record(queue: Queue) -> dict:
 def test_budget_caps_running_limits_small_jobs_pass_the_big_one(tmp_path, redis_url, queue):
     log = tmp_path / "log"
     gates = {name: tmp_path / name for name in ("big1", "big2", "small")}
-    with SupervisorProcess(config(tmp_path, redis_url, queue, "1GiB")).start() as sup:
+    port = free_port()
+    with SupervisorProcess(config(tmp_path, redis_url, queue, "1GiB",
+                                  metrics_port=port)).start() as sup:
         # one claim: big1 fits, big2 does not (600 + 600 > 1024), the smalls behind it do
         jobs = queue.enqueue_many([gated(queue, log, gates["big1"], "600MiB"),
                                    gated(queue, log, gates["big2"], "600MiB")]
@@ -94,6 +116,10 @@ def test_budget_caps_running_limits_small_jobs_pass_the_big_one(tmp_path, redis_
               "the heartbeat lists big2 waiting for memory", sup)
         rec = record(queue)
         assert rec["memory_budget"] == 1 << 30 and rec["memory_used"] == 1000 * MiB
+        # and Prometheus sees the same: the budget, the running limits, big2 held waiting
+        assert memory_metrics(port, queue) == {
+            "forq_memory_budget_bytes": 1 << 30, "forq_memory_refused_total": 0,
+            "running": 1000 * MiB, "held": 600 * MiB, "waiting": 1}
 
         gates["small"].touch()  # the smalls end: 424 MiB free, still not room for big2
         until(lambda: sum(1 for _j, what in lines(log) if what == "end") == 4, "smalls end",
@@ -111,6 +137,10 @@ def test_budget_caps_running_limits_small_jobs_pass_the_big_one(tmp_path, redis_
         assert lines(log).index((big2, "start")) > lines(log).index((big1, "end"))
         assert peak(log, limits) <= 1 << 30
         assert peak(log, limits) == 1000 * MiB  # and it was used: 600 + 4 x 100
+        until(lambda: memory_metrics(port, queue).get("running") == 0, "nothing counted", sup)
+        assert memory_metrics(port, queue) == {
+            "forq_memory_budget_bytes": 1 << 30, "forq_memory_refused_total": 0,
+            "running": 0, "held": 0, "waiting": 0}
 
 
 @pytest.mark.timeout(90)
@@ -156,7 +186,9 @@ def test_a_job_over_the_budget_is_snoozed_visible_and_runs_elsewhere(tmp_path, r
                                                                      queue):
     log, gate = tmp_path / "log", tmp_path / "gate"
     gate.touch()
-    small = SupervisorProcess(config(tmp_path, redis_url, queue, "256MiB", name="small"))
+    port = free_port()
+    small = SupervisorProcess(config(tmp_path, redis_url, queue, "256MiB", name="small",
+                                     metrics_port=port))
     with small.start() as sup:
         job = queue.enqueue_many([gated(queue, log, gate, "1GiB")])[0]
         enqueued = time.monotonic()
@@ -185,6 +217,8 @@ def test_a_job_over_the_budget_is_snoozed_visible_and_runs_elsewhere(tmp_path, r
         waited = time.monotonic() - enqueued
         assert queue.get(job.id).snoozes <= 2 + math.log2(1 + waited), waited
         assert started(log) == []
+        refused = memory_metrics(port, queue)["forq_memory_refused_total"]
+        assert 1 <= refused <= queue.get(job.id).snoozes + 1, refused
 
         # a supervisor with room takes it; it runs once
         big = SupervisorProcess(config(tmp_path, redis_url, queue, "2GiB", name="big"))

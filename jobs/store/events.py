@@ -26,7 +26,8 @@ from forq.store.plans import Command, Plan, Record
 
 # every kind a script writes, in the order of a job's life (docs/guide/events.md)
 KINDS = ("enqueued", "replaced", "started", "progress", "failed", "retried", "snoozed",
-         "released", "succeeded", "dead", "cancelled", "requeued")
+         "released", "succeeded", "dead", "cancelled", "requeued",
+         "tripped", "resumed")  # a task's circuit breaker (docs/guide/breaker.md)
 ENDS = TERMINAL  # the kinds that end a job: succeeded, dead, cancelled
 DEFAULT_KEEP = 10000  # entries a queue keeps unless set (the scripts' EVENTS_KEEP)
 MAX_KEEP = 1_000_000  # a cap above this is refused: about 100 MB of stream

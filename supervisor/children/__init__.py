@@ -9,6 +9,8 @@
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
 | `strays` | `Strays`: the supervisor as the last subreaper: what jobs left behind ends |
 | `outcomes` | what an end means: ack, fail, expire, release or drop |
+| `chunks` | a chunked task's jobs in one child (`task(chunk=N)`): grouping, each job's end |
+| `chunk_reader` | `ChunkReader`: a chunk's results, one per job, checked against its jobs |
 | `cost` | what a finished run cost (CPU, peak memory, wall time, start latency), as reported |
 | `output` | a job's stdout and stderr: captured, capped, attributed |
 | `answers` | `Answers`: what the supervisor writes back to a child, without blocking |

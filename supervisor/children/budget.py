@@ -32,7 +32,11 @@ The heartbeat publishes the budget, what is in use and the jobs refused
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from forq.supervisor.children.outcomes import FailMode, Kind, Outcome
+from forq.supervisor.observe.metrics_memory import MemorySnapshot
 
 log = logging.getLogger("forq.supervisor")
 
@@ -64,6 +68,14 @@ def mib(n: int) -> str:
 def refusal_delay(snoozes: int) -> int:
     """The delay (ms) before a job refused for its size is due again."""
     return min(REFUSAL_MAX_MS, REFUSAL_BASE_MS << min(snoozes, 16))
+
+
+def refusal(snoozes: int, why: str) -> Outcome:
+    """A job whose memory limit is over the whole budget: snoozed (no attempt), longer
+    each time, so a supervisor with room takes it; never started here."""
+    return Outcome(Kind.FAIL, "snoozed", mode=FailMode.SNOOZE, reason=why,
+                   delay_ms=refusal_delay(snoozes), counted=False,
+                   error={"type": "OverMemoryBudget", "reason": why, "message": why})
 
 
 class MemoryBudget:
@@ -146,6 +158,11 @@ class MemoryBudget:
 
     def waiters(self, queue: str) -> int:
         return sum(1 for w in self.waiting.values() if w.queue == queue)
+
+    def snapshot(self, held: int, queues: Iterable[str]) -> MemorySnapshot:
+        """Its figures now (`held`: the held jobs' costs), for the metrics endpoint."""
+        return MemorySnapshot(self.budget, self.used, held,
+                              {q: self.waiters(q) for q in queues}, self.refused_total)
 
     def claimable(self, queue: str, held_cost: int, now: float) -> int | None:
         """How many jobs of `queue` room allows claiming (None: no budget). `held_cost`:

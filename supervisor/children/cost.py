@@ -41,13 +41,26 @@ def measure(child: RunningChild) -> Cost | None:
     if not child.pid or not child.ended:
         return None
     latency = None
-    began = child.reader.began
-    if type(began) in (int, float) and math.isfinite(began) and child.claimed:
+    began = said_began(child.reader.began)
+    if began is not None and child.claimed:
         began = min(max(began, child.started), child.ended)
         latency = round((began - child.claimed) * 1000)
     user, system = child.cpu_us
     return Cost(user // 1000, system // 1000, max(0, child.peak_rss),
                 round((child.ended - child.started) * 1000), latency)
+
+
+def said_began(began: object) -> float | None:
+    """What a child said as its handler's first line, as a finite float; None for
+    anything else: not a number (a bool is none here), NaN, an infinity, or an int too
+    large for a float (`float()` of it raises)."""
+    if type(began) not in (int, float):
+        return None
+    try:
+        value = float(began)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def cost_of(child: RunningChild) -> str:

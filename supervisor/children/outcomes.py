@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from forq.supervisor.children.running import KillReason, RunningChild
+from forq.supervisor.fork.messages import Report
 from forq.supervisor.isolation.cgroups import JOIN_FAILED
 
 
@@ -145,30 +146,7 @@ def classify(child: RunningChild, status: int) -> Outcome:
                        reason=f"sent a malformed message: {child.reader.violation}")
     report = child.report()
     if report is not None and os.WIFEXITED(status):
-        if report.ok:
-            return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
-                           followups=report.followups, batch=report.batch)
-        if report.snooze is not None:
-            delay, counted = report.snooze
-            return Outcome(Kind.FAIL, "snoozed", error=dict(report.error), mode=FailMode.SNOOZE,
-                           reason=report.error["reason"], delay_ms=delay, counted=counted)
-        if report.throttle is not None:
-            delay, group = report.throttle
-            return Outcome(Kind.THROTTLE, "throttled", reason=report.error["reason"],
-                           delay_ms=min(delay, child.spec.max_throttle_ms), group=group)
-        error: dict[str, Any] = dict(report.error)
-        if (error.get("type") == "MemoryError" and child.spec.memory_limit
-                and child.spec.address_space_factor > 0):
-            # the address-space rlimit (the backstop of the memory limit) refused an
-            # allocation before the RSS sampling saw it: the same limit, said the same way
-            why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
-                   f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
-            error = {**error, "reason": why}
-            return Outcome(Kind.FAIL, "failed", error=error, reason=why, pattern="memory",
-                           mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
-        return Outcome(Kind.FAIL, "failed", error=error, reason=error["reason"],
-                       pattern=exception_pattern(error),
-                       mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
+        return from_report(child, report)
     if child.oom == "limit":
         # the kernel enforced the job's limit in its cgroup: the job's fault, as above
         why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
@@ -184,3 +162,32 @@ def classify(child: RunningChild, status: int) -> Outcome:
         return Outcome(Kind.RELEASE, "released", reason="could not join its job cgroup")
     return Outcome(Kind.EXPIRE, "crashed", reason=f"{describe_status(status)} ({peak})",
                    pattern=status_pattern(status))
+
+
+def from_report(child: RunningChild, report: Report) -> Outcome:
+    """What a child's checked result message means (of a chunk's job too: its limits
+    are the chunk's, `child`'s)."""
+    if report.ok:
+        return Outcome(Kind.ACK, "succeeded", result_json=report.result_json,
+                       followups=report.followups, batch=report.batch)
+    if report.snooze is not None:
+        delay, counted = report.snooze
+        return Outcome(Kind.FAIL, "snoozed", error=dict(report.error), mode=FailMode.SNOOZE,
+                       reason=report.error["reason"], delay_ms=delay, counted=counted)
+    if report.throttle is not None:
+        delay, group = report.throttle
+        return Outcome(Kind.THROTTLE, "throttled", reason=report.error["reason"],
+                       delay_ms=min(delay, child.spec.max_throttle_ms), group=group)
+    error: dict[str, Any] = dict(report.error)
+    if (error.get("type") == "MemoryError" and child.spec.memory_limit
+            and child.spec.address_space_factor > 0):
+        # the address-space rlimit (the backstop of the memory limit) refused an
+        # allocation before the RSS sampling saw it: the same limit, said the same way
+        why = (f"memory limit exceeded (peak {_mib(child.peak_rss)}, limit "
+               f"{child.spec.memory_limit / (1 << 20):.0f} MiB; address-space backstop)")
+        error = {**error, "reason": why}
+        return Outcome(Kind.FAIL, "failed", error=error, reason=why, pattern="memory",
+                       mode=FailMode.FATAL if report.fatal else FailMode.RETRY)
+    return Outcome(Kind.FAIL, "failed", error=error, reason=error["reason"],
+                   pattern=exception_pattern(error),
+                   mode=FailMode.FATAL if report.fatal else FailMode.RETRY)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from forq.queue import Lease
+from forq.supervisor.children.chunk_reader import ChunkReader
 from forq.supervisor.children.output import OutputReader
 from forq.supervisor.fork.child import ChildSpec
 from forq.supervisor.fork.messages import (
@@ -92,14 +93,25 @@ class RunningChild:
     rss: int = 0  # its last memory sample (bytes), for `forq top`
     cpu_seen: tuple[float, float] | None = None  # (monotonic, CPU s) at the last heartbeat
     trail: MemoryTrail = field(default_factory=MemoryTrail)  # its last seconds' samples
+    # a chunk's (`task(chunk=N)`, `children.chunks`): the lease of each of its jobs, this
+    # one (`lease`) first; and those whose lease was lost or that were cancelled, which
+    # stopped it ([] for a child of one job)
+    members: list[Lease] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         cap = max(self.spec.max_result_bytes + RESULT_OVERHEAD, MAX_STEP_BYTES + STEP_OVERHEAD)
+        self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
+        if self.spec.chunk:
+            self.reader = ChunkReader([m["id"] for m in self.spec.chunk], cap,
+                                      self.spec.queue,
+                                      {m["id"]: m.get("group") for m in self.spec.chunk})
+            return
         self.reader = MessageReader(self.spec.job_id, cap, len(self.spec.steps),
                                     queue=self.spec.queue,
                                     recorded_bytes=sum(map(len, self.spec.steps.values())),
                                     group=self.spec.group)
-        self.out = OutputReader(self.spec.job_id, self.spec.task, self.spec.max_output_bytes)
 
     def close_output(self) -> None:
         """Read what is left of its output (its processes are gone, or will be)."""
@@ -109,6 +121,26 @@ class RunningChild:
         self.out.finish()
         os.close(self.output)
         self.output = -1
+
+    def close_after_exit(self, job_cgroups: JobCgroups | None, peak_rss: int) -> None:
+        """It was reaped: its last figures (from its cgroup, if it had one, which goes
+        now), and its fds closed (its output read to the end first)."""
+        if self.spec.cgroup and job_cgroups is not None:
+            # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
+            # counts the pages it shares with the fork server, charged to the server)
+            self.oom = job_cgroups.oom_cause(self.spec.cgroup)
+            peak = job_cgroups.usage(self.spec.cgroup, peak=True)
+            self.peak_rss = peak if peak else max(self.peak_rss, peak_rss)
+            # every process it held, those that left its tree too (wait4 misses them)
+            self.cpu_us = job_cgroups.cpu(self.spec.cgroup) or self.cpu_us
+            job_cgroups.remove(self.spec.cgroup)
+        else:
+            self.peak_rss = max(self.peak_rss, peak_rss)
+        self.close_output()
+        self.close_proc()
+        os.close(self.pidfd)
+        os.close(self.pipe)
+        self.pipe, self.pipe_open = -1, False  # a step answered later is not written
 
     def tree_usage(self) -> tuple[int, int] | None:
         """(processes, bytes) of its process tree — resident memory, and the

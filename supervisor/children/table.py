@@ -20,7 +20,8 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from forq.queue import Lease
-from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal_delay
+from forq.supervisor.children import chunks
+from forq.supervisor.children.budget import RESERVE_AFTER, MemoryBudget, refusal
 from forq.supervisor.children.launch import Launcher
 from forq.supervisor.children.outcomes import FailMode, Kind, Outcome, classify
 from forq.supervisor.children.running import KillReason, RunningChild
@@ -32,6 +33,7 @@ from forq.supervisor.leases.keeper import LeaseKeeper
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.observe import tracing
 from forq.supervisor.observe.metrics import Metrics
+from forq.supervisor.observe.metrics_memory import MemorySnapshot
 from forq.supervisor.redis_io.reports import Pending
 
 log = logging.getLogger("forq.supervisor")
@@ -62,12 +64,19 @@ class Children:
         self.slots: dict[str, tuple[int, int]] = {}  # queue -> (concurrency, prefetch)
         self.short_jobs = ShortJobs()  # queues with prefetch = "auto": are their jobs short
         self.budget = MemoryBudget()  # [supervisor] memory_budget: admission by memory
+        # how many jobs of a task one child runs (`task(chunk=N)`; 1 unless chunked)
+        self.chunk_of = lambda task: chunks.size(spawner.task_info(task))
+        self.claim_width = chunks.ClaimWidth()  # jobs claimed per free slot
 
     def __len__(self) -> int:
-        return len(self.by_job)
+        return len(self.unique())
 
     def __iter__(self) -> Iterator[RunningChild]:
-        return iter(list(self.by_job.values()))
+        return iter(self.unique())
+
+    def unique(self) -> list[RunningChild]:
+        """Each running child once (a chunk's is under each of its jobs' ids)."""
+        return list({id(c): c for c in self.by_job.values()}.values())
 
     def get(self, job_id: str) -> RunningChild | None:
         return self.by_job.get(job_id)
@@ -106,7 +115,9 @@ class Children:
         concurrency, prefetch = self.slots[queue]
         prefetch = self.short_jobs.prefetch(queue, prefetch)
         held = self.held.count(queue) - min(self.budget.waiters(queue), concurrency)
-        free = max(0, concurrency + prefetch - self.running[queue] - held)
+        # a chunked task takes up to N jobs per slot: claim that many per free slot
+        wide = self.claim_width.per_slot(queue, self.spawner.tasks)
+        free = max(0, (concurrency - self.running[queue]) * wide + prefetch - held)
         if free == 0 or self.budget.budget is None:
             return free
         held_cost = sum(self._cost(lease) for lease in self.held.every()
@@ -114,25 +125,39 @@ class Children:
         room = self.budget.claimable(queue, held_cost, time.monotonic())
         return free if room is None else min(free, room)
 
+    def memory(self) -> MemorySnapshot:
+        """The memory budget's figures now, for the metrics endpoint."""
+        held = sum(self._cost(lease) for lease in self.held.every())
+        return self.budget.snapshot(held, self.slots)
+
     def _cost(self, lease: Lease) -> int:
         return self.budget.cost(int(lease.job.fields.get("memory_limit") or 0), lease.job.task)
 
     def _fits(self, queue: str, lease: Lease) -> bool:
         return self.budget.admits(lease.job.id, queue, self._cost(lease), time.monotonic())
 
-    def start(self, queue: str, lease: Lease, sent_at: float) -> None:
-        """A job just leased by a claim sent at `sent_at`: its child now, or held for the
-        queue's next free slot."""
+    def start_all(self, queue: str, leases: list[Lease], sent_at: float) -> None:
+        """The jobs a claim sent at `sent_at` leased, a chunked task's in chunks."""
+        self.claim_width.seen(queue, leases, self.chunk_of)
+        for chunk in chunks.group(leases, self.chunk_of):
+            self.start(queue, chunk[0], sent_at, chunk)
+
+    def start(self, queue: str, lease: Lease, sent_at: float,
+              members: list[Lease] | None = None) -> None:
+        """A job (or the chunk `members`, `lease` first) just leased by a claim sent at
+        `sent_at`: its child now, or held for the queue's next free slot."""
+        every = members or [lease]
         if queue not in self.slots:  # not served since a reload: nothing would start it
-            self._give_back(queue, lease, "queue no longer served")
-            return
-        if self.budget.over(self._cost(lease)):
-            self._refuse(queue, lease)
-            return
-        if self.running[queue] >= self.slots[queue][0] or not self._fits(queue, lease):
-            self.held.hold(queue, lease, sent_at)
-            return
-        self._start(queue, lease, sent_at)
+            for one in every:
+                self._give_back(queue, one, "queue no longer served")
+        elif self.budget.over(self._cost(lease)):
+            for one in every:
+                self._refuse(queue, one)
+        elif self.running[queue] >= self.slots[queue][0] or not self._fits(queue, lease):
+            for one in every:
+                self.held.hold(queue, one, sent_at)
+        else:
+            self._start(queue, lease, sent_at, members)
 
     def _start_held(self, queue: str) -> None:
         concurrency, _ = self.slots.get(queue, (0, 0))
@@ -140,11 +165,15 @@ class Children:
             lease = self.held.next(queue, lambda held: self._fits(queue, held))
             if lease is None:
                 return
-            sent_at = self.held.proven_since(lease)
-            if sent_at is None:  # fenced while held: the lease may be someone else's now
-                self._give_back(queue, lease, "lease not proven while held")
-                continue
-            self._start(queue, lease, sent_at)
+            every = [lease, *self.held.more_of(queue, lease, self.chunk_of)]
+            proven = [(one, self.held.proven_since(one)) for one in every]
+            for one, at in proven:
+                if at is None:  # fenced while held: the lease may be someone else's now
+                    self._give_back(queue, one, "lease not proven while held")
+            every = [one for one, at in proven if at is not None]
+            if every:
+                sent_at = min(at for _one, at in proven if at is not None)
+                self._start(queue, every[0], sent_at, every)
 
     def _give_back(self, queue: str, lease: Lease, why: str) -> None:
         """Release a lease whose job never started (fenced by its token: a lease
@@ -154,16 +183,11 @@ class Children:
         self._never_started(queue, lease, Outcome(Kind.RELEASE, "released", reason=why))
 
     def _refuse(self, queue: str, lease: Lease) -> None:
-        """A job whose memory limit is over the whole budget: snoozed (no attempt),
-        longer each time, so a supervisor with room takes it; never started here."""
         job = lease.job
         why = self.budget.refuse(job.id, queue, job.task, self._cost(lease), time.monotonic())
         log.warning("job %s %s: %s; snoozed", job.id, job.task, why,
                     extra={"job": job.id, "task": job.task, "event": "over_memory_budget"})
-        self._never_started(queue, lease, Outcome(
-            Kind.FAIL, "snoozed", mode=FailMode.SNOOZE, reason=why,
-            delay_ms=refusal_delay(job.snoozes), counted=False,
-            error={"type": "OverMemoryBudget", "reason": why, "message": why}))
+        self._never_started(queue, lease, refusal(job.snoozes, why))
 
     def _never_started(self, queue: str, lease: Lease, outcome: Outcome) -> None:
         self.budget.forget(lease.job.id)
@@ -187,15 +211,20 @@ class Children:
             self.budget.forget(lease.job.id)
             self.leases.remove(lease.job.id)
 
-    def _start(self, queue: str, lease: Lease, sent_at: float) -> None:
+    def _start(self, queue: str, lease: Lease, sent_at: float,
+               members: list[Lease] | None = None) -> None:
         job, f = lease.job, lease.job.fields
+        # a chunked task's job alone is a chunk of one: its handler takes a list
+        members = (members or [lease]) if self.chunk_of(job.task) > 1 else None
+        every = members or [lease]
         if not self.leases.provable(sent_at):
             # this process was stopped (or starved) between the claim and now: the lease
             # may be another supervisor's already, so no child; give it back (fenced)
             log.warning("job %s %s: its lease ran out before its child could start; "
                         "released", job.id, job.task)
-            self._never_started(queue, lease, Outcome(Kind.RELEASE, "released",
-                                                      reason="lease ran out before the start"))
+            for one in every:
+                self._never_started(queue, one, Outcome(
+                    Kind.RELEASE, "released", reason="lease ran out before the start"))
             return
         if self.spawner.known(job.task) is None:
             log.warning("job %s: unknown task %r: dead", job.id, job.task)
@@ -206,32 +235,33 @@ class Children:
                        "message": f"no handler registered for {job.task!r}"}))
             return
         spec = self.launcher.spec(queue, lease)
+        title, timeout = f"forq: job {job.id} {job.task}", self.launcher.timeout(lease)
+        if members:  # one child for all: the longest time limit, the largest memory limit
+            title, timeout = chunks.prepare(spec, members, self.launcher.timeout)
         spec.cgroup = self.launcher.cgroup(job.id, spec.memory_limit)
         spec.traceparent = tracing.TRACER.started(queue, job, lease.token, f.get("owner", ""))
+        for one in every[1:]:
+            tracing.TRACER.started(queue, one.job, one.token, one.job.fields.get("owner", ""))
         try:
-            child = self.spawner.spawn(lease, spec, title=f"forq: job {job.id} {job.task}",
-                                       timeout=self.launcher.timeout(lease),
+            child = self.spawner.spawn(lease, spec, title=title, timeout=timeout,
                                        fence_at=self.first_deadline(sent_at))
         except BaseException as exc:
             self.launcher.discard(spec)
-            tracing.TRACER.finished(job.id, lease.token, "not started", None, repr(exc))
+            for one in every:
+                tracing.TRACER.finished(one.job.id, one.token, "not started", None, repr(exc))
             raise
-        child.claimed = sent_at
-        self.by_job[job.id] = child
+        child.claimed, child.members = sent_at, members or []
         self.running[queue] += 1
-        self.budget.started(job.id, int(f.get("memory_limit") or 0))
-        self.leases.add(queue, job.id, lease.token, sent_at)
+        self.budget.started(job.id, spec.memory_limit if members else
+                            int(f.get("memory_limit") or 0))
+        for one in every:  # each job's lease kept and fenced on its own
+            self.by_job[one.job.id] = child
+            self.leases.add(queue, one.job.id, one.token, sent_at)
         self.loop.add_reader(child.pipe, lambda _f, _m: self._on_pipe(child))
         if child.output >= 0:
             self.loop.add_reader(child.output, lambda _f, _m: self._on_output(child))
-        waited = None
-        if f.get("started_at"):
-            waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
-                                                       int(f.get("run_at", 0)))) / 1000
-        self.metrics.job_started(queue, job.task, waited)
+        _started(self.metrics, queue, every, child.pid, chunk=bool(members))
         self.metrics.set_children(queue, self.running[queue])
-        log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, child.pid,
-                 job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})
         self.on_change()
 
     def _on_pipe(self, child: RunningChild) -> None:
@@ -262,48 +292,33 @@ class Children:
             child.read_pipe()
             self.loop.remove_reader(child.pipe)
         self.on_notes(child)  # a step it sent last is still recorded (before its report)
-        job_cgroups = self.launcher.cgroups
-        if child.spec.cgroup and job_cgroups is not None:
-            # the cgroup's peak is what its limit applied to (a child's ru_maxrss also
-            # counts the pages it shares with the fork server, charged to the server)
-            child.oom = job_cgroups.oom_cause(child.spec.cgroup)
-            peak = job_cgroups.usage(child.spec.cgroup, peak=True)
-            child.peak_rss = peak if peak else max(child.peak_rss, peak_rss)
-            # every process it held, those that left its tree too (wait4 misses them)
-            child.cpu_us = job_cgroups.cpu(child.spec.cgroup) or child.cpu_us
-            job_cgroups.remove(child.spec.cgroup)
-        else:
-            child.peak_rss = max(child.peak_rss, peak_rss)
         if child.output >= 0:
             self.loop.remove_reader(child.output)
-            child.close_output()
-        child.close_proc()
-        os.close(child.pidfd)
-        os.close(child.pipe)
-        child.pipe, child.pipe_open = -1, False  # a step answered later is not written
-        self.by_job.pop(child.job_id, None)
+        child.close_after_exit(self.launcher.cgroups, peak_rss)
+        for lease in child.members or [child.lease]:
+            self.by_job.pop(lease.job.id, None)
         self.running[child.queue] -= 1
         self.budget.ended(child.job_id)
         self.metrics.set_children(child.queue, self.running[child.queue])
         self.short_jobs.ended(child.queue, time.monotonic() - child.started)
-        token = self.leases.token(child.job_id) or child.lease.token
         # the lease stays in the keeper (and is extended) until the report lands: a
         # result waiting out a Redis blip must not expire and be run again elsewhere
-        outcome = classify(child, status)
-        if outcome.kind is Kind.FAIL and outcome.error.get("type") == "MemoryError":
-            outcome.metric = "memory"
-        if outcome.kind is Kind.EXPIRE and cause:
-            outcome.reason = f"{cause}: {outcome.reason}"
-        if outcome.kind is Kind.RELEASE and child.kill_reason is None:
-            # a release the child caused itself: it could not join its cgroup
-            self.launcher.child_could_not_join(child.job_id, child.spec.cgroup)
+        ends = (chunks.outcomes(child, status) if child.members
+                else [(child, classify(child, status))])
+        for job, outcome in ends:
+            _refine(outcome, cause)
+            if outcome.kind is Kind.RELEASE and child.kill_reason is None:
+                # a release the child caused itself: it could not join its cgroup
+                self.launcher.child_could_not_join(job.job_id, child.spec.cgroup)
         # the slot's next job first: its fork overlaps this report's round trip; the
         # memory it freed may start a job held in another queue
         self._start_held(child.queue)
         if self.budget.budget is not None:
             for queue in self.slots:
                 self._start_held(queue)
-        self.on_report(Pending(child, outcome, token))
+        for job, outcome in ends:
+            token = self.leases.token(job.job_id) or job.lease.token
+            self.on_report(Pending(job, outcome, token))
         self.on_change()
 
     def kill_after_grace(self, child: RunningChild) -> None:
@@ -323,3 +338,31 @@ class Children:
         if self.launcher.cgroups is not None:
             self.launcher.cgroups.sweep()
         self.police.tick(self)
+
+
+def _refine(outcome: Outcome, cause: str) -> None:
+    """What the parent knows beyond a child's report: its MemoryError is the memory
+    metric's; `cause`, what is known beyond its status, goes in a crash's reason."""
+    if outcome.kind is Kind.FAIL and outcome.error.get("type") == "MemoryError":
+        outcome.metric = "memory"
+    if outcome.kind is Kind.EXPIRE and cause:
+        outcome.reason = f"{cause}: {outcome.reason}"
+
+
+def _started(metrics: Metrics, queue: str, every: list[Lease], pid: int, chunk: bool) -> None:
+    """The news of a child's start: each job's wait, and a log line (one for a chunk)."""
+    for lease in every:
+        f = lease.job.fields
+        waited = None
+        if f.get("started_at"):
+            waited = max(0, int(f["started_at"]) - max(int(f.get("enqueued_at", 0)),
+                                                       int(f.get("run_at", 0)))) / 1000
+        metrics.job_started(queue, lease.job.task, waited)
+    job = every[0].job
+    if chunk:
+        log.info("chunk of %d %s started in pid %d: %s", len(every), job.task, pid,
+                 " ".join(lease.job.id for lease in every),
+                 extra={"job": job.id, "task": job.task, "event": "started"})
+    else:
+        log.info("job %s %s started in pid %d (attempt %d)", job.id, job.task, pid,
+                 job.attempts + 1, extra={"job": job.id, "task": job.task, "event": "started"})

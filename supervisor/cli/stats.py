@@ -122,7 +122,8 @@ RETRY_S = 1.0  # --follow through a Redis outage: try again this often
 def _line(event: QueueEvent) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
     millis = int(event.at * 1000) % 1000
-    parts = [f"{stamp}.{millis:03d}", f"{event.kind:<9}", event.job_id, event.task or "-"]
+    parts = [f"{stamp}.{millis:03d}", f"{event.kind:<9}", event.job_id or "-",  # a task's `resumed`: no job's
+             event.task or "-"]
     if event.supervisor:
         parts.append(f"on {event.supervisor}")
     parts += [f"{k}={v}" for k, v in event.fields.items()]

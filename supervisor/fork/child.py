@@ -30,8 +30,6 @@ PR_SET_PDEATHSIG = 1
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD,
                   signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                   orphans.DEATH_SIGNAL)
-_SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
-                 "LISTEN_PID", "LISTEN_FDNAMES")
 
 
 @dataclass
@@ -74,6 +72,9 @@ class ChildSpec:
     snoozes: int = 0  # how often its handler put it off (`Retry`, `throttle`)
     # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
     max_throttle_ms: int = 0
+    # a chunk (`task(chunk=N)`): every job of it, this one first, each {"id", "args",
+    # "kwargs", "attempts", "crashes"}; [] for a child of one job
+    chunk: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _find_prctl() -> Any:
@@ -110,15 +111,6 @@ def _join_cgroup(path: str) -> None:
             f.write("0")
     except OSError:
         os._exit(JOIN_FAILED)
-
-
-def scrub_service_vars() -> None:
-    """No systemd per-service variables in a job's `os.environ` (the fork server was
-    exec'd without them, `environment.py`; a handler module's top-level code may have
-    set them since): done once, in the fork server after it imported them, not in every
-    child, where each `os.environ.pop` of an absent name cost 40 µs."""
-    for name in _SYSTEMD_VARS:
-        os.environ.pop(name, None)
 
 
 def detach(keep_stdin: bool = False) -> None:
@@ -171,28 +163,6 @@ def priority_of(spec: ChildSpec) -> Priority:
     return spec.nice, spec.oom_score_adj
 
 
-def preset_priority(priority: Priority) -> None:
-    """What `_limit` sets that depends on the job only through its `Priority`, done by a
-    spare while it waits for a job of that priority (the fork server hands it no
-    other): a third of a millisecond off the pick-up path, most of it the first write
-    to oom_score_adj and the copy-on-write faults of the calls' first touches."""
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    _set_oom_score_adj(priority[1])
-    if priority[0]:
-        os.nice(priority[0])
-
-
-def _set_oom_score_adj(value: int) -> None:
-    try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        try:
-            os.write(fd, str(value).encode())  # the kernel's OOM killer takes jobs first
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def _limit(spec: ChildSpec, preset: Priority | None = None) -> None:
     if preset is None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -206,7 +176,7 @@ def _limit(spec: ChildSpec, preset: Priority | None = None) -> None:
     if spec.max_open_files:
         resource.setrlimit(resource.RLIMIT_NOFILE, (spec.max_open_files, spec.max_open_files))
     if preset is None:
-        _set_oom_score_adj(spec.oom_score_adj)
+        sandbox.set_oom_score_adj(spec.oom_score_adj)
         if spec.nice:
             os.nice(spec.nice)
     elif preset != priority_of(spec):  # not handed such a job (`Spares.fits`)
@@ -267,39 +237,95 @@ def encode_report(spec: ChildSpec, run: Any, fd: int = -1) -> bytes:
         result = run(task, spec.args, spec.kwargs)
     except LeaseLost:
         return b""
-    except registry.Retry as exc:
-        channel.flush()
-        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Retry"),
-                       "retry": {"delay_ms": exc.delay_ms, "counted": exc.counted}})
-    except registry.Throttled as exc:
-        channel.flush()
-        return encode({"t": "result", "ok": False, "error": _plain_error(exc, "Throttled"),
-                       "throttle": {"delay_ms": exc.delay_ms, "group": exc.group}})
     except BaseException as exc:  # noqa: BLE001 — every failure is reported, none escapes
-        if spec.post_mortem:
+        if spec.post_mortem and not isinstance(exc, (registry.Retry, registry.Throttled)):
             import pdb
 
             pdb.post_mortem(exc.__traceback__)
         channel.flush()
-        fatal = task is None or isinstance(exc, (registry.NonRetryable, StepError))
-        return encode({"t": "result", "ok": False, "error": _error(exc), "fatal": fatal})
+        return encode(failure(exc, fatal=task is None))
     channel.flush()  # the last progress, before the result (nothing may follow that)
-    try:
-        result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        err = _error(exc)
-        err["reason"] = f"result is not JSON-serialisable: {exc}"[:ERROR_CAPS["reason"]]
-        return encode({"t": "result", "ok": False, "error": err, "fatal": True})
-    if len(result_json) > spec.max_result_bytes:
-        err = {"type": "ResultTooLarge", "message": "", "traceback": "",
-               "reason": f"result too large: {len(result_json)} bytes over the "
-                         f"{spec.max_result_bytes}-byte max_result_bytes"}
-        return encode({"t": "result", "ok": False, "error": err, "fatal": True})
+    result_json, problem = result_of(result, spec.max_result_bytes)
+    if problem is not None:
+        return encode(problem)
     opened = ""
     if ctx.opened is not None:
         opened = ',"batch":' + json.dumps(ctx.opened, separators=(",", ":"))
     return ('{"t":"result","ok":true,"result":' + result_json + ',"followups":'
             + json.dumps(ctx.followups, separators=(",", ":")) + opened + "}\n").encode()
+
+
+def failure(exc: BaseException, fatal: bool = False) -> dict[str, Any]:
+    """The result message of a handler that raised `exc`: its own `Retry` or throttle,
+    or a failure (no retry for `NonRetryable`, a step's error, or `fatal`)."""
+    if isinstance(exc, registry.Retry):
+        return {"t": "result", "ok": False, "error": _plain_error(exc, "Retry"),
+                "retry": {"delay_ms": exc.delay_ms, "counted": exc.counted}}
+    if isinstance(exc, registry.Throttled):
+        return {"t": "result", "ok": False, "error": _plain_error(exc, "Throttled"),
+                "throttle": {"delay_ms": exc.delay_ms, "group": exc.group}}
+    fatal = fatal or isinstance(exc, (registry.NonRetryable, StepError))
+    return {"t": "result", "ok": False, "error": _error(exc), "fatal": fatal}
+
+
+def result_of(result: Any, max_bytes: int) -> tuple[str, dict[str, Any] | None]:
+    """(the result as JSON, None), or ("", the fatal failure message) for a result that
+    is not JSON or over `max_bytes`."""
+    try:
+        result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        err = _error(exc)
+        err["reason"] = f"result is not JSON-serialisable: {exc}"[:ERROR_CAPS["reason"]]
+        return "", {"t": "result", "ok": False, "error": err, "fatal": True}
+    if len(result_json) > max_bytes:
+        err = {"type": "ResultTooLarge", "message": "", "traceback": "",
+               "reason": f"result too large: {len(result_json)} bytes over the "
+                         f"{max_bytes}-byte max_result_bytes"}
+        return "", {"t": "result", "ok": False, "error": err, "fatal": True}
+    return result_json, None
+
+
+def run_chunk(spec: ChildSpec, fd: int) -> None:
+    """A chunk's handler (`task(chunk=N)`), called with a `ChunkJob` per job: each
+    job's result message (with its "job" id) is written when it is reported, so a later
+    crash leaves it settled. The rest is settled by the handler's return (None: each
+    succeeded; a list: one outcome per job, an exception a failure) or its raise."""
+
+    def report(job: registry.ChunkJob, result: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            result_json, message = result_of(result, spec.max_result_bytes)
+            if message is None:
+                _write_all(fd, b'{"t":"result","job":%s,"ok":true,"result":%s}\n' % (
+                    json.dumps(job.id).encode(), result_json.encode()))
+                return
+        else:
+            message = failure(exc, fatal=task is None)
+        _write_all(fd, encode({**message, "job": job.id}))
+
+    registry.set_current(None)  # `current()` is one job's: a chunk has none
+    task = registry.lookup(spec.task)
+    jobs = [registry.ChunkJob(m["id"], spec.queue, spec.task, m["args"], m["kwargs"],
+                              m["attempts"], m["crashes"], report) for m in spec.chunk]
+    try:
+        if task is None:
+            raise LookupError(f"unknown task {spec.task!r}")
+        returned = task.call_chunk(jobs)
+        if returned is not None and (not isinstance(returned, list)
+                                     or len(returned) != len(jobs)):
+            raise TypeError(f"chunked task {spec.task!r} returned {type(returned).__name__}"
+                            f"; it returns None or a list of {len(jobs)} outcomes")
+    except BaseException as exc:  # noqa: BLE001 — every job left is failed with it
+        for job in jobs:
+            if not job.reported:
+                job.fail(exc)
+        return
+    for i, job in enumerate(jobs):
+        if not job.reported:
+            outcome = None if returned is None else returned[i]
+            if isinstance(outcome, BaseException):
+                job.fail(outcome)
+            else:
+                job.ok(outcome)
 
 
 def _import(modules: list[str]) -> bytes:
@@ -322,21 +348,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _enter_namespaces(spec: ChildSpec) -> bytes:
-    """Returns in the job's namespaces (see `namespaces`) with b"", or with the report
-    of why they could not be made (a failure of the job, retried)."""
-    # PID 1 already when the fork server made our PID namespace (`fork_as_init`)
-    enter = namespaces.enter_as_init if os.getpid() == 1 else namespaces.enter
-    try:
-        enter(network=spec.network == "none", private_tmp=spec.private_tmp,
-              tmp_bytes=spec.tmp_bytes, max_processes=spec.max_processes)
-    except OSError as exc:
-        reason = f"sandbox not set up: {exc.strerror or exc}"[:ERROR_CAPS["reason"]]
-        err = {"type": "SandboxError", "message": reason, "traceback": "", "reason": reason}
-        return encode({"t": "result", "ok": False, "error": err, "fatal": False})
-    return b""
 
 
 def _call(task: registry.TaskSpec, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -364,7 +375,8 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
         except Exception:  # noqa: BLE001 — a missing title must not fail the job
             pass
         if spec.namespaces:
-            problem = _enter_namespaces(spec)
+            problem = namespaces.enter_for_job(spec.network == "none", spec.private_tmp,
+                                               spec.tmp_bytes, spec.max_processes)
             if problem:
                 _write_all(fd, problem)
                 os._exit(0)
@@ -373,7 +385,10 @@ def run_child(spec: ChildSpec, result_fd: int, parent_pid: int, title: str,
         _sandbox(spec)
         _limit(spec, preset)
         report = _import(spec.imports)
-        if not report:
+        if not report and spec.chunk:
+            _write_all(fd, b'{"t":"began","at":%.6f}\n' % time.monotonic())
+            run_chunk(spec, fd)
+        elif not report:
             began = time.monotonic()  # the handler's first line: its start latency ends
             report = encode_report(spec, _call, fd)
             if report:  # every result is one JSON object: "began" goes in front

@@ -97,3 +97,16 @@ class Launch:
         with_pages = hugepages.exec_env(env) if self.huge_pages else env
         added = {k: env.get(k) for k, v in with_pages.items() if env.get(k) != v}
         return dict(with_pages, FORQ_FORKSERVER=self.settings(added))
+
+
+_SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                 "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+def scrub_service_vars() -> None:
+    """No systemd per-service variables in a job's `os.environ` (the fork server was
+    exec'd without them, `environment.py`; a handler module's top-level code may have
+    set them since): done once, in the fork server after it imported them, not in every
+    child, where each `os.environ.pop` of an absent name cost 40 µs."""
+    for name in _SYSTEMD_VARS:
+        os.environ.pop(name, None)

@@ -318,3 +318,21 @@ def drop_capabilities() -> None:
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _call("capset", ctypes.byref(header), ctypes.byref(data))
+
+
+def enter_for_job(network_none: bool, private_tmp: bool, tmp_bytes: int,
+                  max_processes: int) -> bytes:
+    """A job's child: returns in its namespaces with b"", or with the result message of
+    why they could not be made (a failure of the job, retried)."""
+    from forq.supervisor.fork.messages import ERROR_CAPS, encode
+
+    # PID 1 already when the fork server made our PID namespace (`fork_as_init`)
+    into = enter_as_init if os.getpid() == 1 else enter
+    try:
+        into(network=network_none, private_tmp=private_tmp, tmp_bytes=tmp_bytes,
+             max_processes=max_processes)
+    except OSError as exc:
+        reason = f"sandbox not set up: {exc.strerror or exc}"[:ERROR_CAPS["reason"]]
+        err = {"type": "SandboxError", "message": reason, "traceback": "", "reason": reason}
+        return encode({"t": "result", "ok": False, "error": err, "fatal": False})
+    return b""

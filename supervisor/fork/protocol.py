@@ -13,7 +13,8 @@ travel beside it (SCM_RIGHTS):
 * supervisor → server: {"retire": true} when it will ask for no more children (a
   reload replaced this server): the server lets its spares go, and stays until its
   running children have ended.
-* server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool}}, "code":
+* server → supervisor: {"ready": pid, "tasks": {name: {"idempotent": bool, "chunk":
+  int (chunked tasks only)}}, "code":
   fingerprint} once, after start-up (`fingerprint`: the handler code it imported), or {"fatal": text, "module": name} if it cannot start; {"pid": pid}
   with the child's pidfd attached (opened before the server could reap it; the
   supervisor takes the pid from the pidfd: a fork server that made a PID namespace of
@@ -108,15 +109,25 @@ MAX_NAME = 300
 class TaskInfo:
     name: str
     idempotent: bool = False
+    chunk: int = 1  # `task(chunk=N)`: up to N of its jobs in one child
 
 
 class BadTaskTable(ValueError):
     """The fork server's task table is not what `describe` builds."""
 
 
-def describe(registered: dict[str, Any]) -> dict[str, dict[str, bool]]:
-    """The table the fork server sends (from `forq.registry.registered()`)."""
-    return {name: {"idempotent": bool(spec.idempotent)} for name, spec in registered.items()}
+MAX_CHUNK = 32  # `forq.registry.MAX_CHUNK`: what a table may say
+
+
+def describe(registered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The table the fork server sends (from `forq.registry.registered()`); "chunk"
+    only for a chunked task (a table without chunks reads as it did before)."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, spec in registered.items():
+        table[name] = {"idempotent": bool(spec.idempotent)}
+        if getattr(spec, "chunk", 1) > 1:
+            table[name]["chunk"] = int(spec.chunk)
+    return table
 
 
 def parse(raw: object) -> dict[str, TaskInfo]:
@@ -129,10 +140,15 @@ def parse(raw: object) -> dict[str, TaskInfo]:
     for name, options in raw.items():
         if not isinstance(name, str) or not name or len(name) > MAX_NAME:
             raise BadTaskTable(f"a task name must be 1 to {MAX_NAME} characters: {name!r:.80}")
-        if not isinstance(options, dict) or set(options) - {"idempotent"}:
-            raise BadTaskTable(f"task {name!r:.80}: options must be {{\"idempotent\": bool}}")
+        if not isinstance(options, dict) or set(options) - {"idempotent", "chunk"}:
+            raise BadTaskTable(f"task {name!r:.80}: options must be {{\"idempotent\": bool, "
+                               f"\"chunk\": int}}")
         idempotent = options.get("idempotent", False)
         if not isinstance(idempotent, bool):
             raise BadTaskTable(f"task {name!r:.80}: idempotent must be true or false")
-        table[name] = TaskInfo(name, idempotent)
+        chunk = options.get("chunk", 1)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK:
+            raise BadTaskTable(f"task {name!r:.80}: chunk must be an integer from 1 to "
+                               f"{MAX_CHUNK}")
+        table[name] = TaskInfo(name, idempotent, chunk)
     return table

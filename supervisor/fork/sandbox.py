@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 
 
 def prepare() -> None:
@@ -99,3 +100,25 @@ def enter(settings: dict, sock_fd: int) -> tuple[str | None, bool, list[str]]:
             pass  # no user namespaces for us: the probe says whether jobs can have any
     problem, init_forks = probe_namespaces(**probe) if probe else (None, False)
     return problem, init_forks, hidden
+
+
+def preset_priority(priority: tuple[int, int]) -> None:
+    """What `_limit` sets that depends on the job only through its `Priority`, done by a
+    spare while it waits for a job of that priority (the fork server hands it no
+    other): a third of a millisecond off the pick-up path, most of it the first write
+    to oom_score_adj and the copy-on-write faults of the calls' first touches."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    set_oom_score_adj(priority[1])
+    if priority[0]:
+        os.nice(priority[0])
+
+
+def set_oom_score_adj(value: int) -> None:
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(value).encode())  # the kernel's OOM killer takes jobs first
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

@@ -51,9 +51,8 @@ from forq.supervisor.fork.child import (
     PRCTL,
     ChildSpec,
     run_child,
-    scrub_service_vars,
 )
-from forq.supervisor.fork.environment import restore
+from forq.supervisor.fork.environment import restore, scrub_service_vars
 from forq.supervisor.fork.protocol import RECV_MAX, exit_report, fds_of, read_memfd, send
 from forq.supervisor.fork.protocol import describe as describe_tasks
 from forq.supervisor.fork.spares import SERVER_TITLE, Spares

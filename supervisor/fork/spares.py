@@ -33,11 +33,11 @@ from forq.supervisor.fork.child import (
     Priority,
     detach,
     die_with_parent,
-    preset_priority,
     priority_of,
     run_child,
 )
 from forq.supervisor.fork.protocol import RECV_MAX, fds_of
+from forq.supervisor.fork.sandbox import preset_priority
 
 SERVER_TITLE = "forq: fork server"
 # an idle child's, set around its fork so it never shows the server's: tools that count

@@ -33,6 +33,7 @@ class Fencer:
             if child is not None:
                 log.warning("job %s %s: lease lost, killing its child (fencing)", job_id,
                             child.task)
+                child.lost.add(job_id)  # a chunk's other jobs are released, not dropped
                 child.stop(KillReason.LEASE_LOST, grace=0)
 
     def cancelled(self, job_ids: Iterable[str]) -> None:
@@ -40,6 +41,7 @@ class Fencer:
             child = self.children.get(job_id)
             if child is not None:
                 log.info("job %s %s: cancelled, stopping its child", job_id, child.task)
+                child.cancelled.add(job_id)
                 child.stop(KillReason.CANCELLED, grace=0)
 
     def first_deadline(self, sent_at: float) -> float | None:
@@ -49,19 +51,22 @@ class Fencer:
 
     def deadlines(self) -> list[tuple[RunningChild, float]]:
         """Each child's fencing deadline after a confirmed extension: when its lease stops
-        being proven (what `unproven` goes by)."""
-        out = []
+        being proven (what `unproven` goes by); a chunk's, when the first of its jobs'
+        leases does."""
+        out: dict[int, tuple[RunningChild, float]] = {}
         for job_id, child in self.children.items():
             at = self.leases.fence_at(job_id)
-            if at is not None:
-                out.append((child, at))
-        return out
+            if at is not None and (id(child) not in out or at < out[id(child)][1]):
+                out[id(child)] = (child, at)
+        return list(out.values())
 
     def unproven(self) -> None:
         """Kill any child whose lease can no longer be proven, before another
         supervisor's reaper can hand the job to someone else."""
         for job_id in self.leases.unproven():
             child = self.children.get(job_id)
+            if child is not None:
+                child.lost.add(job_id)
             if child is not None and child.kill_reason is not KillReason.LEASE_LOST:
                 log.warning("job %s %s: lease not confirmed in time, killing its child",
                             job_id, child.task)

@@ -67,6 +67,17 @@ class HeldLeases:
         self.on_change(queue, len(held))
         return found
 
+    def more_of(self, queue: str, first: Lease, chunk_of: Callable[[str], int]) -> list[Lease]:
+        """The rest of a chunk whose `first` job was just taken (`children.chunks`): up
+        to `chunk_of(task)` - 1 more held jobs of its task, the longest-held first, no
+        longer held here."""
+        task = first.job.task
+        count = chunk_of(task) - 1
+        if count <= 0:
+            return []
+        ids = [lease.job.id for lease in self._held.get(queue, ()) if lease.job.task == task]
+        return [lease for _queue, lease in self.take(ids[:count])]
+
     def proven_since(self, lease: Lease) -> float | None:
         """When the extension that last proved this lease was sent (monotonic), the
         `sent_at` its child starts with; None once the `Fencer` gave it up unproven."""

@@ -72,8 +72,7 @@ class Claimer:
             self.health.failed("claim", reply)
             return False
         result = leasing(self.queue_for(name)).parse_claim(reply)
-        for lease in result.leases:
-            self.children.start(name, lease, sent_at)
+        self.children.start_all(name, result.leases, sent_at)
         if result.next_due_ms >= 0:
             # a job refused here for its size may be the one due: let a peer with room
             # claim it first (`MemoryBudget.step_aside`)

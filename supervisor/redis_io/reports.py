@@ -312,7 +312,9 @@ class Reporter:
         else:
             verb = {Kind.ACK: "succeeded", Kind.EXPIRE: "crashed",
                     Kind.RELEASE: "released"}[outcome.kind]
-            log.info("job %s %s %s%s in %.3fs", child.job_id, child.task, verb,
+            # a chunk's successes: one line per chunk (`Children.ended`), each job's at debug
+            level = logging.DEBUG if child.spec.chunk and verb == "succeeded" else logging.INFO
+            log.log(level, "job %s %s %s%s in %.3fs", child.job_id, child.task, verb,
                      f" ({outcome.reason})" if outcome.reason else "",
                      time.monotonic() - child.started,
                      extra={"job": child.job_id, "event": verb})
