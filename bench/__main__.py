@@ -150,14 +150,23 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def section_enqueue(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     """Round-robin over the systems, one repetition each per round: a change in the
     machine's load hits every system alike."""
+    from bench import addbulk
+
     single, many = [], []
     peers: dict[str, list[dict[str, Any]]] = {"rq-simple": [], "celery": [], "dramatiq": []}
+    # BullMQ's addBulk beside enqueue_many, each round (issue 27), in its own database
+    bullmq_url = f"{ctx['redis_base']}/4" if venv.ensure_node(log) else None
+    bulk_rounds: list[addbulk.Round] = []
     for i in range(sz.reps):
         log(f"enqueue: round {i + 1}/{sz.reps}: forq, RQ, Celery, Dramatiq "
-            f"({sz.enqueue_single} single, {sz.enqueue_batch} in a batch) ...")
+            f"({sz.enqueue_single} single, {sz.enqueue_batch} in a batch), forq enqueue_many "
+            "and BullMQ addBulk (no-op and mail jobs) ...")
         s1, m1 = _forq_enqueue_once(ctx["url"], sz.enqueue_single, sz.enqueue_batch)
         single.append(s1)
         many.append(m1)
+        bulk_rounds.append(addbulk.one_round(ctx["url"], bullmq_url, sz.enqueue_batch))
+        log("enqueue: " + addbulk.ratio_line(addbulk.summarize(bulk_rounds[-1:],
+                                                                sz.enqueue_batch)))
         for system in peers:  # rq-simple: RQ's producer side
             peers[system].append(run_driver("enqueue", system, ctx["redis_base"], 1,
                                             n=sz.enqueue_single, n_batch=sz.enqueue_batch,
@@ -168,6 +177,10 @@ def section_enqueue(ctx: dict[str, Any], sz: Sizes) -> dict[str, Any]:
     }
     for system, runs in peers.items():
         out["rq" if system.startswith("rq") else system] = _merge(runs)
+    out["addbulk"] = addbulk.summarize(bulk_rounds, sz.enqueue_batch)
+    if bullmq_url:
+        out["bullmq_version"] = venv.bullmq_version()
+    log("enqueue: over the rounds: " + addbulk.ratio_line(out["addbulk"]))
     return out
 
 

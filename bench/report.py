@@ -50,6 +50,43 @@ def get(d: Any, *path: str) -> Any:
     return d
 
 
+def addbulk_table(e: dict[str, Any]) -> list[str]:
+    """forq's enqueue_many beside BullMQ's addBulk (bench/addbulk.py), by payload."""
+    bulk = e.get("addbulk") or {}
+    rows: list[list[Any]] = []
+    for payload, label in (("noop", "no-op, no arguments"),
+                           ("mail", "a mail job's arguments (≈ 170 bytes of JSON)")):
+        d = bulk.get(payload) or {}
+        if not d.get("forq"):
+            continue
+        f, b, r = d["forq"], d.get("bullmq") or {}, d.get("ratio") or {}
+        rows.append([label, n(f.get("n")), n(f["median"]), cpu_split(f), n(b.get("median")),
+                     cpu_split(b), f"**{r['median']:.2f}×**" if r.get("median") else "",
+                     "; ".join(f"{n(x)} vs {n(y)}" for x, y in
+                               zip(d["forq"]["runs"], b.get("runs") or [], strict=False))
+                     or runs(d["forq"])])
+    if not rows:
+        return []
+    version = e.get("bullmq_version") or ""
+    return ["### forq `enqueue_many` against BullMQ " + version + " `addBulk` (#27)\n",
+            "Each round measures both, one after the other, on the same Redis: forq's "
+            "`enqueue_many` of the whole list (validated, 500 jobs a script call, one "
+            "pipeline), BullMQ's `addBulk` 1,000 jobs a call, timed in Node from the first "
+            "call to the last's return; both build their job list before the clock. The "
+            "ratio is the median of the rounds' own ratios (bench/addbulk.py). CPU per job: "
+            "the producer process's own and Redis's (INFO cpu) over the timed calls, median "
+            "of the rounds.\n",
+            table(["jobs", "n", "forq enqueue_many, jobs/s", "CPU µs per job: Python / Redis",
+                   "BullMQ addBulk, jobs/s", "CPU µs per job: Node / Redis", "forq ÷ BullMQ",
+                   "runs (forq vs BullMQ)"], rows), ""]
+
+
+def cpu_split(d: dict[str, Any]) -> str:
+    if d.get("client_cpu_us_per_job") is None:
+        return ""
+    return f"{d['client_cpu_us_per_job']:.1f} / {d['redis_cpu_us_per_job']:.1f}"
+
+
 # -- the targets ------------------------------------------------------------------------------
 
 
@@ -88,6 +125,13 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     many = get(s, "enqueue", "forq", "enqueue_many", "median")
     if many:
         out.append(("enqueue_many ≥ 40,000 jobs/s", "≥ 40,000/s", f"{n(many)}/s", many >= 40_000))
+    bulk = get(s, "enqueue", "addbulk", "noop") or {}
+    if bulk.get("ratio"):
+        ratio = bulk["ratio"]["median"]
+        mail = get(s, "enqueue", "addbulk", "mail", "ratio", "median")
+        out.append(("enqueue_many ≥ 2.5× BullMQ's addBulk, same run (#27)", "≥ 2.5×",
+                    f"{ratio:.2f}× ({n(bulk['forq']['median'])} vs {n(bulk['bullmq']['median'])}"
+                    f" jobs/s){f'; mail jobs {mail:.2f}×' if mail else ''}", ratio >= 2.5))
     single = get(s, "enqueue", "forq", "enqueue", "median")
     rq_single = get(s, "enqueue", "rq", "enqueue", "median")
     if single and rq_single:
@@ -284,6 +328,7 @@ def render(res: dict[str, Any]) -> str:
         out.append(table(["producer call", "jobs", "jobs/s", "runs"], rows))
         out.append("\nforq `enqueue_many` and RQ `enqueue_many` get the whole list in one call; "
                    "Celery `delay` and Dramatiq `send` have no batch form.\n")
+        out += addbulk_table(e)
 
     if "e2e" in s:
         e = s["e2e"]

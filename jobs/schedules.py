@@ -36,7 +36,6 @@ from typing import Any
 from forq.errors import ForqError
 from forq.payload import MAX_NAME, build_spec
 from forq.store import cron, plans
-from forq.store import transitions as tr
 from forq.store.keys import SCHEDULE_DEFS, SCHEDULES, SCHEDULES_RUNTIME, QueueKeys
 from forq.store.plans import Plan
 
@@ -176,19 +175,19 @@ def add(found: Mapping[str, Any], replace: bool = False) -> Plan[str]:
     if name not in taken and len(taken) >= MAX_SCHEDULES:
         raise ScheduleError(f"there are {len(taken)} run-time schedules, the most one Redis "
                             f"holds ({MAX_SCHEDULES}): remove one first")
-    (reply,) = yield [tr.schedule_define_call("replace" if replace else "add", name, text)]
-    outcome, _version = tr.parse_schedule_define(reply)
+    (reply,) = yield [cron.schedule_define_call("replace" if replace else "add", name, text)]
+    outcome, _version = cron.parse_schedule_define(reply)
     if outcome == "exists":
         raise ScheduleError(f"schedule {name!r} exists already: remove it first, or replace it "
                             "(replace=True, forq schedule add --replace)")
     return outcome
 
 
-def change(op: tr.ScheduleOp, name: str) -> Plan[str]:
+def change(op: cron.ScheduleOp, name: str) -> Plan[str]:
     """remove, pause or resume a run-time schedule; its outcome (lua/schedule_define.lua)."""
-    (reply, published, now) = yield [tr.schedule_define_call(op, name),
+    (reply, published, now) = yield [cron.schedule_define_call(op, name),
                                      ("HGET", SCHEDULE_DEFS, name), ("TIME",)]
-    outcome, _version = tr.parse_schedule_define(reply)
+    outcome, _version = cron.parse_schedule_define(reply)
     if outcome == "missing":
         if _config_owned(_load(published), _now(now)):
             raise ScheduleError(f"schedule {name!r} is defined in a supervisor's config file, "
@@ -224,7 +223,7 @@ def trigger(name: str, force: bool = False) -> Plan[Triggered]:
     spec = build_spec(found["task"], {"args": found.get("args") or [],
                                       "kwargs": found.get("kwargs") or {}})
     enqueued = yield from plans.enqueue(keys, [spec], register=True)
-    yield [tr.schedule_fired_call(name, "trigger", None, enqueued[0].id)]
+    yield [cron.schedule_fired_call(name, "trigger", None, enqueued[0].id)]
     return Triggered(name, enqueued[0].id)
 
 

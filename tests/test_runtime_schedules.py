@@ -29,7 +29,7 @@ from forq.schedules import (
     Schedules,
     definition,
 )
-from forq.store import transitions as tr
+from forq.store import cron
 from forq.store.keys import SCHEDULE_DEFS, SCHEDULES, SCHEDULES_RUNTIME
 from forq.store.scripts import Scripts
 from forq.supervisor.config.schedules import ScheduleConfig
@@ -173,7 +173,7 @@ def test_the_record_never_goes_back_and_keeps_the_last_job(r: redis_lib.Redis, n
     scripts = Scripts(r)
 
     def fired(mode, tick, job=""):
-        return scripts.run(tr.schedule_fired_call(name, mode, tick, job))
+        return scripts.run(cron.schedule_fired_call(name, mode, tick, job))
 
     def record():
         return json.loads(r.hget(SCHEDULES, name))

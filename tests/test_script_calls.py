@@ -7,11 +7,12 @@ are checked on replies of the shapes the headers document.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from forq.store import control, finder
+from forq.store import control, cron, finder
 from forq.store import transitions as tr
 from forq.store.keys import QueueKeys
 from forq.store.scripts import source
@@ -43,8 +44,8 @@ CALLS = {
     "reschedule": tr.reschedule_call(KEYS, "a", 30_000, relative=True),
     "set_priority": tr.set_priority_call(KEYS, "a", 5),
     "find": finder.find_call(KEYS, finder.JobFilter("dead", task="t", since="1h"), "12|a"),
-    "schedule_define": tr.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
-    "schedule_fired": tr.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
+    "schedule_define": cron.schedule_define_call("add", "nightly", '{"cron": "@daily"}'),
+    "schedule_fired": cron.schedule_fired_call("nightly", "tick", 1700000000.0, "job-1"),
     "throttle": control.throttle_call(KEYS, "a", "1", 60_000, False, "429"),
     "set_throttle": control.set_throttle_call(KEYS, 60_000, "g"),
     "parents": control.parents_call(KEYS, "a", "1", 0, 500, 1 << 20),
@@ -88,12 +89,27 @@ def test_call_matches_its_script_header(name):
 def test_enqueue_calls_are_batched():
     specs = [{"id": str(i), "task": "t"} for i in range(tr.ENQUEUE_BATCH * 2 + 1)]
     calls = tr.enqueue_calls(KEYS, specs)
-    assert [len(c.args) - 2 for c in calls] == [tr.ENQUEUE_BATCH, tr.ENQUEUE_BATCH, 1]
+    # six arguments a job (lua/enqueue.lua): id, task, args, kwargs, priority, options
+    assert [(len(c.args) - 2) / 6 for c in calls] == [tr.ENQUEUE_BATCH, tr.ENQUEUE_BATCH, 1]
+    assert calls[2].args[2:] == (str(2 * tr.ENQUEUE_BATCH), "t", "[]", "{}", "0", "")
+
+
+def test_an_enqueue_call_sends_a_plain_job_by_position_and_the_rest_as_json():
+    plain = {"id": "a", "task": "t", "args": "[1]", "kwargs": "{}", "priority": -3}
+    delayed = {"id": "b", "task": "t", "args": "[]", "kwargs": "{}", "priority": 0,
+               "delay_ms": 5000, "group": "g"}
+    (call,) = tr.enqueue_calls(KEYS, [plain, delayed])
+    assert call.args[2:8] == ("a", "t", "[1]", "{}", "-3", "")
+    assert call.args[8:13] == ("b", "t", "[]", "{}", "0")
+    assert json.loads(call.args[13]) == {"delay_ms": 5000, "group": "g"}
 
 
 def test_parsers_read_the_documented_replies():
-    assert tr.parse_enqueue(["a", "pending", 5, "b", "duplicate", 0]) == [
-        ("a", "pending"), ("b", "duplicate")]
+    # only the jobs that did not become pending under their own id are in the reply
+    assert tr.parse_enqueue([2, "h", "duplicate", 0, 3, "c", "scheduled", 9],
+                            ["a", "b", "c"]) == [
+        ("a", "pending"), ("h", "duplicate"), ("c", "scheduled")]
+    assert tr.parse_enqueue([], ["a", "b"]) == [("a", "pending"), ("b", "pending")]
     claim = tr.parse_claim([-1, 0, 4, 1, 1700,
                             ["id", "a", "queue", "calls", "token", "7", "attempts", "2"]])
     assert (claim.next_due_ms, claim.pending_left, claim.held_by_max_in_flight) == (-1, 4, True)
@@ -118,6 +134,6 @@ def test_parsers_read_the_documented_replies():
     assert records == [{"id": "a", "score": "4", "task": "t.x", "enqueued_at": "1000"}]
     assert (cursor, examined, gone) == ("5|b", 3, 1)
     assert finder.parse_find(["5", "b", 1, 3, 0])[1] is None  # done: no cursor
-    assert tr.parse_schedule_define(["exists", 4]) == ("exists", 4)
+    assert cron.parse_schedule_define(["exists", 4]) == ("exists", 4)
     with pytest.raises(ValueError, match="expected 'ok' or 'lost'"):
         tr.parse_lease_reply(["not", "a", "lease", "reply"])

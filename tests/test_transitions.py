@@ -1041,6 +1041,45 @@ def test_enqueue_many_beyond_one_script_batch_keeps_order(queue, r):
     assert claimed == [h.id for h in handles]
 
 
+def test_enqueue_many_mixes_plain_jobs_and_jobs_with_options(queue, r):
+    """A plain job (task, arguments, priority, job_id) takes the enqueue script's short
+    path, any other the general one (lua/enqueue.lua): in one call they keep their
+    order and their own outcomes, and write the same record, history and event."""
+    queue.enqueue("t.first", job_id="taken")
+    jobs = [{"task": "t.plain", "args": [0]},
+            {"task": "t.opts", "args": [1], "max_attempts": 3},
+            {"task": "t.plain", "args": [2], "job_id": "taken"},  # short path, duplicate
+            {"task": "t.opts", "args": [3], "job_id": "taken", "timeout": 5},  # general
+            {"task": "t.plain", "args": [4], "priority": 1000},
+            {"task": "t.later", "args": [5], "delay": "1h"},
+            {"task": "t.plain", "args": [6], "priority": -1000}]
+    handles = queue.enqueue_many(jobs)
+    assert [h.fields["enqueue_status"] for h in handles] == [
+        "pending", "pending", "duplicate", "duplicate", "pending", "scheduled", "pending"]
+    assert handles[2].id == handles[3].id == "taken"
+    plain, general = (r.hgetall(queue.keys.job(handles[i].id)) for i in (0, 1))
+    assert set(general) - set(plain) == {"max_attempts"} and set(plain) <= set(general)
+    assert {k: plain[k] for k in ("state", "priority", "attempts", "crashes", "args")} == {
+        "state": "pending", "priority": "0", "attempts": "0", "crashes": "0", "args": "[0]"}
+    assert plain["enqueued_at"] == plain["run_at"] == general["enqueued_at"]
+    # a priority's score is written exactly (2^42 per step: beyond Lua's %.14g)
+    for h, priority in ((handles[4], 1000), (handles[6], -1000)):
+        score = int(r.hget(queue.keys.job(h.id), "score"))
+        assert score == r.zscore(queue.keys.pending, h.id)
+        assert 0 < score + priority * 2**42 < 2**41
+    for h in handles[:2]:
+        assert [e["event"] for e in queue.get(h.id).history] == ["enqueued"]
+    events = [(f["id"], f["state"]) for _, f in r.xrange(queue.keys.events)
+              if f["event"] == "enqueued"]
+    assert events == [("taken", "pending")] + [
+        (handles[i].id, "scheduled" if i == 5 else "pending") for i in (0, 1, 4, 5, 6)]
+    claimed = []
+    while leases := leasing(queue).claim(OWNER, 10, LONG).leases:
+        claimed += [lease.id for lease in leases]
+    # by priority, then in the order of the enqueues, whichever path wrote them
+    assert claimed == [handles[4].id, "taken", handles[0].id, handles[1].id, handles[6].id]
+
+
 def test_find_job_across_queues(r, queue, other_queue):
     mine = queue.enqueue("t.a").id
     theirs = other_queue.enqueue("t.b").id

@@ -11,10 +11,14 @@ after start"), so they agree through Redis on who enqueues each tick.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cronsim
 
+from forq.store.keys import SCHEDULES, SCHEDULES_RUNTIME
+from forq.store.transitions import ScriptCall
 from forq.units import UnitError, parse_duration
 
 MACROS = {
@@ -96,3 +100,26 @@ def next_after(cron: str, every: float | None, timezone: str, after: dt.datetime
         return (_EPOCH + dt.timedelta(microseconds=tick)).astimezone(tz)
     expression = MACROS.get(cron.strip().lower(), cron)
     return next(cronsim.CronSim(expression, after.astimezone(tz)))
+
+
+# -- the schedules' script calls (not a queue's: the scripts touch one global hash each) --------------------
+
+
+ScheduleOp = Literal["add", "replace", "remove", "pause", "resume"]
+
+
+def schedule_define_call(op: ScheduleOp, name: str, definition: str = "") -> ScriptCall:
+    """Add, replace (definition: JSON), remove, pause or resume a run-time schedule."""
+    return ScriptCall("schedule_define", (SCHEDULES_RUNTIME,), (op, name, definition))
+
+
+def parse_schedule_define(reply: Sequence[Any]) -> tuple[str, int]:
+    """(outcome, version): see lua/schedule_define.lua."""
+    return str(reply[0]), int(reply[1])
+
+
+def schedule_fired_call(name: str, mode: Literal["tick", "skip", "trigger"], tick: float | None,
+                        job_id: str = "") -> ScriptCall:
+    """Record a schedule's tick (fired or skipped) or a manual trigger's job."""
+    return ScriptCall("schedule_fired", (SCHEDULES,),
+                      (name, mode, "" if tick is None else repr(float(tick)), job_id))

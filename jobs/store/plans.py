@@ -53,8 +53,10 @@ def enqueue(keys: QueueKeys, specs: Sequence[Mapping[str, Any]], *, register: bo
     if replicas:
         commands.append(WaitReplicas(replicas, wait_ms, (keys.pending,)))
     replies = yield commands
-    enqueued = [job for reply in replies[first:first + len(calls)]
-                for job in tr.parse_enqueue(reply)]
+    enqueued = [job for start, reply in zip(range(0, len(specs), tr.ENQUEUE_BATCH),
+                                            replies[first:first + len(calls)], strict=True)
+                for job in tr.parse_enqueue(reply, [spec["id"] for spec in
+                                                    specs[start:start + tr.ENQUEUE_BATCH]])]
     if replicas:
         topology.check_wait(replies[-1], replicas, wait_ms, [job.id for job in enqueued])
     return enqueued

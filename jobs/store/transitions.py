@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from forq.job import Job
-from forq.store.keys import SCHEDULES, SCHEDULES_RUNTIME, QueueKeys
+from forq.store.keys import QueueKeys
 
 if TYPE_CHECKING:
     from forq.queue import Queue
@@ -104,19 +104,32 @@ class DeadBatchResult(NamedTuple):
 # -- producing -------------------------------------------------------------------------
 
 
+_POSITIONAL = frozenset(("id", "task", "args", "kwargs", "priority"))  # lua/enqueue.lua
+
+
 def enqueue_calls(keys: QueueKeys, specs: Sequence[Mapping[str, Any]]) -> list[ScriptCall]:
-    """Validated specs (`forq.payload.build_spec`) in calls of `ENQUEUE_BATCH` jobs."""
-    return [
-        ScriptCall("enqueue", (keys.pending, keys.scheduled),
-                   (keys.prefix, keys.queue,
-                    *(json.dumps(s) for s in specs[start:start + ENQUEUE_BATCH])))
-        for start in range(0, len(specs), ENQUEUE_BATCH)
-    ]
+    """Validated specs (`forq.payload.build_spec`) in calls of `ENQUEUE_BATCH` jobs, six
+    arguments a job: id, task, args, kwargs, priority, and its other fields as one JSON
+    object, or "" when it has none (a plain job: the script's short path)."""
+    calls = []
+    for start in range(0, len(specs), ENQUEUE_BATCH):
+        args: list[str] = [keys.prefix, keys.queue]
+        for s in specs[start:start + ENQUEUE_BATCH]:
+            rest = "" if len(s) <= 5 and _POSITIONAL.issuperset(s) else json.dumps(
+                {k: v for k, v in s.items() if k not in _POSITIONAL}, separators=(",", ":"))
+            args += (s["id"], s["task"], s.get("args", "[]"), s.get("kwargs", "{}"),
+                     str(s.get("priority", 0)), rest)
+        calls.append(ScriptCall("enqueue", (keys.pending, keys.scheduled), tuple(args)))
+    return calls
 
 
-def parse_enqueue(reply: Sequence[Any]) -> list[Enqueued]:
-    """Three entries per job: id, status, run_at (the last unused by producers)."""
-    return [Enqueued(str(reply[i]), str(reply[i + 1])) for i in range(0, len(reply), 3)]
+def parse_enqueue(reply: Sequence[Any], ids: Sequence[str]) -> list[Enqueued]:
+    """Each job's outcome, for a call of jobs sent under `ids`: the reply lists those not
+    pending under their own id, four entries each (place from 1, id, status, run_at)."""
+    out = [Enqueued(job_id, "pending") for job_id in ids]
+    for i in range(0, len(reply), 4):
+        out[int(reply[i]) - 1] = Enqueued(str(reply[i + 1]), str(reply[i + 2]))
+    return out
 
 
 # -- operator actions ------------------------------------------------------------------
@@ -375,26 +388,3 @@ def batch_relay_call(keys: QueueKeys, ends: Iterable[tuple[str, str, bool]]) -> 
 def parse_batch_relay(reply: Any) -> int:
     """How many ends were counted (the rest had been delivered before)."""
     return int(reply)
-
-
-# -- schedules (not a queue's: the scripts touch one global hash each) --------------------
-
-
-ScheduleOp = Literal["add", "replace", "remove", "pause", "resume"]
-
-
-def schedule_define_call(op: ScheduleOp, name: str, definition: str = "") -> ScriptCall:
-    """Add, replace (definition: JSON), remove, pause or resume a run-time schedule."""
-    return ScriptCall("schedule_define", (SCHEDULES_RUNTIME,), (op, name, definition))
-
-
-def parse_schedule_define(reply: Sequence[Any]) -> tuple[str, int]:
-    """(outcome, version): see lua/schedule_define.lua."""
-    return str(reply[0]), int(reply[1])
-
-
-def schedule_fired_call(name: str, mode: Literal["tick", "skip", "trigger"], tick: float | None,
-                        job_id: str = "") -> ScriptCall:
-    """Record a schedule's tick (fired or skipped) or a manual trigger's job."""
-    return ScriptCall("schedule_fired", (SCHEDULES,),
-                      (name, mode, "" if tick is None else repr(float(tick)), job_id))

@@ -87,7 +87,8 @@ local function enqueue_one(prefix, queue, spec, at, hold)
     redis.call('ZADD', prefix .. 'scheduled', run_at, id)
   else
     status = 'pending'
-    local score = pending_score(prefix, priority, spec['lifo'])
+    -- enqueue.lua took the job's place in the queue's seq with the whole call's (`seq`)
+    local score = pending_score(prefix, priority, spec['lifo'], spec['seq'])
     table.insert(fields, 'state')
     table.insert(fields, 'pending')
     table.insert(fields, 'score')

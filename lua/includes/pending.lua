@@ -8,11 +8,12 @@
 -- job (enqueue's lifo=True, its record's `lifo` field) takes -priority * 2^42 - seq: the
 -- head of its priority, the newest first. While seq < 2^41 (two trillion enqueues to one
 -- queue) the lifo and fifo ranges of two priorities never meet; |priority| <= 1000 keeps
--- every score exact in a double.
+-- every score exact in a double. `seq`: one the caller took already (enqueue takes one
+-- INCRBY for all the jobs of its call), or nil to take the next.
 local PRIORITY_SPAN = 4398046511104 -- 2^42
 
-local function pending_score(prefix, priority, lifo)
-  local seq = redis.call('INCR', prefix .. 'seq')
+local function pending_score(prefix, priority, lifo, seq)
+  seq = seq or redis.call('INCR', prefix .. 'seq')
   if lifo == 1 or lifo == '1' then return -priority * PRIORITY_SPAN - seq end
   return -priority * PRIORITY_SPAN + seq
 end

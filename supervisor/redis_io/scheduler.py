@@ -33,7 +33,7 @@ import redis
 
 from forq import Queue
 from forq.schedules import LIVE, RELOAD_SECONDS
-from forq.store import transitions as tr
+from forq.store import cron
 from forq.store.keys import SCHEDULE_DEFS, SCHEDULES
 from forq.supervisor.config.load import ScheduleConfig
 from forq.supervisor.loop.timers import Timers
@@ -217,14 +217,14 @@ class Scheduler:
         if schedule.overlap == "skip" and last_job:
             state = self.client.hget(queue.keys.job(last_job), "state")
             if state in LIVE:
-                if queue.scripts.run(tr.schedule_fired_call(schedule.name, "skip", stamp)):
+                if queue.scripts.run(cron.schedule_fired_call(schedule.name, "skip", stamp)):
                     log.info("schedule %s: skipped tick %s: the last run, job %s, is still %s",
                              schedule.name, tick.isoformat(timespec="seconds"), last_job, state)
                 return last_job
         job = queue.enqueue(schedule.task, args=list(schedule.args),
                             kwargs=dict(schedule.kwargs), key=tick_key(schedule, tick),
                             unique_for=_keep_key_for(schedule, tick))
-        queue.scripts.run(tr.schedule_fired_call(schedule.name, "tick", stamp, job.id))
+        queue.scripts.run(cron.schedule_fired_call(schedule.name, "tick", stamp, job.id))
         if job.fields.get("enqueue_status") != "duplicate":
             log.info("schedule %s: fired tick %s as job %s", schedule.name,
                      tick.isoformat(timespec="seconds"), job.id)
