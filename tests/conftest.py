@@ -12,7 +12,7 @@ import redis as redis_lib
 from forq import Queue
 from forq.store.connection import connect
 from forq.testing.redis import delete_queue
-from tests import layout
+from tests import background, layout
 
 pytest_plugins = ["forq.testing.pytest_plugin"]
 
@@ -23,6 +23,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     message = layout.stale_message()
     if message:
         pytest.exit(message, returncode=2)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "background(start, lane): start `start` when the "
+                            "session starts, run the test last (tests/background.py)")
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    items[:] = background.last(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        background.start_marked(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop_unfinished()
 
 
 @pytest.fixture(scope="session")

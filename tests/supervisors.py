@@ -13,6 +13,9 @@ from forq.testing.supervisor import children_of, fork_servers_of, spares_of, wai
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_IMPORTS = ("forq.examples", "tests.tasks", "tests.hostile")
+# in the test VMs (software emulation, at nice 10 beside the suite: tests/background.py)
+# a supervisor's start is a few interpreters' start-up at a tenth of the speed
+READY_TIMEOUT = 180.0 if os.environ.get("FORQ_IN_VM") == "1" else 60.0
 
 __all__ = ["REPO", "SupervisorProcess", "children_of", "fork_servers_of", "now",
            "spares_of", "wait_children", "write_config"]
@@ -32,6 +35,9 @@ class SupervisorProcess(harness.SupervisorProcess):
         path = [str(REPO), *filter(None, [env.get("PYTHONPATH", "")])]
         super().__init__(config, dict(env, PYTHONPATH=os.pathsep.join(path)), cgroup,
                          cwd=str(REPO), **options)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        super().wait_ready(max(timeout, READY_TIMEOUT))
 
 
 def now() -> float:

@@ -83,6 +83,26 @@ def test_twenty_crashes_of_one_task_trip_it_and_claim_parks_only_its_jobs(queue:
     assert all(queue.get(j).history[-2]["event"] == "unparked" for j in bad)
 
 
+def test_jobs_that_end_while_their_task_is_tripped_count_towards_no_next_trip(queue: Queue):
+    """Jobs leased before the trip crash after it (a supervisor's other slots): the count
+    starts afresh at the resume, so the next trip takes as many new crashes as the first
+    (CI once saw a task tripped again after 3 when the jobs in flight had counted)."""
+    calls = leasing(queue)
+    ids = [queue.enqueue("t.bad", i, max_crashes=1).id for i in range(24)]
+    leases = calls.claim(OWNER, 24, LONG).leases
+    assert len(leases) == 24
+    for lease in leases:  # the 20th trips it; the 4 after it end while it is tripped
+        assert calls.expire(lease.id, lease.token, "killed by SIGSEGV",
+                            pattern="signal:SIGSEGV") == "ok"
+    calls.reclaim(OWNER)
+    assert all(queue.get(j).state == "dead" for j in ids)
+    assert queue.resume(task="t.bad") is True
+    crash(queue, "t.bad", 19)
+    assert queue.stats()["tripped"] == {}  # 19 new: not 19 + the 4 that ended tripped
+    crash(queue, "t.bad", 1)
+    assert list(queue.stats()["tripped"]) == ["t.bad"]
+
+
 def test_a_trip_and_a_resume_are_on_the_queue_event_stream(queue: Queue, redis_url: str):
     ids = crash(queue, "t.bad", 20)  # crashes: expire.lua
     calls = leasing(queue)

@@ -26,7 +26,7 @@ from forq.supervisor.children.outcomes import classify
 from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec, run_child
 from forq.supervisor.isolation import cgroups
-from tests import vm
+from tests import background, vm
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, wait_children, write_config
 
@@ -60,7 +60,9 @@ def job_cgroups(base: str) -> list[str]:
 
 
 def wait_done(queue: Queue, job_id: str, sup: SupervisorProcess, timeout: float = 60):
-    return wait_job(queue, job_id, TERMINAL, timeout=timeout, context=sup.log)
+    # twice as long in the VM, which runs beside the suite at a low priority
+    return wait_job(queue, job_id, TERMINAL, timeout=timeout * (2 if IN_VM else 1),
+                    context=sup.log)
 
 
 # -- in a cgroup v2 VM -----------------------------------------------------------------------
@@ -253,9 +255,8 @@ def test_a_child_that_cannot_join_its_cgroup_hands_its_job_back(tmp_path):
     assert (outcome.kind, outcome.reason) == ("release", "could not join its job cgroup")
 
 
-@pytest.mark.timeout(900)
-def test_per_job_cgroups_in_a_cgroup_v2_vm():
-    """Boots the VM and runs this file's cgroup v2 tests in it."""
+def boot_the_cgroup_v2_vm() -> tuple[int, str]:
+    """This file's cgroup v2 tests, run in the VM: (exit code, console)."""
     if IN_VM:
         pytest.skip("already in the VM")
     if not vm.cgroup_v2_problem():
@@ -264,9 +265,17 @@ def test_per_job_cgroups_in_a_cgroup_v2_vm():
                "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", str(Path(__file__)),
                "-k", "not in_a_cgroup_v2_vm"]
     try:
-        rc, console = vm.run(command, timeout=840)
+        return vm.run(command, timeout=840)
     except vm.VMUnavailable as exc:
         pytest.skip(f"no VM here: {exc}")
+
+
+@pytest.mark.background(boot_the_cgroup_v2_vm, lane="vm")
+@pytest.mark.timeout(900)
+def test_per_job_cgroups_in_a_cgroup_v2_vm():
+    """Boots the VM and runs this file's cgroup v2 tests in it, beside the rest of the
+    suite (tests/background.py)."""
+    rc, console = background.result(boot_the_cgroup_v2_vm, lane="vm")
     assert rc == 0, console[-8000:]
     summary = re.search(r"(\d+) passed", console)
     assert summary and int(summary.group(1)) >= 9, console[-8000:]

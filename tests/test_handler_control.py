@@ -14,8 +14,9 @@ import pytest
 
 from forq import Queue, Retry
 from forq.registry import JobContext, Throttled
+from forq.supervisor.children.reader import MessageReader
 from forq.supervisor.cli import render
-from forq.supervisor.fork.messages import MessageReader, encode
+from forq.supervisor.fork.messages import encode
 from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config

@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from forq import Queue
-from forq.supervisor.fork.messages import MessageReader, encode
+from forq.supervisor.children.reader import MessageReader
+from forq.supervisor.fork.messages import encode
 from forq.supervisor.leases.calls import leasing
 from forq.testing.redis import RedisServer
 from forq.testing.system_python import Unavailable, venv_python

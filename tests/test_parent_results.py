@@ -14,7 +14,7 @@ import pytest
 from forq import Queue
 from forq.channel import PARENTS_PAGE, PARENTS_PAGE_BYTES
 from forq.supervisor.children.answers import Answers
-from forq.supervisor.fork.messages import MessageReader
+from forq.supervisor.children.reader import MessageReader
 from forq.supervisor.leases.calls import leasing
 from forq.supervisor.loop.eventloop import EventLoop
 from forq.supervisor.redis_io.parents import ParentReads

@@ -16,8 +16,8 @@ import pytest
 
 from forq import Queue
 from forq.channel import Channel, LeaseLost
+from forq.supervisor.children.reader import MessageReader
 from forq.supervisor.cli import render
-from forq.supervisor.fork.messages import MessageReader
 from forq.supervisor.leases.calls import leasing
 from tests.helpers import wait_for, wait_job
 from tests.supervisors import REPO, TEST_IMPORTS, SupervisorProcess, write_config

@@ -22,6 +22,7 @@ import pytest
 
 from forq import Queue
 from forq.store.connection import connect
+from tests import background
 from tests.helpers import wait_for
 
 IN_VM = os.environ.get("FORQ_IN_SYSTEMD_VM") == "1"
@@ -294,9 +295,8 @@ def test_a_bad_config_fails_the_unit_once_with_one_clear_line():
         wait_for(lambda: show("forq@c", "NRestarts") != "0", timeout=8, interval=1)
 
 
-@pytest.mark.timeout(1200)
-def test_the_units_under_a_real_systemd():
-    """Boots the VM with systemd as PID 1 and runs the tests above in it."""
+def boot_systemd() -> tuple[int, str]:
+    """The tests above, run under systemd in the VM: (exit code, console)."""
     if IN_VM:
         pytest.skip("already in the VM")
     from tests import systemd_vm, vm
@@ -309,9 +309,17 @@ def test_the_units_under_a_real_systemd():
                "[ $rc = 0 ] || journalctl -u 'forq@*' -o short-monotonic --no-pager | "
                "tail -n 60; tail -n 120 /tmp/vm-tests.out; exit $rc"]
     try:
-        rc, console = systemd_vm.run(command, timeout=1100)
+        return systemd_vm.run(command, timeout=1100)
     except vm.VMUnavailable as exc:
         pytest.skip(f"no VM here: {exc}")
+
+
+@pytest.mark.background(boot_systemd, lane="vm")
+@pytest.mark.timeout(1200)
+def test_the_units_under_a_real_systemd():
+    """Boots the VM with systemd as PID 1 and runs the tests above in it, beside the rest
+    of the suite (tests/background.py)."""
+    rc, console = background.result(boot_systemd, lane="vm")
     assert rc == 0, console[-12000:]
     summary = re.search(r"(\d+) passed", console)
     assert summary and int(summary.group(1)) == 8, console[-12000:]

@@ -45,6 +45,10 @@ local function breaker_end(prefix, id, jkey, task, pattern, at)
   local bucket = math.floor(at / BREAKER_BUCKET_MS)
   local ends_key = prefix .. 'breaker:ends:' .. bucket
   redis.call('HINCRBY', ends_key, 'p' .. sha, 1)
+  -- a job that was running when its task tripped counts towards no next trip: the
+  -- count starts afresh at the resume, with the jobs that run from then on
+  local tripped_key = prefix .. 'tripped'
+  if redis.call('HEXISTS', tripped_key, task) == 1 then return nil end
   local jobs = prefix .. 'breaker:jobs:' .. sha
   redis.call('ZADD', jobs, at, id)
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', at - window)
@@ -52,8 +56,6 @@ local function breaker_end(prefix, id, jkey, task, pattern, at)
   redis.call('PEXPIRE', jobs, window)
   local distinct = redis.call('ZCARD', jobs)
   if distinct < most then return nil end
-  local tripped_key = prefix .. 'tripped'
-  if redis.call('HEXISTS', tripped_key, task) == 1 then return nil end
   local total, same = 0, 0
   for b = math.floor((at - window) / BREAKER_BUCKET_MS), bucket do
     local v = redis.call('HMGET', prefix .. 'breaker:ends:' .. b, task, 'p' .. sha)

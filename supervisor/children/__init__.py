@@ -9,6 +9,7 @@
 | `spawner` | `Spawner`: fork each child (through the fork server), report each end; a new fork server on reload |
 | `strays` | `Strays`: the supervisor as the last subreaper: what jobs left behind ends |
 | `outcomes` | what an end means: ack, fail, expire, release or drop |
+| `reader` | `MessageReader`: a child's messages read as they arrive, capped, checked against `fork.messages` |
 | `chunks` | a chunked task's jobs in one child (`task(chunk=N)`): grouping, each job's end |
 | `chunk_reader` | `ChunkReader`: a chunk's results, one per job, checked against its jobs |
 | `cost` | what a finished run cost (CPU, peak memory, wall time, start latency), as reported |

@@ -13,11 +13,11 @@ well-formed report for a job of the chunk, fenced by that job's own token.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from forq.supervisor.fork.messages import MessageReader, Report, Violation, parse_result
+from forq.supervisor.children.reader import MessageReader
+from forq.supervisor.fork.messages import Report, Violation, parse_result
 
 
 class ChunkReader(MessageReader):
@@ -29,24 +29,10 @@ class ChunkReader(MessageReader):
         self.groups = dict(groups or {})
         self.reports: dict[str, Report] = {}  # job id -> its checked result, in order
 
-    def _line(self, line: bytes) -> None:
+    def _after_last(self) -> str:
         if len(self.reports) >= self.size:
-            self._fault(f"wrote after the results of all {self.size} jobs of its chunk")
-            return
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            self._fault(f"not JSON: {str(exc)[:200]}")
-            return
-        if not isinstance(message, dict):
-            self._fault(f"a message must be a JSON object, got {type(message).__name__}")
-            return
-        try:
-            self._message(message)
-        except Violation as exc:
-            self._fault(str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # a result that cannot re-encode
-            self._fault(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return f"wrote after the results of all {self.size} jobs of its chunk"
+        return ""
 
     def _message(self, message: dict[str, Any]) -> None:
         kind = message.get("t")

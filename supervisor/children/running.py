@@ -21,14 +21,9 @@ from enum import Enum
 from forq.queue import Lease
 from forq.supervisor.children.chunk_reader import ChunkReader
 from forq.supervisor.children.output import OutputReader
+from forq.supervisor.children.reader import MessageReader
 from forq.supervisor.fork.child import ChildSpec
-from forq.supervisor.fork.messages import (
-    MAX_STEP_BYTES,
-    RESULT_OVERHEAD,
-    STEP_OVERHEAD,
-    MessageReader,
-    Report,
-)
+from forq.supervisor.fork.messages import MAX_STEP_BYTES, RESULT_OVERHEAD, STEP_OVERHEAD, Report
 from forq.supervisor.isolation.cgroups import JobCgroups, kill_all
 from forq.supervisor.isolation.memory import (
     RootFiles,
