@@ -31,6 +31,9 @@ from tests.helpers import wait_for, wait_job
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, wait_children, write_config
 
 IN_VM = os.environ.get("FORQ_IN_VM") == "1"
+# the VM runs beside the rest of the suite at a low priority (tests/background.py), under
+# software emulation: every deadline of the tests it runs is three times the host's
+SLOW = 3 if IN_VM else 1
 TERMINAL = ("succeeded", "dead", "cancelled")
 
 
@@ -60,15 +63,14 @@ def job_cgroups(base: str) -> list[str]:
 
 
 def wait_done(queue: Queue, job_id: str, sup: SupervisorProcess, timeout: float = 60):
-    # twice as long in the VM, which runs beside the suite at a low priority
-    return wait_job(queue, job_id, TERMINAL, timeout=timeout * (2 if IN_VM else 1),
+    return wait_job(queue, job_id, TERMINAL, timeout=timeout * SLOW,
                     context=sup.log)
 
 
 # -- in a cgroup v2 VM -----------------------------------------------------------------------
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_each_job_runs_in_its_own_cgroup_with_its_memory_limit(tmp_path, redis_url, queue,
                                                                base):
     with start(tmp_path, redis_url, queue, base) as sup:
@@ -92,9 +94,10 @@ def test_each_job_runs_in_its_own_cgroup_with_its_memory_limit(tmp_path, redis_u
         job = wait_done(queue, unlimited, sup)
         assert job.result["memory_max"] == "max"
         # a job's cgroup goes with it
-        wait_for(lambda: not job_cgroups(base), timeout=10, message="job cgroups removed")
+        wait_for(lambda: not job_cgroups(base), timeout=10 * SLOW, message="job cgroups removed")
 
 
+@pytest.mark.timeout(120 * SLOW)
 def test_a_jobs_cpu_time_is_its_cgroups(tmp_path, redis_url, queue, base):
     """A job's cost: its CPU time read from its cgroup's cpu.stat (every process it held),
     its peak from memory.peak."""
@@ -111,7 +114,7 @@ def test_a_jobs_cpu_time_is_its_cgroups(tmp_path, redis_url, queue, base):
     assert 64 << 20 <= cost["peak_memory"] <= 512 << 20, cost
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 @pytest.mark.parametrize("in_grandchild", [False, True], ids=["child", "grandchild"])
 def test_the_kernel_enforces_the_memory_limit_and_it_is_not_a_crash(
         tmp_path, redis_url, queue, base, in_grandchild):
@@ -132,10 +135,10 @@ def test_the_kernel_enforces_the_memory_limit_and_it_is_not_a_crash(
         assert [e["event"] for e in job.history] == ["enqueued", "claimed", "dead"]
         # RSS sampling did not do it
         assert "over its limit" not in sup.log()
-        wait_for(lambda: not job_cgroups(base), timeout=10, message="job cgroups removed")
+        wait_for(lambda: not job_cgroups(base), timeout=10 * SLOW, message="job cgroups removed")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_an_oom_kill_outside_the_job_limit_is_a_crash(tmp_path, redis_url, queue, base):
     """The job is within its own limit, but the whole service is not (systemd's
     MemoryMax= on the unit): the kernel's OOM killer takes the job (its oom_score_adj
@@ -155,7 +158,7 @@ def test_an_oom_kill_outside_the_job_limit_is_a_crash(tmp_path, redis_url, queue
         assert sup.proc.poll() is None  # the kernel chose the job, not the supervisor
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_a_process_that_left_the_job_process_group_ends_with_the_job(tmp_path, redis_url,
                                                                      queue, base):
     with start(tmp_path, redis_url, queue, base) as sup:
@@ -164,15 +167,15 @@ def test_a_process_that_left_the_job_process_group_ends_with_the_job(tmp_path, r
         assert job.state == "succeeded", job.history
         wait_for(lambda: not psutil.pid_exists(job.result) or
                  psutil.Process(job.result).status() == psutil.STATUS_ZOMBIE,
-                 timeout=10, message=f"the escaped process {job.result} killed")
-        wait_for(lambda: not job_cgroups(base), timeout=10, message="job cgroups removed")
+                 timeout=10 * SLOW, message=f"the escaped process {job.result} killed")
+        wait_for(lambda: not job_cgroups(base), timeout=10 * SLOW, message="job cgroups removed")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_a_crash_in_a_job_cgroup_is_still_a_crash(tmp_path, redis_url, queue, base):
     with start(tmp_path, redis_url, queue, base, lease_ttl="30s") as sup:
         jid = queue.enqueue("examples.sleep", 60, max_crashes=1).id
-        (pid,) = wait_children(sup.pid, 1, timeout=30)
+        (pid,) = wait_children(sup.pid, 1, timeout=30 * SLOW)
         os.kill(pid, signal.SIGKILL)
         job = wait_done(queue, jid, sup)
         assert job.state == "dead" and job.crashes == 1, job.history
@@ -180,17 +183,17 @@ def test_a_crash_in_a_job_cgroup_is_still_a_crash(tmp_path, redis_url, queue, ba
         assert "OOM" not in job.reason
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_a_new_supervisor_sweeps_the_cgroups_of_one_killed(tmp_path, redis_url, queue, base):
     sup = start(tmp_path, redis_url, queue, base).start()
     try:
         queue.enqueue("examples.sleep", 60)
-        wait_children(sup.pid, 1, timeout=30)
+        wait_children(sup.pid, 1, timeout=30 * SLOW)
         (stale,) = job_cgroups(base)
     finally:
         sup.kill()
     wait_for(lambda: not Path(f"{base}/supervisor/cgroup.procs").read_text().strip(),
-             timeout=10, message="the killed supervisor's processes gone")
+             timeout=10 * SLOW, message="the killed supervisor's processes gone")
     assert job_cgroups(base) == [stale]  # empty, and left behind
     # restarted where it was (its leaf): the stale job cgroup is removed at start
     with start(tmp_path, redis_url, queue, f"{base}/supervisor") as again:
@@ -198,7 +201,7 @@ def test_a_new_supervisor_sweeps_the_cgroups_of_one_killed(tmp_path, redis_url, 
         assert stale not in job_cgroups(base)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * SLOW)
 def test_when_job_cgroups_cannot_be_made_rss_sampling_takes_over(tmp_path, redis_url, queue,
                                                                  base):
     with start(tmp_path, redis_url, queue, base) as sup:
@@ -219,7 +222,7 @@ def test_when_job_cgroups_cannot_be_made_rss_sampling_takes_over(tmp_path, redis
 # -- anywhere --------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60 * SLOW)
 def test_required_job_cgroups_refuse_to_start_without_them(tmp_path, redis_url, queue):
     """Run where per-job cgroups cannot be used (a v1/hybrid host; in the VM, the root
     cgroup): "auto" falls back and says why, "required" refuses to start."""
@@ -228,7 +231,7 @@ def test_required_job_cgroups_refuse_to_start_without_them(tmp_path, redis_url, 
                          r"supervisor runs in the root cgroup)", sup.log()), sup.log()
     sup = start(tmp_path, redis_url, queue, None, supervisor_extra='job_cgroups = "required"')
     sup.start(wait_ready=False)
-    assert sup.wait(timeout=30) == 1
+    assert sup.wait(timeout=30 * SLOW) == 1
     assert "per-job cgroups unavailable: " in sup.log()
     assert '[supervisor].job_cgroups = "required"' in sup.log()
     assert "Traceback" not in sup.log()

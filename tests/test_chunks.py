@@ -217,6 +217,32 @@ def test_a_cancel_stops_the_chunk_and_gives_its_other_unreported_jobs_back(
     assert "another job of its chunk was cancelled" in str(done[c].history)
 
 
+def test_forq_top_shows_each_job_of_a_running_chunk_in_its_one_process(
+        tmp_path, redis_url, queue):
+    notes, gate = tmp_path / "notes", tmp_path / "gate"
+    ids = enqueue(queue, "chunks.wait_file", notes, str(gate), str(gate), str(gate))
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        def listed() -> list[dict[str, Any]] | None:
+            done = subprocess.run(
+                [sys.executable, "-m", "forq.supervisor.cli", "--redis", redis_url, "top",
+                 "--once", "--json", "-q", queue.name],
+                capture_output=True, text=True, timeout=30, cwd=str(REPO))
+            assert done.returncode == 0, done.stderr
+            rows = [job for job in json.loads(done.stdout) if job["id"] in ids]
+            # a second heartbeat gives the process's CPU figures
+            return rows if len(rows) == 3 and any("cpu" in r["child"] for r in rows) else None
+
+        rows = helpers.wait_for(listed, timeout=30, interval=0.3,
+                                message="the chunk's three jobs in forq top")
+        assert len({row["child"]["pid"] for row in rows}) == 1, rows  # one process
+        assert all(row["child"]["lease_left"] > 0 for row in rows), rows  # each its lease
+        # its CPU counted once, on one of its rows
+        assert sum("cpu" in row["child"] for row in rows) == 1, rows
+        gate.touch()
+        done = finished(queue, ids, sup)
+    assert all(job.state == "succeeded" for job in done.values())
+
+
 # -- what the parent reads (no supervisor) ------------------------------------------------
 
 

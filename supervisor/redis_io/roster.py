@@ -55,25 +55,30 @@ def running_record(children: Iterable[RunningChild], leases: LeaseKeeper, *,
     `children_usage`, in the order of `children` (a list of its own, so that readers of
     the rows above need no change): [CPU s so far, CPU % since the last beat, RSS bytes
     at the last sample] each, the CPU figures null when they cannot be read (`forq top`).
+    A chunk's jobs are a row each (one pid), its CPU figures on the first job's row.
     """
     now = time.monotonic()
     listed: list[list[Any]] = []
     usage: list[list[Any]] = []
     total = 0
     for child in children:
-        total += 1
+        # a chunk (`task(chunk=N)`) is a row per job, each with its own lease; the
+        # process's CPU on its first job's row only, so that no reader counts it twice
+        job_ids = [lease.job.id for lease in child.members] or [child.job_id]
+        total += len(job_ids)
         if len(listed) >= MAX_CHILDREN_LISTED:
             continue
-        proven = leases.proven_until(child.job_id)
-        listed.append([
-            child.job_id, child.queue, child.task, child.pid,
-            round(now - child.started, 3), round(child.deadline - child.started, 3),
-            child.peak_rss, child.spec.memory_limit,
-            round(proven - now, 3) if proven is not None else None,
-        ])
         cpu = child.cpu_since_seen(now)
-        usage.append([round(cpu[0], 3), round(cpu[1], 1), child.rss] if cpu is not None
-                     else [None, None, child.rss])
+        for n, job_id in enumerate(job_ids[:MAX_CHILDREN_LISTED - len(listed)]):
+            proven = leases.proven_until(job_id)
+            listed.append([
+                job_id, child.queue, child.task, child.pid,
+                round(now - child.started, 3), round(child.deadline - child.started, 3),
+                child.peak_rss, child.spec.memory_limit,
+                round(proven - now, 3) if proven is not None else None,
+            ])
+            usage.append([round(cpu[0], 3), round(cpu[1], 1), child.rss]
+                         if cpu is not None and n == 0 else [None, None, child.rss])
     return {"memory_mode": "cgroups" if per_job_cgroups else "rss",
             "children": listed, "children_usage": usage, "children_total": total,
             "held": list(held[:MAX_CHILDREN_LISTED])}
