@@ -200,7 +200,8 @@ def test_a_reload_that_adds_slots_starts_held_jobs_in_them(tmp_path, redis_url, 
                            context=lambda: sup.log()[-3000:])
             assert job.state == "succeeded", job.history
         assert queue.get(blocker).state == "active"
-        assert started(touch) == ids
+        # two new slots start the two held jobs together: their order is a race
+        assert sorted(started(touch)) == sorted(ids)
         gate.touch()
         assert wait_job(queue, blocker, TERMINAL).state == "succeeded"
 
