@@ -7,10 +7,11 @@ worker. Errors name the offending argument so the producer can fix the call.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Literal
 
@@ -40,6 +41,14 @@ def new_job_id() -> str:
     return secrets.token_hex(10)
 
 
+def job_ids(block: int = 256) -> Iterator[str]:
+    """`new_job_id`s, `block` from each read of the random source (a read a job was a
+    tenth of enqueue_many's client time); one per call: a fork must not repeat them."""
+    while True:
+        text = os.urandom(10 * block).hex()
+        yield from (text[start:start + 20] for start in range(0, len(text), 20))
+
+
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _local = threading.local()
 
@@ -47,9 +56,8 @@ _local = threading.local()
 def _encode(value: Any) -> str:
     """`value` as compact JSON, as `json.dumps(value, separators=(",", ":"),
     allow_nan=False)` writes it, at half the cost for a job's arguments: json.dumps and
-    JSONEncoder.encode build a new C encoder on every call, this keeps one per thread
-    (its dict of the containers being encoded, the circular-reference check, is the
-    thread's own)."""
+    JSONEncoder.encode build a new C encoder on every call, this keeps one per thread (its
+    dict of the containers being encoded, the circular-reference check, its own)."""
     encoder = getattr(_local, "encoder", None)
     if encoder is None:
         if c_make_encoder is None:  # no C accelerator (another Python): the plain way
@@ -172,10 +180,12 @@ def build_spec(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     traceparent: str | None | Literal["current"] = "current",
+    new_id: Callable[[], str] = new_job_id,
 ) -> dict[str, Any]:
     """Validate one job and return the JSON-ready spec the enqueue script reads.
     `traceparent`: the producer's span context, "current" to read it now (`batch_specs`
-    reads it once for all its jobs: reading it costs more than the rest of a plain job)."""
+    reads it once for all its jobs: reading it costs more than the rest of a plain job);
+    `new_id` makes the job's id when the options name none."""
     if traceparent == "current":
         traceparent = current_traceparent()  # None unless the producer uses OpenTelemetry
     if not isinstance(task, str) or not task:
@@ -198,7 +208,7 @@ def build_spec(
             f"{max_payload_bytes}-byte limit; largest is {_largest(task, args, kwargs)}"
         )
     spec: dict[str, Any] = {
-        "id": options.get("job_id") or new_job_id(),
+        "id": options.get("job_id") or new_id(),
         "task": task,
         "args": args_json,
         "kwargs": kwargs_json,
@@ -378,12 +388,13 @@ def batch_specs(jobs: Iterable[Mapping[str, Any]],
     validated before any is sent; an error names the item (``jobs[3]: ...``)."""
     specs = []
     traceparent = current_traceparent()  # one call, one span: read once for all its jobs
+    new_id = job_ids().__next__
     for i, item in enumerate(jobs):
         options = dict(item)
         task = options.pop("task", None)
         try:
             specs.append(build_spec(task, options, max_payload_bytes=max_payload_bytes,
-                                    traceparent=traceparent))
+                                    traceparent=traceparent, new_id=new_id))
         except ValueError as exc:
             raise type(exc)(f"jobs[{i}]: {exc}") from None
     return specs

@@ -29,7 +29,7 @@ from forq.store.batchspec import build_batch
 from forq.store.connection import connect
 from forq.store.events import QueueEvents
 from forq.store.finder import BulkResult, FoundPage, JobFilter
-from forq.store.pipelines import run_plan
+from forq.store.pipelines import can_stream, run_plan, stream_enqueue
 from forq.store.policy import fill
 from forq.store.scripts import Scripts
 from forq.store.transitions import (  # re-exported: the supervisor and tests import them from here
@@ -115,6 +115,12 @@ class Queue(QueueEvents):
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
         try:
+            if not replicas and len(specs) > ENQUEUE_BATCH and can_stream(self.redis):
+                if not self._registered:
+                    self.redis.sadd(keyspace.QUEUES, self.name)
+                    self._registered = True
+                return stream_enqueue(self.redis, self.scripts, self.keys, specs,
+                                      lambda job_id, status: Job.handle(self, job_id, status))
             enqueued = self._run(plans.enqueue(self.keys, specs, register=not self._registered,
                                                replicas=replicas, wait_ms=wait_ms))
         except redis.OutOfMemoryError as exc:

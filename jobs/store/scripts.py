@@ -121,6 +121,10 @@ class Scripts:
         self._by_name: dict[Transition, Script] = {name: getattr(self, name)
                                                    for name in TRANSITIONS}
 
+    def script(self, call: ScriptCall) -> Script:
+        """The registered script `call` runs (its `sha` and source)."""
+        return self._by_name[call.script]
+
     def run(self, call: ScriptCall, client: Any = None) -> Any:
         """The raw reply; with a pipeline as `client`, the pipeline (the call queued)."""
         return self._by_name[call.script](keys=call.keys, args=call.args, client=client)
@@ -142,12 +146,7 @@ class ScriptPipeline(Pipeline):
     """
 
     def _loaded(self) -> set[str]:
-        pool = self.connection_pool
-        loaded: set[str] | None = getattr(pool, "_forq_loaded_scripts", None)
-        if loaded is None:
-            loaded = set()
-            setattr(pool, "_forq_loaded_scripts", loaded)  # noqa: B010 (not a pool attribute)
-        return loaded
+        return loaded_shas(self.connection_pool)
 
     def load_scripts(self) -> None:
         loaded = self._loaded()
@@ -175,6 +174,16 @@ class ScriptPipeline(Pipeline):
             return Pipeline(self.connection_pool, self.response_callbacks, False, None)
 
         return finish_pipeline(self, stack, replies, reload, fresh, raise_on_error)
+
+
+def loaded_shas(pool: Any) -> set[str]:
+    """The SHAs of the scripts this connection pool has loaded (as far as it knows: a
+    NOSCRIPT reply says Redis forgot them)."""
+    loaded: set[str] | None = getattr(pool, "_forq_loaded_scripts", None)
+    if loaded is None:
+        loaded = set()
+        setattr(pool, "_forq_loaded_scripts", loaded)  # noqa: B010 (not a pool attribute)
+    return loaded
 
 
 def finish_pipeline(pipe: Any, stack: list[tuple[tuple[Any, ...], dict[str, Any]]],

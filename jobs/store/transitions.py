@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
@@ -111,7 +111,11 @@ def enqueue_calls(keys: QueueKeys, specs: Sequence[Mapping[str, Any]]) -> list[S
     """Validated specs (`forq.payload.build_spec`) in calls of `ENQUEUE_BATCH` jobs, six
     arguments a job: id, task, args, kwargs, priority, and its other fields as one JSON
     object, or "" when it has none (a plain job: the script's short path)."""
-    calls = []
+    return list(iter_enqueue_calls(keys, specs))
+
+
+def iter_enqueue_calls(keys: QueueKeys, specs: Sequence[Mapping[str, Any]]) -> Iterator[ScriptCall]:
+    """`enqueue_calls`, each built when asked for (one is sent while Redis runs the last)."""
     for start in range(0, len(specs), ENQUEUE_BATCH):
         args: list[str] = [keys.prefix, keys.queue]
         for s in specs[start:start + ENQUEUE_BATCH]:
@@ -119,8 +123,7 @@ def enqueue_calls(keys: QueueKeys, specs: Sequence[Mapping[str, Any]]) -> list[S
                 {k: v for k, v in s.items() if k not in _POSITIONAL}, separators=(",", ":"))
             args += (s["id"], s["task"], s.get("args", "[]"), s.get("kwargs", "{}"),
                      str(s.get("priority", 0)), rest)
-        calls.append(ScriptCall("enqueue", (keys.pending, keys.scheduled), tuple(args)))
-    return calls
+        yield ScriptCall("enqueue", (keys.pending, keys.scheduled), tuple(args))
 
 
 def parse_enqueue(reply: Sequence[Any], ids: Sequence[str]) -> list[Enqueued]:
