@@ -419,6 +419,10 @@ class Checker:
         ids = set(ctx.told) | {e.job for e in execs.values()}
         for members in sets.values():
             ids.update(members)
+        for jid in ids:  # an on_dead job is enqueued on its dead job's queue
+            dead, _, n = jid.rpartition("-on-dead-")
+            if dead and n.isdigit() and jid not in queue_of and dead in queue_of:
+                queue_of[jid] = queue_of[dead]
         by_queue: dict[str, list[str]] = defaultdict(list)
         for jid in sorted(ids):
             by_queue[queue_of.get(jid, QUEUE)].append(jid)
@@ -718,6 +722,15 @@ class Checker:
                     inv.fail(f"{jid}: execution {e.x} (pid {e.pid} under {e.sup}): {cause[11:]}")
             if job.state == "succeeded":
                 self.check_success(jid, job, lst)
+        unrecorded = sorted(jid for jid, job in jobs.items() if job is not None
+                            and job.state == "succeeded" and jid not in by_job)
+        for jid in unrecorded:  # every chaos handler records its runs: a success came from one
+            result = getattr(jobs[jid], "result", None)
+            inv.fail(f"{jid}: succeeded, but no execution of it was recorded (its result "
+                     f"names {result.get('x') if isinstance(result, dict) else None})")
+        if unrecorded:
+            inv.notes.append(f"{len(unrecorded)} successes with no recorded execution: "
+                             + ", ".join(unrecorded[:5]))
         inv.notes.append("re-executions by cause: " + ", ".join(
             f"{k} {v}" for k, v in again.most_common()))
         return {"all": all_causes, "again": again}
