@@ -43,6 +43,7 @@ class Injector(threading.Thread):
         self.kinds = tuple(s.faults) or KINDS
         self.queue: Queue | None = None
         self.memhogs = 0
+        self.child_kills = 0
         self.tries: dict[str, int] = {}
 
     # -- planning -----------------------------------------------------------------------
@@ -125,7 +126,12 @@ class Injector(threading.Thread):
         getattr(self, kind)()
 
     def child_kill(self) -> None:
+        """SIGKILL of a running job's child, preferring long jobs; every other kill a
+        chunk's process (`chaos.chunked`, mid-chunk), when one runs within 1.5 s."""
+        self.child_kills += 1
         deadline = time.monotonic() + 3.0
+        prefer_chunk = self.child_kills % 2 == 0
+        wait_chunk = time.monotonic() + 1.5 if prefer_chunk else 0.0
         while time.monotonic() < deadline and not self.ctx.stop.is_set():
             candidates = []
             for sp in self.ctx.supervisors:
@@ -134,10 +140,16 @@ class Injector(threading.Thread):
                 for pid, title, _ in job_children_of(sp.pid):
                     parts = title.split()
                     if len(parts) >= 4 and parts[:2] == ["forq:", "job"]:
-                        candidates.append((sp, pid, parts[2], parts[3]))
+                        candidates.append((sp, pid, parts[2], parts[3], False))
+                    elif len(parts) >= 6 and parts[:3] == ["forq:", "chunk", "of"]:
+                        candidates.append((sp, pid, parts[5], parts[4], True))
+            chunks = [c for c in candidates if c[4]] if prefer_chunk else []
+            if time.monotonic() < wait_chunk and not chunks:
+                time.sleep(0.02)
+                continue
             if candidates:
                 long = [c for c in candidates if c[3] in LONG_TASKS]
-                sp, pid, job, task = self.rng.choice(long or candidates)
+                sp, pid, job, task, chunk = self.rng.choice(chunks or long or candidates)
                 # let the handler start (and record its execution) before killing it
                 time.sleep(self.rng.uniform(0.02, 0.1))
                 try:
@@ -146,8 +158,9 @@ class Injector(threading.Thread):
                 except ProcessLookupError:
                     continue
                 inc = sp.current
+                # a chunk's: its title names its first job; the checker finds the chunk
                 self.record("child_kill", t=at, sup=sp.name, sup_id=inc.sup_id if inc else "",
-                            pid=pid, job=job, task=task)
+                            pid=pid, job=job, task=task, **({"chunk": True} if chunk else {}))
                 self._sleep(self.ctx.settings.child_bound + 0.3)
                 return
             time.sleep(0.05)

@@ -72,6 +72,11 @@ def render(result: dict[str, Any]) -> str:
         if b.get("relayed"):
             lines.append(f"           {b['relayed']} with a member on another queue; relay "
                          f"(last member's end to callback) {_lat(b['relay_delay'])}")
+    ch = st.get("chunks") or {}
+    if ch.get("chunks"):
+        lines.append(f"chunks     {ch['chunks']} of 1-{ch['largest']} jobs (mean {ch['mean']:g}; "
+                     f"{ch['of_one']} of one), {ch['executions']} job executions; "
+                     f"{ch['crashed']} crashed by a job, {ch['killed']} killed (child_kill)")
     faults = st["faults"]
     if st.get("operator"):
         lines.append(f"operator   {_counts(st['operator'])} (jobs changed while they waited)")

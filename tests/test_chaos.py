@@ -72,6 +72,11 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
     assert stats["latency"]["child_crash"]["n"] > 0
     assert all(i["ok"] for i in result["invariants"])
     assert stats["kinds"].get("grouped", 0) > 0 and invariant(result, 11)["ok"]
+    # chunked jobs (task(chunk=8)): several to a process, each execution recorded
+    chunks = stats["chunks"]
+    assert stats["kinds"].get("chunked", 0) > 0 and chunks["largest"] > 1, chunks
+    assert chunks["executions"] >= stats["kinds"]["chunked"] and chunks["crashed"] > 0, chunks
+    assert stats["end_causes"].get("crashed with its chunk", 0) > 0, stats["end_causes"]
     # handlers in control: snoozes, throttles, dependents reading their parents' results
     assert all(stats["kinds"].get(k, 0) > 0 for k in ("snoozy", "throttler", "dependent")), stats
     assert stats["end_causes"].get("snoozed", 0) > 0 and stats["end_causes"].get("throttled", 0) > 0
