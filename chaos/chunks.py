@@ -32,8 +32,9 @@ CRASHED_WITH_CHUNK = "crashed with its chunk"
 
 def build_burst(rng: random.Random, seq: int, other_queue: str) -> list[dict[str, Any]]:
     """3-12 chunked jobs enqueued together: each sleeps 2-40 ms; about 1 in 5 fails its
-    first 1 or 2 attempts, 1 in 25 exits its chunk's process on its first run, 1 in 25
-    fails for good (NonRetryable); in a third of the bursts the chunk reports its
+    first 1 or 2 attempts, 1 in 12 puts itself off once (a `Retry` of 20-200 ms), 1 in
+    25 exits its chunk's process on its first run, 1 in 25 fails for good
+    (NonRetryable); in a third of the bursts the chunk reports its
     successes by its return value (`ret`, read from a chunk's first job). Half of the
     bursts go to `other_queue`, whose jobs are mostly chunked: its claims stay wide and
     its chunks fill; on the main queue they are claimed among other tasks' jobs (a claim
@@ -54,6 +55,8 @@ def build_burst(rng: random.Random, seq: int, other_queue: str) -> list[dict[str
             kwargs["crash_times"] = 1
         elif roll < 0.28:
             kwargs["fail_times"] = rng.choice([1, 2])
+        elif roll < 0.36:
+            kwargs["snooze_ms"] = round(rng.uniform(20, 200))
         item = {"task": TASK, "kwargs": kwargs, "job_id": f"j{seq:06d}-chunked-{k + 1}"}
         jobs.append({"item": item, "kind": "chunked", "expect": expect, "idem": False,
                      **({"queue": queue} if queue else {})})

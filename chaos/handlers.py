@@ -314,9 +314,10 @@ def memhog(megabytes: int = 1024, step: int = 16):
 def chunked(jobs: list[ChunkJob]) -> list | None:
     """Up to 8 jobs in one child, each an execution of its own: its start line names the
     chunk (whose own line lists its jobs), its end line is written before its report.
-    A job sleeps `ms`; fails its first `fail_times` attempts (`job.fail`); fails for good
-    if `fatal`; exits the whole process (`os._exit(13)`, the jobs after it unreported)
-    on its first `crash_times` runs. A chunk whose first job says `ret` reports its
+    A job sleeps `ms`; fails its first `fail_times` attempts (`job.fail`); puts itself off
+    once for `snooze_ms` (`Retry`: `job.snoozes` counts it); fails for good if `fatal`;
+    exits the whole process (`os._exit(13)`, the jobs after it unreported) on its first
+    `crash_times` runs. A chunk whose first job says `ret` reports its
     successes by its return value, all at the end (their end lines just before it): a
     crash or kill before then leaves them unreported, each an execution without an end."""
     spid, pid, sup = _supervisor_pid(), os.getpid(), os.environ.get(SUPERVISOR_ENV, "")
@@ -336,6 +337,7 @@ def chunked(jobs: list[ChunkJob]) -> list | None:
         time.sleep(float(kw.get("ms", 5)) / 1000)
         outcome = ("crash" if job.crashes < int(kw.get("crash_times", 0)) else
                    "fatal" if kw.get("fatal") else
+                   "snooze" if kw.get("snooze_ms") and job.snoozes < 1 else
                    "raise" if job.attempts < int(kw.get("fail_times", 0)) else "ok")
         outcomes.append({"x": x})
         if outcome == "ok" and by_return:
@@ -348,6 +350,8 @@ def chunked(jobs: list[ChunkJob]) -> list | None:
             os._exit(13)  # the chunk's process: every job not reported is retried
         if outcome == "fatal":
             job.fail(NonRetryable("chaos: this chunked job can never work"))
+        elif outcome == "snooze":
+            job.fail(Retry(in_=float(kw["snooze_ms"]) / 1000, reason="chaos: chunked snooze"))
         elif outcome == "raise":
             job.fail(RuntimeError(f"chaos: attempt {job.attempts + 1} fails on purpose"))
         else:
