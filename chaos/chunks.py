@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ CRASHED_WITH_CHUNK = "crashed with its chunk"
 
 
 def build_burst(rng: random.Random, seq: int, other_queue: str) -> list[dict[str, Any]]:
-    """3-12 chunked jobs enqueued together: each sleeps 2-40 ms; about 1 in 5 fails its
+    """3-12 chunked jobs enqueued together: each sleeps 2-40 ms (in 1 burst of 6, 100-400
+    ms: a chunk that outlives a lease, so that supervisor and Redis faults find chunks
+    running, and fence them); about 1 in 5 fails its
     first 1 or 2 attempts, 1 in 12 puts itself off once (a `Retry` of 20-200 ms), 1 in
     25 exits its chunk's process on its first run, 1 in 25 fails for good
     (NonRetryable); in a third of the bursts the chunk reports its
@@ -41,9 +43,10 @@ def build_burst(rng: random.Random, seq: int, other_queue: str) -> list[dict[str
     widens only after one that leased a chunked job), so many run as chunks of one."""
     ret = rng.random() < 1 / 3
     queue = other_queue if rng.random() < 0.5 else ""
+    ms = (100, 400) if rng.random() < 1 / 6 else (2, 40)
     jobs = []
     for k in range(rng.randint(3, 12)):
-        kwargs: dict[str, Any] = {"ms": round(rng.uniform(2, 40), 1)}
+        kwargs: dict[str, Any] = {"ms": round(rng.uniform(*ms), 1)}
         expect = "succeed"
         if ret:
             kwargs["ret"] = True
@@ -157,4 +160,7 @@ class ChunkLog:
                 "of_one": sizes.count(1),
                 "executions": sum(len(c.execs) for c in self.chunks.values()),
                 "crashed": sum(1 for c in self.chunks.values() if c.crashed),
-                "killed": sum(1 for c in self.chunks.values() if c.kill is not None)}
+                "killed": sum(1 for c in self.chunks.values() if c.kill is not None),
+                # how the chunked jobs' executions ended (the checker's end causes)
+                "end_causes": dict(Counter(e.cause for c in self.chunks.values()
+                                           for e in c.execs).most_common())}
