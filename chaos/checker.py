@@ -20,7 +20,8 @@ Invariants (the issue's numbering):
     only before the job runs, requeued only from dead, and no claim before the run-at
     the job last had); no lease of a dead supervisor;
  3. succeeded jobs ran to completion (the stored result names a completed execution
-    of the lease that was current at the ack); every re-execution has a cause;
+    of the lease that was current at the ack; a success with no recorded execution is a
+    violation); every re-execution has a cause (a chunk's jobs: chaos/chunks.py);
  4. idempotent jobs have exactly one completed execution (an extra one is excused
     only when the first completion's report could not land: its supervisor was
     killed or stopped, or Redis was down — reported, never silent);
