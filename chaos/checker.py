@@ -20,7 +20,8 @@ Invariants (the issue's numbering):
     only before the job runs, requeued only from dead, and no claim before the run-at
     the job last had); no lease of a dead supervisor;
  3. succeeded jobs ran to completion (the stored result names a completed execution
-    of the lease that was current at the ack); every re-execution has a cause;
+    of the lease that was current at the ack; a success with no recorded execution is a
+    violation); every re-execution has a cause (a chunk's jobs: chaos/chunks.py);
  4. idempotent jobs have exactly one completed execution (an extra one is excused
     only when the first completion's report could not land: its supervisor was
     killed or stopped, or Redis was down — reported, never silent);
@@ -66,6 +67,7 @@ from typing import Any
 from forq import Job, Queue, QueueEvent
 
 from . import stories
+from .chunks import CRASHED_WITH_CHUNK, ChunkLog
 from .context import OTHER_QUEUE, QUEUE, Context
 
 LEASE_END = ("succeeded", "retry", "dead", "reclaimed", "released", "cancelled", "snoozed",
@@ -79,7 +81,7 @@ STARVED = 0.5  # s of run-queue wait within a lease that can explain losing it
 STARVED_LATE = 0.3  # s of run-queue wait that can explain a late reclaim
 OWN_CAUSES = ("completed", "failed attempt", "fatal error", "handler crash", "child killed",
               "memory limit", "drained (released)", "completion recorded earlier", "snoozed",
-              "throttled")
+              "throttled", CRASHED_WITH_CHUNK)
 MAX_EXAMPLES = 25
 OVERLAP_MARGIN = 0.05  # s: the children's wall clocks are one clock, read a moment apart
 CALLBACKS = ("on_complete", "on_success")
@@ -99,6 +101,7 @@ class Exec:
     outcome: str | None = None  # ok | raise | fatal | crash | snooze | throttle | None (killed)
     claim: Claim | None = None
     cause: str = ""
+    chunk: str = ""  # the chunk it ran in (`chaos.chunked`), if any: chaos/chunks.py
 
 
 @dataclass
@@ -179,7 +182,7 @@ def load_execs(path: Path) -> tuple[dict[str, Exec], list[str]]:
         if rec.get("ev") == "start":
             execs[rec["x"]] = Exec(rec["job"], rec["x"], int(rec["spid"]), int(rec["pid"]),
                                    rec.get("sup", ""), float(rec["t"]), rec.get("kind", ""),
-                                   int(rec.get("n", 0)))
+                                   int(rec.get("n", 0)), chunk=rec.get("chunk", ""))
         elif rec.get("ev") == "end":
             e = execs.get(rec["x"])
             if e is None:
@@ -274,6 +277,7 @@ class Checker:
         self.child_kills: dict[int, dict[str, Any]] = {}
         self.child_kills_by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.execs_by_job: dict[str, list[Exec]] = {}  # each sorted by start (run())
+        self.chunks = ChunkLog({})  # the chunks the handlers recorded (run())
         self.sup_faults: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for f in ctx.faults:
             if f.get("skipped"):
@@ -329,6 +333,8 @@ class Checker:
 
     def killed_by_chaos(self, e: Exec) -> bool:
         """This execution's process is the one the injector SIGKILLed (pids recycle)."""
+        if e.chunk:
+            return self.chunks.killed(e)
         f = self.child_kills.get(e.pid)
         if f is not None and e.outcome is None and e.start <= f["t"] and f["job"] == e.job:
             return True
@@ -373,7 +379,13 @@ class Checker:
             if any(f["kind"] == "sup_term" and f["t"] <= (c.end_at or 0) + 0.1
                    and c.at <= f.get("t_end", f["t"]) for f in self.sup_faults.get(c.owner_pid, [])):
                 return "drained (released)"
+            if e.chunk and "of its chunk" in c.end_reason:
+                # the chunk stopped for another job's lost lease: a fault's doing, or none
+                return self.fault_cause(c.owner_pid, c.at, c.end_at or c.at) or \
+                    f"VIOLATION: released with its chunk ({c.end_reason}), no fault to explain it"
             return "VIOLATION: its lease was released, but its supervisor was not draining"
+        if c.crashed is not None and self.chunks.crashed_with(e):
+            return CRASHED_WITH_CHUNK
         by_fail = c.end_event == "retry" or (c.end_event == "dead" and c.crashed is None
                                              and "crashes exhausted" not in c.end_reason)
         if by_fail:
@@ -419,6 +431,10 @@ class Checker:
         ids = set(ctx.told) | {e.job for e in execs.values()}
         for members in sets.values():
             ids.update(members)
+        for jid in ids:  # an on_dead job is enqueued on its dead job's queue
+            dead, _, n = jid.rpartition("-on-dead-")
+            if dead and n.isdigit() and jid not in queue_of and dead in queue_of:
+                queue_of[jid] = queue_of[dead]
         by_queue: dict[str, list[str]] = defaultdict(list)
         for jid in sorted(ids):
             by_queue[queue_of.get(jid, QUEUE)].append(jid)
@@ -430,6 +446,9 @@ class Checker:
         for lst in by_job.values():
             lst.sort(key=lambda e: e.start)
         self.execs_by_job = by_job
+        self.chunks = ChunkLog.load(ctx.exec_log, execs, [
+            f for f in ctx.faults if f["kind"] == "child_kill" and f.get("chunk")
+            and not f.get("skipped")])
 
         claims_by_job: dict[str, list[Claim]] = {}
         for jid, job in jobs.items():
@@ -479,6 +498,7 @@ class Checker:
             "re_execution_causes": dict(causes["again"]),
             "re_execution_examples": self.cause_examples,
             "dead_reasons": dict(dead_reasons),
+            "chunks": self.chunks.stats(),
             "latency": latency,
             "throughput": (states.get("succeeded", 0) + states.get("dead", 0)) / span if span else 0.0,
             "span_s": span,
@@ -718,6 +738,15 @@ class Checker:
                     inv.fail(f"{jid}: execution {e.x} (pid {e.pid} under {e.sup}): {cause[11:]}")
             if job.state == "succeeded":
                 self.check_success(jid, job, lst)
+        unrecorded = sorted(jid for jid, job in jobs.items() if job is not None
+                            and job.state == "succeeded" and jid not in by_job)
+        for jid in unrecorded:  # every chaos handler records its runs: a success came from one
+            result = getattr(jobs[jid], "result", None)
+            inv.fail(f"{jid}: succeeded, but no execution of it was recorded (its result "
+                     f"names {result.get('x') if isinstance(result, dict) else None})")
+        if unrecorded:
+            inv.notes.append(f"{len(unrecorded)} successes with no recorded execution: "
+                             + ", ".join(unrecorded[:5]))
         inv.notes.append("re-executions by cause: " + ", ".join(
             f"{k} {v}" for k, v in again.most_common()))
         return {"all": all_causes, "again": again}
@@ -837,8 +866,15 @@ class Checker:
                     chaos = [c for c in lost if any(
                         self.killed_by_chaos(e) or e.cause in FAULT_CAUSES for e in c.execs)
                         or (not c.execs and self.fault_cause(c.owner_pid, c.at, c.end_at or c.at))]
+                    # a chunk's other job crashed it (or a fault) before it reached this one
+                    siblings = [c for c in lost if c.crashed is not None and (
+                        any(e.cause == CRASHED_WITH_CHUNK for e in c.execs) or not c.execs
+                        and self.chunks.bystander(jid, c.owner_pid, c.at, c.end_at or c.at,
+                                                  FAULT_CAUSES))]
                     if chaos:
                         reasons["crashes exhausted (chaos faults)"] += 1
+                    elif siblings and told.kind == "chunked":
+                        reasons["crashes exhausted (chunk siblings)"] += 1
                     else:
                         inv.fail(f"{jid} ({told.kind}): dead by '{reason}' with no fault or "
                                  f"handler crash to explain it")
@@ -918,21 +954,25 @@ class Checker:
         for f in self.ctx.faults:
             if f["kind"] != "child_kill" or f.get("skipped"):
                 continue
-            claims = claims_by_job.get(f["job"], [])
-            c = next((c for c in claims if c.at <= f["t"] and (c.end_at is None or c.end_at >= f["t"] - 0.01)
-                      and c.owner == f["sup_id"]), None)
-            if c is None or c.end_at is None:
-                inv.fail(f"child kill of {f['job']} at {f['t'] - self.ctx.started:.1f}s: "
-                         f"its lease was not found or never ended")
-                continue
-            if c.crashed is None:
-                continue  # it finished just before the kill: nothing to reclaim
-            lat = c.end_at - f["t"]
-            chaos_child.append(lat)
-            child.append(lat)
-            if lat > s.child_bound and not self.excuse_late(c, f["t"], lat, s.child_bound):
-                inv.fail(f"child kill of {f['job']}: back in pending after {lat:.2f}s > "
-                         f"{s.child_bound:.1f}s")
+            hit = self.chunks.hit_by(f) if f.get("chunk") else None
+            for jid in hit.jobs if hit is not None else [f["job"]]:
+                claims = claims_by_job.get(jid, [])
+                c = next((c for c in claims if c.at <= f["t"] and (c.end_at is None or c.end_at >= f["t"] - 0.01)
+                          and c.owner == f["sup_id"]), None)
+                if c is None and f.get("chunk"):
+                    continue  # a job of the chunk reported and acked before the kill
+                if c is None or c.end_at is None:
+                    inv.fail(f"child kill of {jid} at {f['t'] - self.ctx.started:.1f}s: "
+                             f"its lease was not found or never ended")
+                    continue
+                if c.crashed is None:
+                    continue  # it finished just before the kill: nothing to reclaim
+                lat = c.end_at - f["t"]
+                chaos_child.append(lat)
+                child.append(lat)
+                if lat > s.child_bound and not self.excuse_late(c, f["t"], lat, s.child_bound):
+                    inv.fail(f"child kill of {jid}: back in pending after {lat:.2f}s > "
+                             f"{s.child_bound:.1f}s")
         own: list[float] = []
         for lst in by_job.values():
             for e in lst:

@@ -43,6 +43,7 @@ class Injector(threading.Thread):
         self.kinds = tuple(s.faults) or KINDS
         self.queue: Queue | None = None
         self.memhogs = 0
+        self.child_kills = 0
         self.tries: dict[str, int] = {}
 
     # -- planning -----------------------------------------------------------------------
@@ -125,7 +126,13 @@ class Injector(threading.Thread):
         getattr(self, kind)()
 
     def child_kill(self) -> None:
-        deadline = time.monotonic() + 3.0
+        """SIGKILL of a running job's child, preferring long jobs; the first kill and every
+        other one after it a chunk's process of 2 jobs or more (`chaos.chunked`,
+        mid-chunk), when one runs within 3.5 s."""
+        self.child_kills += 1
+        prefer_chunk = self.child_kills % 2 == 1
+        deadline = time.monotonic() + (4.0 if prefer_chunk else 3.0)
+        wait_chunk = time.monotonic() + 3.5 if prefer_chunk else 0.0
         while time.monotonic() < deadline and not self.ctx.stop.is_set():
             candidates = []
             for sp in self.ctx.supervisors:
@@ -134,20 +141,29 @@ class Injector(threading.Thread):
                 for pid, title, _ in job_children_of(sp.pid):
                     parts = title.split()
                     if len(parts) >= 4 and parts[:2] == ["forq:", "job"]:
-                        candidates.append((sp, pid, parts[2], parts[3]))
+                        candidates.append((sp, pid, parts[2], parts[3], False))
+                    elif len(parts) >= 6 and parts[:3] == ["forq:", "chunk", "of"]:
+                        candidates.append((sp, pid, parts[5], parts[4], parts[3] != "1"))
+            chunks = [c for c in candidates if c[4]] if prefer_chunk else []
+            if time.monotonic() < wait_chunk and not chunks:
+                time.sleep(0.02)
+                continue
             if candidates:
                 long = [c for c in candidates if c[3] in LONG_TASKS]
-                sp, pid, job, task = self.rng.choice(long or candidates)
-                # let the handler start (and record its execution) before killing it
-                time.sleep(self.rng.uniform(0.02, 0.1))
+                sp, pid, job, task, _many = self.rng.choice(chunks or long or candidates)
+                # let the handler start (and record its execution) before killing it; a
+                # chunk's jobs take 2-40 ms each: kill it after its first one or few
+                time.sleep(self.rng.uniform(0.01, 0.05) if chunks else self.rng.uniform(0.02, 0.1))
                 try:
                     at = time.time()
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
                 inc = sp.current
+                # a chunk's: its title names its first job; the checker finds the chunk
                 self.record("child_kill", t=at, sup=sp.name, sup_id=inc.sup_id if inc else "",
-                            pid=pid, job=job, task=task)
+                            pid=pid, job=job, task=task,
+                            **({"chunk": True} if task == "chaos.chunked" else {}))
                 self._sleep(self.ctx.settings.child_bound + 0.3)
                 return
             time.sleep(0.05)

@@ -10,6 +10,12 @@ written survives any Redis fault and any kill that comes after it):
     {"ev": "end", "job", "x", "outcome": "ok" | "raise" | "fatal" | "crash" | "snooze" |
      "throttle", "t"}
 
+A chunked handler (`chaos.chunked`, `task(chunk=N)`) writes one more line when its
+chunk starts, and each job's start line names that chunk:
+
+    {"ev": "chunk", "chunk" (chunk id), "jobs" (its job ids, in order), "sup", "spid",
+     "pid", "t"}
+
 A successful handler returns ``{"x": <execution id>}``, so the result stored in
 Redis names the one execution whose acknowledgement won.
 
@@ -18,6 +24,8 @@ checker's self-test:
 
 * ``double-run``: an idempotent job's execution is recorded twice, as if a stale
   child had completed it again.
+* ``chunk-record``: a chunk is recorded as one execution (its first job's) and every
+  job of it reports that execution's id, as if a chunk were one job.
 * ``no-fencing`` is built into the supervisor itself, not here: `chaos.broken`.
 """
 
@@ -27,7 +35,7 @@ import json
 import os
 import time
 
-from forq import NonRetryable, Retry, current, task
+from forq import ChunkJob, NonRetryable, Retry, current, task
 
 LOG_ENV = "FORQ_CHAOS_EXEC_LOG"
 SUPERVISOR_ENV = "FORQ_CHAOS_SUPERVISOR"
@@ -71,11 +79,16 @@ def _supervisor_pid() -> int:
 
 def _start(kind: str) -> tuple[str, object]:
     ctx = current()
+    return _start_line(kind, ctx.id, ctx.attempts, ctx.crashes), ctx
+
+
+def _start_line(kind: str, job: str, attempts: int, crashes: int, **extra: object) -> str:
     x = f"{os.getpid()}-{time.time_ns()}"
-    _record({"ev": "start", "job": ctx.id, "x": x, "n": ctx.attempts + ctx.crashes + 1,
-             "a": ctx.attempts, "c": ctx.crashes, "sup": os.environ.get(SUPERVISOR_ENV, ""),
-             "spid": _supervisor_pid(), "pid": os.getpid(), "t": time.time(), "kind": kind})
-    return x, ctx
+    _record({"ev": "start", "job": job, "x": x, "n": attempts + crashes + 1,
+             "a": attempts, "c": crashes, "sup": os.environ.get(SUPERVISOR_ENV, ""),
+             "spid": _supervisor_pid(), "pid": os.getpid(), "t": time.time(), "kind": kind,
+             **extra})
+    return x
 
 
 def _end(job: str, x: str, outcome: str) -> None:
@@ -295,3 +308,54 @@ def memhog(megabytes: int = 1024, step: int = 16):
             time.sleep(0.005)
 
     return _execute("memhog", grow)
+
+
+@task("chaos.chunked", chunk=8)
+def chunked(jobs: list[ChunkJob]) -> list | None:
+    """Up to 8 jobs in one child, each an execution of its own: its start line names the
+    chunk (whose own line lists its jobs), its end line is written before its report.
+    A job sleeps `ms`; fails its first `fail_times` attempts (`job.fail`); puts itself off
+    once for `snooze_ms` (`Retry`: `job.snoozes` counts it); fails for good if `fatal`;
+    exits the whole process (`os._exit(13)`, the jobs after it unreported) on its first
+    `crash_times` runs. A chunk whose first job says `ret` reports its
+    successes by its return value, all at the end (their end lines just before it): a
+    crash or kill before then leaves them unreported, each an execution without an end."""
+    spid, pid, sup = _supervisor_pid(), os.getpid(), os.environ.get(SUPERVISOR_ENV, "")
+    cid = f"c{pid}-{time.time_ns()}"
+    _record({"ev": "chunk", "chunk": cid, "jobs": [job.id for job in jobs], "sup": sup,
+             "spid": spid, "pid": pid, "t": time.time()})
+    by_return = bool(jobs[0].kwargs.get("ret"))
+    one = "chunk-record" in _breaks()  # the broken build: the chunk recorded as one job
+    outcomes: list = []
+    done: list[tuple[str, str]] = []  # (job, x) completed, reported by the return value
+    x = ""
+    for i, job in enumerate(jobs):
+        kw = job.kwargs
+        recorded = not one or i == 0
+        if recorded:
+            x = _start_line("chunked", job.id, job.attempts, job.crashes, chunk=cid)
+        time.sleep(float(kw.get("ms", 5)) / 1000)
+        outcome = ("crash" if job.crashes < int(kw.get("crash_times", 0)) else
+                   "fatal" if kw.get("fatal") else
+                   "snooze" if kw.get("snooze_ms") and job.snoozes < 1 else
+                   "raise" if job.attempts < int(kw.get("fail_times", 0)) else "ok")
+        outcomes.append({"x": x})
+        if outcome == "ok" and by_return:
+            if recorded:
+                done.append((job.id, x))
+            continue
+        if recorded:
+            _end(job.id, x, outcome)
+        if outcome == "crash":
+            os._exit(13)  # the chunk's process: every job not reported is retried
+        if outcome == "fatal":
+            job.fail(NonRetryable("chaos: this chunked job can never work"))
+        elif outcome == "snooze":
+            job.fail(Retry(in_=float(kw["snooze_ms"]) / 1000, reason="chaos: chunked snooze"))
+        elif outcome == "raise":
+            job.fail(RuntimeError(f"chaos: attempt {job.attempts + 1} fails on purpose"))
+        else:
+            job.ok({"x": x})
+    for job_id, done_x in done:
+        _end(job_id, done_x, "ok")
+    return outcomes if by_return else None

@@ -17,11 +17,12 @@ import redis
 
 from forq import Queue, QueueFull
 
+from .chunks import build_burst
 from .context import OTHER_QUEUE, QUEUE, Context, Told
 
 # kind -> share of the mix
 MIX = {
-    "quick": 0.18,
+    "quick": 0.13,
     "slow": 0.10,
     "cpu": 0.06,
     "flaky": 0.12,
@@ -38,6 +39,7 @@ MIX = {
     "throttler": 0.02,  # throttles its group (or the queue) once or twice, then succeeds
     "dependent": 0.03,  # depends_on 1-3 jobs enqueued just before; reads their results
     "debounced": 0.04,  # key= one of DEBOUNCE_KEYS, debounce=: the last call's arguments run
+    "chunked": 0.02,  # a burst of 3-12 jobs of a task(chunk=8) (chaos/chunks.py)
 }
 GROUPS = 6
 DEBOUNCE_KEYS = 3
@@ -242,7 +244,7 @@ def enqueue_recorded(ctx: Context, queue: Queue, jobs: list[dict[str, Any]],
             assert handle.id == jid, (handle.id, jid)
         ctx.add_told(Told(handle.id, job["kind"], job["item"]["task"], job["expect"],
                           job["idem"], job.get("max_attempts", s.max_attempts), s.max_crashes,
-                          now, tries=tries[jid], status=status))
+                          now, tries=tries[jid], status=status, queue=queue.name))
     return True
 
 
@@ -312,6 +314,9 @@ class Producer(threading.Thread):
             if kind == "dependent":  # its parents first, in the plan's order
                 self.plan.extend(build_dependent(self.rng, i, s.max_attempts, s.max_crashes))
                 continue
+            if kind == "chunked":  # issued at once, enqueued in one call: run in chunks
+                self.plan.append({"burst": build_burst(self.rng, i, OTHER_QUEUE)})
+                continue
             self.plan.append(
                 build_batch(self.rng, i, s.max_attempts, s.max_crashes, s.slow_ms,
                             s.nested_batches)
@@ -325,7 +330,7 @@ class Producer(threading.Thread):
             for k in range(3):
                 i = min(self.total - 1, step * k + step // 2)
                 # never a parent: its dependent's enqueue would be refused
-                while i < self.total - 1 and ("batch" in self.plan[i]
+                while i < self.total - 1 and ("batch" in self.plan[i] or "burst" in self.plan[i]
                                               or "parent_of" in self.plan[i]):
                     i += 1
                 self.drop.add(i)
@@ -336,6 +341,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         ctx = self.ctx
         queue = Queue(QUEUE, redis=client(ctx.redis.url))
+        queues = {QUEUE: queue, OTHER_QUEUE: Queue(OTHER_QUEUE, redis=queue.redis)}
         tries: dict[str, int] = {}
         start = time.monotonic()
         end_issue = start + ctx.settings.duration
@@ -353,7 +359,7 @@ class Producer(threading.Thread):
                                           ctx.settings.max_attempts, ctx.settings.max_crashes,
                                           time.time(), status="dropped"))
                     else:
-                        self.backlog.append(job)
+                        self.backlog.extend(job.get("burst", [job]))
                     self.issued += 1
                 if self.backlog:
                     if "batch" in self.backlog[0]:
@@ -362,10 +368,12 @@ class Producer(threading.Thread):
                         chunk = self.backlog[:1]
                         if sent and self.early_callbacks:
                             self.early_callbacks -= 1
-                    else:
-                        chunk = list(itertools.takewhile(lambda j: "batch" not in j,
-                                                         self.backlog[:100]))
-                        sent = enqueue_recorded(ctx, queue, chunk, tries)
+                    else:  # one call: jobs of one queue (a burst of chunked ones whole)
+                        on = self.backlog[0].get("queue", QUEUE)
+                        chunk = list(itertools.takewhile(
+                            lambda j, on=on: "batch" not in j and j.get("queue", QUEUE) == on,
+                            self.backlog[:100]))
+                        sent = enqueue_recorded(ctx, queues[on], chunk, tries)
                     if sent:
                         del self.backlog[:len(chunk)]
                     else:

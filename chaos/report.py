@@ -56,8 +56,12 @@ def render(result: dict[str, Any]) -> str:
                  f"lost {st['lost']}; enqueue errors {st['enqueue_errors']} "
                  f"(told after retry {st['told_after_retry']}, of which had landed "
                  f"{st['landed_before_told']}; never told {st['not_told']})")
+    ch = st.get("chunks") or {}
     lines.append(f"executions {st['executions']} for {st['jobs_executed']} jobs; "
-                 f"re-executions {st['re_executions']}")
+                 f"re-executions {st['re_executions']}"
+                 + (f"; {ch['executions']} in {ch['chunks']} chunks of 1-{ch['largest']} jobs "
+                    f"(mean {ch['mean']:g}, {ch['of_one']} of one; {ch['crashed']} crashed by "
+                    f"a job, {ch['killed']} killed)" if ch.get("chunks") else ""))
     lines.append(f"  by cause {_counts(st['re_execution_causes'])}"
                  + (f"; idempotent extra completions (excused) "
                     f"{_counts(st['idempotent_excused'])}" if st.get("idempotent_excused") else ""))

@@ -30,7 +30,7 @@ from .procs import REPO, Incarnation, RedisProc, SupervisorProc, write_config
 from .producer import Producer, client
 from .proxy import Proxy
 
-BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback", "leak")
+BREAKS = ("drop-job", "double-run", "no-fencing", "early-callback", "leak", "chunk-record")
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -163,7 +163,8 @@ def supervisor_env(exec_log: Path, name: str, breaks: tuple[str, ...],
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["FORQ_CHAOS_EXEC_LOG"] = str(exec_log)
     env["FORQ_CHAOS_SUPERVISOR"] = name
-    inside = [b for b in breaks if b in ("no-fencing", "double-run")]  # built into supervisors
+    # built into the supervisors (their handlers)
+    inside = [b for b in breaks if b in ("no-fencing", "double-run", "chunk-record")]
     if leaks:
         inside.append("leak")
     if inside:

@@ -108,7 +108,8 @@ class TaskSpec:
         said: list[tuple[Any, BaseException | None]] = []
         job = ChunkJob(ctx.id if ctx else "", ctx.queue if ctx else "", self.name, args,
                        kwargs, ctx.attempts if ctx else 0, ctx.crashes if ctx else 0,
-                       lambda _job, result, exc: said.append((result, exc)))
+                       lambda _job, result, exc: said.append((result, exc)),
+                       ctx.snoozes if ctx else 0)
         returned = self._invoke([[job]], {})
         if not said:
             if returned is not None and (not isinstance(returned, list) or len(returned) != 1):
@@ -315,14 +316,16 @@ class JobContext:
 
 class ChunkJob:
     """One job of a chunk, as a chunked handler (`task(chunk=N)`) sees it: its id,
-    arguments and counts, and `ok` / `fail` to report its outcome now. A job reported
+    arguments and counts (`attempts`, `crashes`, and `snoozes`: how often it was put off
+    by a `Retry`, as `current().snoozes` counts them), and `ok` / `fail` to report its
+    outcome now. A job reported
     is settled: a crash of the chunk's process later does not run it again; the jobs
     not yet reported when the process dies are retried (each as a crash)."""
 
     def __init__(self, id: str, queue: str, task: str, args: list[Any],  # noqa: A002
                  kwargs: dict[str, Any], attempts: int = 0, crashes: int = 0,
-                 report: Callable[[ChunkJob, Any, BaseException | None], None] | None = None
-                 ) -> None:
+                 report: Callable[[ChunkJob, Any, BaseException | None], None] | None = None,
+                 snoozes: int = 0) -> None:
         self.id = id
         self.queue = queue
         self.task = task
@@ -330,6 +333,7 @@ class ChunkJob:
         self.kwargs = kwargs
         self.attempts = attempts
         self.crashes = crashes
+        self.snoozes = snoozes
         self.reported = False
         self._report = report
 

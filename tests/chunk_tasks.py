@@ -11,7 +11,7 @@ import os
 import signal
 import time
 
-from forq import ChunkJob, NonRetryable, task
+from forq import ChunkJob, NonRetryable, Retry, task
 
 
 def note(job: ChunkJob, what: str) -> None:
@@ -122,3 +122,15 @@ def wait_file(jobs: list[ChunkJob]) -> None:
     for job in jobs[1:]:
         note(job, "ran")
 
+
+
+@task("chunks.snooze", chunk=8)
+def snooze(jobs: list[ChunkJob]) -> None:
+    """Puts each job off once (`Retry`, no attempt counted), then succeeds with the
+    number of snoozes it saw."""
+    for job in jobs:
+        note(job, f"snoozes={job.snoozes}")
+        if job.snoozes == 0:
+            job.fail(Retry(in_=0.05, reason="not yet"))
+        else:
+            job.ok(job.snoozes)

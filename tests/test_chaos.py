@@ -72,6 +72,11 @@ def test_short_chaos_run_holds_every_invariant(tmp_path: Path) -> None:
     assert stats["latency"]["child_crash"]["n"] > 0
     assert all(i["ok"] for i in result["invariants"])
     assert stats["kinds"].get("grouped", 0) > 0 and invariant(result, 11)["ok"]
+    # chunked jobs (task(chunk=8)): several to a process, each execution recorded
+    chunks = stats["chunks"]
+    assert stats["kinds"].get("chunked", 0) > 0 and chunks["largest"] > 1, chunks
+    assert chunks["executions"] >= stats["kinds"]["chunked"] and chunks["crashed"] > 0, chunks
+    assert stats["end_causes"].get("crashed with its chunk", 0) > 0, stats["end_causes"]
     # handlers in control: snoozes, throttles, dependents reading their parents' results
     assert all(stats["kinds"].get(k, 0) > 0 for k in ("snoozy", "throttler", "dependent")), stats
     assert stats["end_causes"].get("snoozed", 0) > 0 and stats["end_causes"].get("throttled", 0) > 0
@@ -89,11 +94,12 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     no-fencing: a supervisor (and its fork server) keeps children whose lease is lost or
     unproven, and acks with a stale token; slow jobs longer than a stop make a stopped
     supervisor's child run on while its job runs again elsewhere; early-callback: two
-    batches' on_complete enqueued by the producer before the batch opens. Each must be
-    named by the invariant it breaks."""
+    batches' on_complete enqueued by the producer before the batch opens; chunk-record: a
+    chunk recorded as one execution, its first job's, which every job of it reports. Each
+    must be named by the invariant it breaks."""
     code, result, out = run_chaos(
         tmp_path, "--duration", "20s", "--seed", "7", "--rate", "30", "--slow-ms", "2500-5000",
-        "--break", "drop-job,double-run,no-fencing,early-callback",
+        "--break", "drop-job,double-run,no-fencing,early-callback,chunk-record",
         # three stops: a stopped supervisor with no child running shows nothing to fence
         "--faults", "sup_stop,child_kill", "--min-each", "3", "--settle", "20s",
         timeout=150)
@@ -108,6 +114,8 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
     once = invariant(result, 4)
     assert not once["ok"], once
     assert any("completed 2 times" in ex for ex in once["examples"]), once
+    unrecorded = [n for n in invariant(result, 3)["notes"] if "no recorded execution" in n]
+    assert unrecorded and "-chunked-" in unrecorded[0], invariant(result, 3)["notes"]
     fencing = invariant(result, 2)["examples"] + invariant(result, 3)["examples"]
     assert any("stale ack" in ex or "after 'succeeded'" in ex or "two states" in ex
                or "both" in ex for ex in fencing), fencing

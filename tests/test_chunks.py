@@ -111,6 +111,23 @@ def test_each_job_of_a_chunk_is_acked_failed_or_dead_on_its_own(tmp_path, redis_
 
 
 @pytest.mark.timeout(60)
+def test_a_job_of_a_chunk_snoozes_and_sees_its_snoozes(tmp_path, redis_url, queue):
+    """`job.fail(Retry(...))` puts one job off, no attempt counted; its next run's
+    `ChunkJob.snoozes` says so, as `current().snoozes` does for a job of its own."""
+    notes = tmp_path / "notes"
+    ids = enqueue(queue, "chunks.snooze", notes, "a", "b", "c")
+    with supervisor(tmp_path, redis_url, queue) as sup:
+        done = finished(queue, ids, sup)
+    for job in done.values():
+        assert (job.state, job.result, job.snoozes, job.attempts) == ("succeeded", 1, 1, 1), \
+            job.history
+        assert [e["event"] for e in job.history] == ["enqueued", "claimed", "snoozed",
+                                                    "claimed", "succeeded"], job.history
+    seen = [line.split()[1:] for line in notes.read_text().splitlines()]
+    assert sorted(seen) == sorted([[i, f"snoozes={n}"] for i in ids for n in (0, 1)])
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("fork_server", [True, False], ids=["fork-server", "exec-alone"])
 def test_a_chunk_killed_mid_way_retries_only_the_jobs_it_had_not_reported(
         tmp_path, redis_url, queue, fork_server):

@@ -113,7 +113,8 @@ def member(lease: Lease) -> dict[str, Any]:
     """A job of a chunk as its child gets it (`ChildSpec.chunk`)."""
     job = lease.job
     return {"id": job.id, "args": job.args, "kwargs": job.kwargs, "attempts": job.attempts,
-            "crashes": job.crashes, "group": job.fields.get("group") or None}
+            "crashes": job.crashes, "snoozes": job.snoozes,
+            "group": job.fields.get("group") or None}
 
 
 def view(child: RunningChild, lease: Lease, silent: OutputReader | None) -> RunningChild:

@@ -73,7 +73,7 @@ class ChildSpec:
     # [[queue]].max_throttle in ms: the parent caps a handler's throttle at this
     max_throttle_ms: int = 0
     # a chunk (`task(chunk=N)`): every job of it, this one first, each {"id", "args",
-    # "kwargs", "attempts", "crashes"}; [] for a child of one job
+    # "kwargs", "attempts", "crashes", "snoozes"}; [] for a child of one job
     chunk: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -304,8 +304,8 @@ def run_chunk(spec: ChildSpec, fd: int) -> None:
 
     registry.set_current(None)  # `current()` is one job's: a chunk has none
     task = registry.lookup(spec.task)
-    jobs = [registry.ChunkJob(m["id"], spec.queue, spec.task, m["args"], m["kwargs"],
-                              m["attempts"], m["crashes"], report) for m in spec.chunk]
+    jobs = [registry.ChunkJob(m["id"], spec.queue, spec.task, m["args"], m["kwargs"], m["attempts"],
+                              m["crashes"], report, m.get("snoozes", 0)) for m in spec.chunk]
     try:
         if task is None:
             raise LookupError(f"unknown task {spec.task!r}")
