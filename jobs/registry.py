@@ -318,9 +318,9 @@ class ChunkJob:
     """One job of a chunk, as a chunked handler (`task(chunk=N)`) sees it: its id,
     arguments and counts (`attempts`, `crashes`, and `snoozes`: how often it was put off
     by a `Retry`, as `current().snoozes` counts them), and `ok` / `fail` to report its
-    outcome now. A job reported
-    is settled: a crash of the chunk's process later does not run it again; the jobs
-    not yet reported when the process dies are retried (each as a crash)."""
+    outcome now. A job reported is settled: a crash of the chunk's process later does
+    not run it again; the jobs not yet reported when the process dies are retried (each
+    as a crash)."""
 
     def __init__(self, id: str, queue: str, task: str, args: list[Any],  # noqa: A002
                  kwargs: dict[str, Any], attempts: int = 0, crashes: int = 0,
