@@ -10,7 +10,10 @@ One supervisor (concurrency 8, `memory_budget` 2 GiB) drains, each round:
 * mixed: the same N small jobs with K big ones in one burst a third of the way in
   (900 MiB resident for 1.5 s, memory_limit 1 GiB), on the same budget
   (`memory_reserve_after` its default, 10 s);
-* the mixed load with no budget: what the budget prevents, and what it costs.
+* the mixed load with no budget: what the budget prevents, and what it costs;
+* the control: the mixed load with the budget, but the K "big" jobs touch only 16 MiB
+  (the same 1 GiB memory_limit, so admitted one at a time like the big ones, and held
+  as long): what the small jobs lose to the slot a long job takes, memory aside.
 
 The three drains of a round run in an order rotated round by round, so a neighbour's
 load (this machine is shared) hits each alike; the ratios are each round's, mixed over
@@ -79,7 +82,9 @@ class PeakRss:
 
 
 def drain(url: str, small: int, big: int, big_mib: int, budget: str | None,
-          concurrency: int) -> dict[str, Any]:
+          concurrency: int, huge_pages: bool = True) -> dict[str, Any]:
+    """One drain of `small` small jobs and `big` jobs of `big_mib` MiB (memory_limit
+    1 GiB) a third of the way in, on `budget` (None: no budget)."""
     r = connect(url)
     name = f"bench-membudget-{uuid.uuid4().hex[:8]}"
     q = Queue(name, redis=r)
@@ -93,6 +98,7 @@ def drain(url: str, small: int, big: int, big_mib: int, budget: str | None,
     kinds = ["big" if spec is big_spec else "small" for spec in specs]
     wd = workdir()
     extra = f'memory_budget = "{budget}"' if budget else ""
+    extra += "" if huge_pages else "\nhuge_pages = false"
     cfg = write_forq_config(wd / f"{name}.toml", url, name, concurrency,
                             supervisor_extra=extra, queue_extra="prefetch = 0\n")
     sup = ForqSupervisor(cfg, wd / f"{name}.log")
@@ -108,17 +114,18 @@ def drain(url: str, small: int, big: int, big_mib: int, budget: str | None,
     bad = [j.id for j in jobs if j.state != "succeeded" or j.attempts != 1 or j.crashes]
     starts = sorted(float(j.result) for j, kind in zip(jobs, kinds, strict=True)
                     if kind == "small")
-    waits, big_cpu_ms = [], 0
+    waits, runs, big_cpu_ms = [], [], 0
     for j, kind in zip(jobs, kinds, strict=True):
         if kind == "big":
             claimed = next(h["at"] for h in j.history if h["event"] == "claimed")
             waits.append(round(float(j.result) - float(claimed), 3))
             cost = j.cost or {}
             big_cpu_ms += cost.get("cpu_user_ms", 0) + cost.get("cpu_system_ms", 0)
+            runs.append(round(cost.get("wall_ms", 0) / 1000, 2))
     remove_queue(r, name)
     return {"budget": budget, "small_per_s": round((len(starts) - 1) / (starts[-1] - starts[0]), 1),
             "small_s": round(starts[-1] - starts[0], 2), "big_cpu_s": round(big_cpu_ms / 1000, 2),
-            "big_waits_s": waits, "peak_rss_mib": peak.peak >> 20, "not_clean": bad[:10],
+            "big_waits_s": waits, "big_runs_s": runs, "peak_rss_mib": peak.peak >> 20, "not_clean": bad[:10],
             "not_clean_count": len(bad)}
 
 
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--big-mib", type=int, default=900)
     ap.add_argument("--budget", default="2GiB")
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--huge-pages", choices=("on", "off"), default="on",
+                    help="[supervisor].huge_pages (on: the default)")
     ap.add_argument("--url")
     args = ap.parse_args(argv)
     server = None if args.url else RedisServer().start()
@@ -138,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         alone: list[dict[str, Any]] = []
         mixed: list[dict[str, Any]] = []
         unbudgeted: list[dict[str, Any]] = []
-        ways = [(alone, 0, args.budget), (mixed, args.big, args.budget),
-                (unbudgeted, args.big, None)]
+        control: list[dict[str, Any]] = []
+        ways = [(alone, 0, args.big_mib, args.budget), (mixed, args.big, args.big_mib, args.budget),
+                (unbudgeted, args.big, args.big_mib, None), (control, args.big, SMALL_MIB, args.budget)]
         for rnd in range(args.rounds):  # rotated: a neighbour's load hits all alike
-            for runs, big, budget in ways[rnd % 3:] + ways[:rnd % 3]:
-                runs.append(drain(url, args.small, big, args.big_mib, budget,
-                                  args.concurrency))
+            for runs, big, big_mib, budget in ways[rnd % 4:] + ways[:rnd % 4]:
+                runs.append(drain(url, args.small, big, big_mib, budget, args.concurrency,
+                                  args.huge_pages == "on"))
             log(f"round {rnd + 1}: alone {alone[-1]['small_per_s']}/s, mixed "
-                f"{mixed[-1]['small_per_s']}/s (no budget {unbudgeted[-1]['small_per_s']}/s), "
-                f"big waits {mixed[-1]['big_waits_s']} s, peak {mixed[-1]['peak_rss_mib']} MiB "
+                f"{mixed[-1]['small_per_s']}/s (no budget {unbudgeted[-1]['small_per_s']}/s, "
+                f"control {control[-1]['small_per_s']}/s), "
+                f"big waits {mixed[-1]['big_waits_s']} s, runs {mixed[-1]['big_runs_s']} s "
+                f"(control {control[-1]['big_runs_s']} s), peak {mixed[-1]['peak_rss_mib']} MiB "
                 f"(no budget {unbudgeted[-1]['peak_rss_mib']} MiB)")
     finally:
         if server is not None:
@@ -159,10 +171,13 @@ def main(argv: list[str] | None = None) -> int:
                   for m, a in zip(mixed, alone, strict=True)]
     free_over_alone = [round(u["small_per_s"] / a["small_per_s"], 3)
                        for u, a in zip(unbudgeted, alone, strict=True)]
+    control_over_alone = [round(c["small_per_s"] / a["small_per_s"], 3)
+                          for c, a in zip(control, alone, strict=True)]
     # the share of the two cores' time, over the small jobs' span, the big jobs took
     big_share = median(m["big_cpu_s"] / (2 * m["small_s"]) for m in mixed)
     result = {
         "budget": args.budget, "budget_mib": parse_size(args.budget) >> 20,
+        "huge_pages": args.huge_pages,
         "small_jobs": args.small, "big_jobs": args.big, "big_mib": args.big_mib,
         "concurrency": args.concurrency,
         "small_per_s_alone": alone_rate, "small_per_s_mixed": mixed_rate,
@@ -171,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratios_mixed_over_alone": over_alone,
         "ratio_no_budget_over_alone": median(free_over_alone),
         "ratios_no_budget_over_alone": free_over_alone,
+        # the same schedule with 16 MiB "big" jobs: the part of the loss that is the slot
+        "ratio_control_over_alone": median(control_over_alone),
+        "ratios_control_over_alone": control_over_alone,
         "big_cpu_s": median(m["big_cpu_s"] for m in mixed),
         "big_cpu_share_of_two_cores": round(big_share, 3),
         # what admission itself costs the small jobs: the same mixed load without a budget
@@ -178,13 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         "big_wait_s_max": max(w for r in mixed for w in r["big_waits_s"]),
         "peak_rss_mib_budgeted": max(r["peak_rss_mib"] for r in mixed),
         "peak_rss_mib_unbudgeted": max(r["peak_rss_mib"] for r in unbudgeted),
-        "jobs_not_clean": sum(r["not_clean_count"] for r in alone + mixed + unbudgeted),
-        "rounds": {"alone": alone, "mixed": mixed, "unbudgeted": unbudgeted},
+        "jobs_not_clean": sum(r["not_clean_count"] for r in alone + mixed + unbudgeted + control),
+        "rounds": {"alone": alone, "mixed": mixed, "unbudgeted": unbudgeted, "control": control},
     }
     log(f"small jobs/s alone {alone_rate}, mixed {mixed_rate}: ratio (median of the rounds' "
         f"{over_alone}) {result['ratio_mixed_over_alone']} (target >= 0.9); the same mix "
         f"with no budget {free_rate} (of alone {result['ratio_no_budget_over_alone']}, rounds "
-        f"{free_over_alone}); the big jobs' own CPU {result['big_cpu_s']} s, "
+        f"{free_over_alone}); the control (the big jobs' slots, 16 MiB each) of alone "
+        f"{result['ratio_control_over_alone']} (rounds {control_over_alone}); the big jobs' own CPU {result['big_cpu_s']} s, "
         f"{100 * big_share:.0f}% of two cores over the small jobs' span; big jobs' longest wait for room "
         f"{result['big_wait_s_max']} s; jobs' peak RSS {result['peak_rss_mib_budgeted']} MiB "
         f"on a {result['budget_mib']} MiB budget, {result['peak_rss_mib_unbudgeted']} MiB "
