@@ -47,8 +47,6 @@ __all__ = ["ENQUEUE_BATCH", "RECLAIM_BATCH", "ClaimResult", "ExtendResult", "Fai
 
 T = TypeVar("T")
 
-RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
-
 
 class Queue(QueueEvents):
     """One named queue on one Redis.
@@ -324,32 +322,9 @@ class Queue(QueueEvents):
         group_concurrency=int (running jobs per group; None: back to the default, 1)
         and group_rate=(count, period_seconds) per group, or None.
         An argument left False is left unchanged."""
-        if group_concurrency is not None and group_concurrency is not False and (
-                not isinstance(group_concurrency, int) or group_concurrency < 1):
-            raise ValueError(f"group_concurrency must be an integer >= 1, got {group_concurrency!r}")
         pipe = self.redis.pipeline(transaction=True)
-        if rate is None:
-            pipe.hdel(self.keys.limits, "rate", "burst")
-            pipe.delete(self.keys.bucket)
-        elif rate is not False:
-            per_ms, burst = _bucket(rate)
-            pipe.hset(self.keys.limits, mapping={"rate": repr(per_ms), "burst": repr(burst)})
-        if max_in_flight is None:
-            pipe.hdel(self.keys.limits, "max_in_flight")
-        elif max_in_flight is not False:
-            pipe.hset(self.keys.limits, "max_in_flight", int(max_in_flight))
-        # a group's place (ready or not) follows from these at its next change: a group
-        # held at the old limit is re-placed when one of its jobs ends
-        if group_concurrency is None:
-            pipe.hdel(self.keys.limits, "group_concurrency")
-        elif group_concurrency is not False:
-            pipe.hset(self.keys.limits, "group_concurrency", group_concurrency)
-        if group_rate is None:
-            pipe.hdel(self.keys.limits, "group_rate", "group_burst")
-        elif group_rate is not False:
-            per_ms, burst = _bucket(group_rate)
-            pipe.hset(self.keys.limits, mapping={"group_rate": repr(per_ms),
-                                                 "group_burst": repr(burst)})
+        control.write_limits(pipe, self.keys, rate=rate, max_in_flight=max_in_flight,
+                             group_concurrency=group_concurrency, group_rate=group_rate)
         pipe.execute()
 
     def limits(self) -> dict[str, float]:
@@ -365,18 +340,6 @@ def _number(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _bucket(rate: tuple[float, float]) -> tuple[float, float]:
-    """(count, period seconds) as a token bucket: (tokens per ms, burst).
-
-    The bucket holds at most RATE_BURST_MS worth of tokens (at least one): any window of
-    w ms then starts at most burst + rate * w jobs, so "20/s" never starts more than 21
-    in a second (a one-second burst would allow 40), while a high rate still lets a
-    supervisor claim a whole batch in one call."""
-    count, period = rate
-    per_ms = count / (period * 1000.0)
-    return per_ms, max(1.0, per_ms * RATE_BURST_MS)
 
 
 def known_queues(client: redis.Redis) -> list[str]:

@@ -9,12 +9,14 @@ that keep count, scored by the time their keep age runs out, listed in the set `
 The reaper's pass (`trim_call`) deletes what is past its age or beyond its count, a
 bounded number per call; `forq purge` sends chosen ids the same way (`purge_call`), so
 both keep every live job and every record a waiting job still needs.
+
+And an operator's limits of a queue (`Queue.set_limits`): the writes, on a transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from forq.store.keys import QueueKeys
 from forq.store.transitions import ScriptCall
@@ -144,3 +146,51 @@ def retained_counts(client: Any, keys: QueueKeys) -> dict[str, int]:
         if state in counts:
             counts[state] += int(n)
     return counts
+
+
+RATE_BURST_MS = 10.0  # a rate-limit bucket holds at most this long's worth of tokens
+
+
+def token_bucket(rate: tuple[float, float]) -> tuple[float, float]:
+    """(count, period seconds) as a token bucket: (tokens per ms, burst).
+
+    The bucket holds at most RATE_BURST_MS worth of tokens (at least one): any window of
+    w ms then starts at most burst + rate * w jobs, so "20/s" never starts more than 21
+    in a second (a one-second burst would allow 40), while a high rate still lets a
+    supervisor claim a whole batch in one call."""
+    count, period = rate
+    per_ms = count / (period * 1000.0)
+    return per_ms, max(1.0, per_ms * RATE_BURST_MS)
+
+
+def write_limits(pipe: Any, keys: QueueKeys, *,
+                 rate: tuple[float, float] | None | Literal[False] = False,
+                 max_in_flight: int | None | Literal[False] = False,
+                 group_concurrency: int | None | Literal[False] = False,
+                 group_rate: tuple[float, float] | None | Literal[False] = False) -> None:
+    """Queue the writes of `Queue.set_limits` on `pipe` (False: left unchanged, None:
+    removed); a bad group_concurrency is a ValueError before anything is queued."""
+    if group_concurrency is not None and group_concurrency is not False and (
+            not isinstance(group_concurrency, int) or group_concurrency < 1):
+        raise ValueError(f"group_concurrency must be an integer >= 1, got {group_concurrency!r}")
+    if rate is None:
+        pipe.hdel(keys.limits, "rate", "burst")
+        pipe.delete(keys.bucket)
+    elif rate is not False:
+        per_ms, burst = token_bucket(rate)
+        pipe.hset(keys.limits, mapping={"rate": repr(per_ms), "burst": repr(burst)})
+    if max_in_flight is None:
+        pipe.hdel(keys.limits, "max_in_flight")
+    elif max_in_flight is not False:
+        pipe.hset(keys.limits, "max_in_flight", int(max_in_flight))
+    # a group's place (ready or not) follows from these at its next change: a group
+    # held at the old limit is re-placed when one of its jobs ends
+    if group_concurrency is None:
+        pipe.hdel(keys.limits, "group_concurrency")
+    elif group_concurrency is not False:
+        pipe.hset(keys.limits, "group_concurrency", group_concurrency)
+    if group_rate is None:
+        pipe.hdel(keys.limits, "group_rate", "group_burst")
+    elif group_rate is not False:
+        per_ms, burst = token_bucket(group_rate)
+        pipe.hset(keys.limits, mapping={"group_rate": repr(per_ms), "group_burst": repr(burst)})
