@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import psutil
 import pytest
@@ -161,6 +162,38 @@ def test_a_slow_new_fork_server_does_not_cost_running_jobs_their_leases(tmp_path
     finally:
         sup.stop()
     assert "lease lost" not in sup.log() and "Traceback" not in sup.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_starved_fork_server_reads_the_deadlines_sent_meanwhile_before_fencing(
+        tmp_path, redis_url, queue):
+    """A fork server stopped past its child's fencing deadline, while its supervisor goes
+    on extending the lease and sending new deadlines, kills nothing when it runs again:
+    the newer deadline waits in its socket (a loaded VM starves one process, not all)."""
+    from forq.store.keys import QueueKeys
+
+    sup = start(tmp_path, redis_url, queue, lease_ttl="3s")  # a deadline 2.7 s on
+    try:
+        server = the_fork_server(sup)
+        handle = queue.enqueue("tests.lineage", 7.0)
+        jid = handle.id
+        wait_children(sup.pid, 1)
+        os.kill(server, signal.SIGSTOP)
+        try:
+            stopped_at = time.time()
+            # the supervisor extends on (each second): the lease in Redis runs 2 s past
+            # the last deadline the stopped server read, which is therefore behind it
+            wait_for(lambda: (queue.redis.zscore(QueueKeys(queue.name).active, jid) or 0)
+                     > (stopped_at + 5.0) * 1000, timeout=15, message="the lease extended")
+        finally:
+            os.kill(server, signal.SIGCONT)
+        assert handle.wait(timeout=20)["ppid"] == server
+        job = queue.get(jid)
+        assert [e["event"] for e in job.history] == ["enqueued", "claimed", "succeeded"], \
+            job.history
+    finally:
+        sup.stop()
+    assert "not confirmed in time" not in sup.log(), sup.log()[-4000:]
 
 
 @pytest.mark.timeout(60)

@@ -38,7 +38,8 @@ lease, less a margin, so before any other supervisor can reclaim the job. The
 supervisor kills such a child itself; the fork server does it too, because a supervisor
 that is frozen (SIGSTOP, a VM pause, a swap storm) cannot, and the job would then run
 twice at once. A frozen fork server cannot either: it is a small process that only
-forks and reaps.
+forks and reaps. A fork server that was starved itself reads the deadlines waiting in
+its socket before it judges one passed: its supervisor may have proven the lease meanwhile.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ them all before it goes (`orphans`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -56,6 +57,8 @@ from forq.supervisor.fork.environment import restore, scrub_service_vars
 from forq.supervisor.fork.protocol import RECV_MAX, exit_report, fds_of, read_memfd, send
 from forq.supervisor.fork.protocol import describe as describe_tasks
 from forq.supervisor.fork.spares import SERVER_TITLE, Spares
+
+_CATCH_UP = 64  # requests read at most before a passed fencing deadline is judged
 
 
 class Server:
@@ -111,7 +114,8 @@ class Server:
         while True:
             refill = self.spares.refill(self.busy_at, bool(self.children),
                                         self.request_waiting)
-            timeout = _earliest(refill, self.fence_timeout(), self.strays_timeout())
+            timeout = min((t for t in (refill, self.fence_timeout(), self.strays_timeout())
+                           if t is not None), default=None)
             try:
                 watched: list[Any] = [self.sock, self.wake_r]
                 ready, _, _ = select.select(watched, [], [], timeout)
@@ -144,16 +148,20 @@ class Server:
 
     def fence(self) -> None:
         """Kill each child whose lease its supervisor could not prove in time (the
-        supervisor does too, unless it is frozen); `reap` reports it."""
-        now = time.monotonic()
+        supervisor does too, unless it is frozen); `reap` reports it. A deadline passed
+        is judged after the updates waiting unread: it may be this process that was
+        starved (a loaded VM), while its supervisor went on proving the lease."""
+        now, catch_up = time.monotonic(), _CATCH_UP
+        while (catch_up and any(at <= now for at in self.fence_at.values())
+               and self.request_waiting()):
+            self.request()
+            now, catch_up = time.monotonic(), catch_up - 1
         for pid, deadline in list(self.fence_at.items()):
             if deadline <= now:
                 del self.fence_at[pid]
                 self.fenced.add(pid)
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
 
     def update_fences(self, entries: object) -> None:
         """{"fence": [[pid, deadline], ...]}: new deadlines for our own children only."""
@@ -181,10 +189,8 @@ class Server:
             if pid not in self.children:
                 strays_ended |= self.forget(pid)
                 continue
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # no grandchild outlives its job
-            except (ProcessLookupError, PermissionError):
-                pass
             self.kill_strays()  # its orphans, re-parented to us as it exited
             _, status, usage = os.wait4(pid, 0)
             self.busy_at = time.monotonic()
@@ -325,12 +331,6 @@ class Server:
                 self.set_title(text)
             except Exception:  # noqa: BLE001 — a title is cosmetic
                 pass
-
-
-def _earliest(*timeouts: float | None) -> float | None:
-    """The shortest of these select timeouts (None: no limit)."""
-    given = [t for t in timeouts if t is not None]
-    return min(given) if given else None
 
 
 def _fail(sock: socket.socket, why: str, module: str = "") -> None:
