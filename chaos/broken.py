@@ -9,10 +9,10 @@ It is forq's own `Supervisor` with collaborators replaced through its seams
   unproven keeps running (its fork server is given no fencing deadlines either), and
   its ack first takes the lease back whatever the token (the race fencing exists to
   prevent). The checker must catch the double runs, and the overlapping ones.
-* ``FORQ_CHAOS_BREAK=leak``: a slow leak, for the soak's self-test: every
-  `LEAK_EVERY`-th acknowledgement it sends leaves one fd open (``/dev/null``) and
-  `LEAK_BYTES` of written memory held, up to `LEAK_CAP` of each (past that it stays a
-  slow leak, not an fd exhaustion). The soak must call both series a leak.
+* ``FORQ_CHAOS_BREAK=leak``: a slow leak, for the soak's self-test: `LEAK_PER_SECOND`
+  fds left open (``/dev/null``) and as many times `LEAK_BYTES` of written memory held,
+  topped up at each acknowledgement it sends, up to `LEAK_CAP` of each (past that it
+  stays a slow leak, not an fd exhaustion). The soak must call both series a leak.
 * ``FORQ_CHAOS_DEBUG=stall``: the loop dumps the supervisor's stack when a turn takes
   a second longer than it may (a diagnostic, not a fault).
 * ``FORQ_CHAOS_DEBUG=tracemalloc``: what a soak's growing RSS is made of. The
@@ -72,22 +72,26 @@ class StealingReporter(Reporter):
         super().send(pipe, item)
 
 
-LEAK_EVERY = 10
+LEAK_PER_SECOND = 0.75  # fds (and LEAK_BYTES each) a second: 45 and 11 MiB a minute
 LEAK_BYTES = 256 << 10
 LEAK_CAP = 500
 
 
 class LeakingReporter(Reporter):
+    """Leaks at a steady pace in time, topped up at each ack it sends: a leak that
+    followed the ack rate would wander with the host's load (a loaded CI host slows
+    the jobs, not the clock), and the soak's self-test would judge the load."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.acks_sent = 0
+        self.started = time.monotonic()
         self.leaked_fds: list[int] = []
         self.leaked_memory: list[bytes] = []
 
     def send(self, pipe: Any, item: Pending) -> None:
         if item.outcome.kind == "ack":
-            self.acks_sent += 1
-            if self.acks_sent % LEAK_EVERY == 0 and len(self.leaked_fds) < LEAK_CAP:
+            due = min(LEAK_CAP, int((time.monotonic() - self.started) * LEAK_PER_SECOND))
+            while len(self.leaked_fds) < due:
                 self.leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
                 self.leaked_memory.append(b"\x01" * LEAK_BYTES)  # written: resident
         super().send(pipe, item)

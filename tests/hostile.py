@@ -245,6 +245,8 @@ def prowl(supervisor_pid: int):
             continue
         if cmdline.startswith(b"forq: job"):
             found["jobs"].append(cmdline.decode(errors="replace"))
+            if not _descends(int(name), supervisor_pid):
+                continue  # the harm is shown on a sibling: another run's jobs on the host live
             try:
                 os.kill(int(name), signal.SIGKILL)
                 found["killed"].append(int(name))
@@ -262,6 +264,21 @@ def prowl(supervisor_pid: int):
         except OSError:
             sup[what] = False
     return found
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is among `pid`'s parents (as far as this process can see)."""
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 @task("hostile.dial")

@@ -133,8 +133,7 @@ def test_checker_catches_a_broken_build(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_soak_calls_a_leaking_supervisor_a_leak_and_the_others_flat(tmp_path: Path) -> None:
     """A 165 s soak sampled every 5 s in which chaos-2 is built to leak (`--break leak`:
-    an fd and 256 KiB every 10th ack it sends: about 45 fds and 11 MiB a minute at this
-    load). Its two series must be called a leak and fail the run, and no other process's:
+    45 fds and 45 × 256 KiB a minute, topped up at each ack it sends). Its two series must be called a leak and fail the run, and no other process's:
     the others are the control."""
     code, result, out = run_chaos(
         tmp_path, "--soak", "--duration", "165s", "--sample-interval", "5s", "--rate", "20",
