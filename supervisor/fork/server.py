@@ -121,7 +121,7 @@ class Server:
                 ready, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
-            self.fence()
+            caught_up = self.fence()  # may have read every waiting request: none is due
             if self.children and time.monotonic() >= self.strays_at:
                 self.kill_strays()
             if self.wake_r in ready:
@@ -130,7 +130,7 @@ class Server:
                 except BlockingIOError:
                     pass
             self.reap()
-            if self.sock in ready:
+            if self.sock in ready and not caught_up:
                 self.request()
 
     def tell(self, message: dict, fds: list[int] | None = None) -> None:
@@ -146,11 +146,11 @@ class Server:
             return None
         return max(0.0, min(self.fence_at.values()) - time.monotonic())
 
-    def fence(self) -> None:
+    def fence(self) -> bool:
         """Kill each child whose lease its supervisor could not prove in time (the
         supervisor does too, unless it is frozen); `reap` reports it. A deadline passed
-        is judged after the updates waiting unread: it may be this process that was
-        starved (a loaded VM), while its supervisor went on proving the lease."""
+        is judged after the updates waiting unread (True: it read some): it may be this
+        process that was starved (a loaded VM), while its supervisor proved the lease."""
         now, catch_up = time.monotonic(), _CATCH_UP
         while (catch_up and any(at <= now for at in self.fence_at.values())
                and self.request_waiting()):
@@ -162,6 +162,7 @@ class Server:
                 self.fenced.add(pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
+        return catch_up < _CATCH_UP
 
     def update_fences(self, entries: object) -> None:
         """{"fence": [[pid, deadline], ...]}: new deadlines for our own children only."""
