@@ -35,13 +35,14 @@ from forq.payload import (
 )
 from forq.store import control, finder, plans, topology
 from forq.store import events as queue_events
+from forq.store import keys as keyspace
 from forq.store import transitions as tr
 from forq.store.batchspec import build_batch
 from forq.store.connection import add_password, client_options, redis_url
 from forq.store.events import AsyncQueueEvents
 from forq.store.finder import BulkResult, FoundPage, JobFilter
 from forq.store.keys import QueueKeys
-from forq.store.pipelines import alone, queue_commands, regroup
+from forq.store.pipelines import alone, queue_commands, regroup, stream_enqueue_async
 from forq.store.plans import Command
 from forq.store.scripts import noscript_resends, raise_first_error, source
 from forq.store.transitions import DeadBatchResult
@@ -87,8 +88,12 @@ class AsyncScripts:
         try:
             return await client.execute_command(*self.evalsha(call))
         except NoScriptError:
-            await client.script_load(self.sources[call.script])
+            await self.load(client, call)
             return await client.execute_command(*self.evalsha(call))
+
+    async def load(self, client: aioredis.Redis, call: tr.ScriptCall) -> None:
+        """Load the script `call` runs: Redis forgot it (NOSCRIPT)."""
+        await client.script_load(self.sources[call.script])
 
     async def send(self, client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
         """One round trip for a batch (see `forq.store.pipelines`); raises the first error."""
@@ -210,6 +215,16 @@ class AsyncQueue(AsyncQueueEvents):
         replicas, wait_ms = topology.durability(self.redis, durable, self.min_replicas,
                                                 self.wait_timeout)
         try:
+            if (not replicas and len(specs) > tr.ENQUEUE_BATCH
+                    and not self.redis.single_connection_client):
+                if not self._registered:
+                    await self.redis.sadd(keyspace.QUEUES, self.name)
+                    self._registered = True
+                return await stream_enqueue_async(
+                    self.redis, self.scripts.evalsha,
+                    lambda call: self.scripts.load(self.redis, call), self.keys, specs,
+                    lambda job_id, status: self._job(
+                        {"id": job_id, "queue": self.name, "enqueue_status": status}, []))
             enqueued = await self._run(plans.enqueue(
                 self.keys, specs, register=not self._registered, replicas=replicas,
                 wait_ms=wait_ms))

@@ -1,5 +1,6 @@
 """Sending a plan's commands (`forq.store.plans`): the part the sync and async clients share,
-and the sync client's runner; and `stream_enqueue`, the sync client's big enqueue_many.
+and the sync client's runner; and `stream_enqueue` (sync) and `stream_enqueue_async`,
+a big enqueue_many's calls two in flight on one connection.
 
 A batch of one transition is sent alone (EVALSHA, reloaded on NOSCRIPT: one round
 trip); anything else goes in one non-transactional pipeline. Queueing a command on a
@@ -9,7 +10,7 @@ and `regroup` serve both; only `execute` differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError, ResponseError
@@ -96,12 +97,18 @@ def stream_enqueue(client: Any, scripts: Scripts, keys: QueueKeys,
     of Redis's (bench/addbulk.py; the sync `Queue.enqueue_many`, past one call).
     Raises the first error reply, as a pipeline does (the calls before it were applied).
     """
+    calls = stream_calls(client, scripts, lambda: tr.iter_enqueue_calls(keys, specs),
+                         _enqueued(specs, handle))
+    return [job for call_jobs in calls for job in call_jobs]
+
+
+def _enqueued(specs: Sequence[dict[str, Any]],
+              handle: Callable[[str, str], T]) -> Callable[[int, Any], list[T]]:
+    """The jobs of enqueue call k, from its reply."""
     def jobs(k: int, reply: Any) -> list[T]:
         ids = [spec["id"] for spec in specs[k * tr.ENQUEUE_BATCH:(k + 1) * tr.ENQUEUE_BATCH]]
         return [handle(job.id, job.status) for job in tr.parse_enqueue(reply, ids)]
-
-    calls = stream_calls(client, scripts, lambda: tr.iter_enqueue_calls(keys, specs), jobs)
-    return [job for call_jobs in calls for job in call_jobs]
+    return jobs
 
 
 def stream_calls(client: Any, scripts: Scripts, calls: Callable[[], Iterator[ScriptCall]],
@@ -176,6 +183,100 @@ def _read(client: Any, conn: Any, k: int, on_reply: Callable[[int, Any], T],
           done: dict[int, T]) -> Exception | None:
     try:
         reply = client.parse_response(conn, "EVALSHA")
+    except ResponseError as error:
+        return error
+    done[k] = on_reply(k, reply)
+    return None
+
+
+# -- the same on a redis.asyncio client (`AsyncQueue.enqueue_many`) ------------------
+
+
+async def stream_enqueue_async(client: Any, evalsha: Callable[[ScriptCall], tuple[Any, ...]],
+                               load: Callable[[ScriptCall], Awaitable[Any]], keys: QueueKeys,
+                               specs: Sequence[dict[str, Any]],
+                               handle: Callable[[str, str], T]) -> list[T]:
+    """`stream_enqueue` on a ``redis.asyncio`` client that takes its connections from a
+    pool: `evalsha(call)` is the command, `load(call)` loads its script after NOSCRIPT."""
+    calls = await stream_calls_async(client, evalsha, load,
+                                     lambda: tr.iter_enqueue_calls(keys, specs),
+                                     _enqueued(specs, handle))
+    return [job for call_jobs in calls for job in call_jobs]
+
+
+async def stream_calls_async(client: Any, evalsha: Callable[[ScriptCall], tuple[Any, ...]],
+                             load: Callable[[ScriptCall], Awaitable[Any]],
+                             calls: Callable[[], Iterator[ScriptCall]],
+                             on_reply: Callable[[int, Any], T]) -> list[T]:
+    """`stream_calls` for asyncio, with the same promises: nothing sent after an error
+    reply, a NOSCRIPT call sent again once its script is loaded, and after a connection
+    error the client's retries send again only the calls whose replies were not read.
+    A cancelled task leaves no reply on the wire: the connection is dropped."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    done: dict[int, T] = {}
+    reloaded = False
+
+    async def run() -> None:
+        nonlocal reloaded
+        while True:
+            error, call = await _send_overlapped_async(client, conn, evalsha, calls(),
+                                                       on_reply, done)
+            if error is None:
+                return
+            if isinstance(error, NoScriptError) and not reloaded and call is not None:
+                reloaded = True
+                await load(call)
+                continue
+            raise error
+
+    async def disconnect(_error: Exception) -> None:
+        await conn.disconnect()
+
+    try:
+        await conn.retry.call_with_retry(run, disconnect)
+    finally:
+        await pool.release(conn)
+    return [done[k] for k in range(len(done))]
+
+
+async def _send_overlapped_async(
+        client: Any, conn: Any, evalsha: Callable[[ScriptCall], tuple[Any, ...]],
+        calls: Iterator[ScriptCall], on_reply: Callable[[int, Any], T],
+        done: dict[int, T]) -> tuple[Exception | None, ScriptCall | None]:
+    """`_send_overlapped` for asyncio; the first error reply comes with its call."""
+    in_flight: list[tuple[int, ScriptCall]] = []
+    error: Exception | None = None
+    failed: ScriptCall | None = None
+    try:
+        for k, call in enumerate(calls):
+            if k in done:
+                continue
+            # no health-check PING while a reply is in flight: it would read that reply
+            await conn.send_packed_command(conn.pack_command(*evalsha(call)),
+                                           check_health=not in_flight)
+            in_flight.append((k, call))
+            if len(in_flight) == 2:  # read the one before while Redis runs this one
+                before, failed = in_flight.pop(0)
+                error = await _read_async(client, conn, before, on_reply, done)
+                if error is not None:
+                    break
+        while in_flight:
+            before, call = in_flight.pop(0)
+            late = await _read_async(client, conn, before, on_reply, done)
+            if error is None and late is not None:
+                error, failed = late, call
+    except BaseException:
+        if in_flight:  # replies left on the wire (or a cancelled task): out of step
+            await conn.disconnect()
+        raise
+    return error, failed if error is not None else None
+
+
+async def _read_async(client: Any, conn: Any, k: int, on_reply: Callable[[int, Any], T],
+                      done: dict[int, T]) -> Exception | None:
+    try:
+        reply = await client.parse_response(conn, "EVALSHA")
     except ResponseError as error:
         return error
     done[k] = on_reply(k, reply)
