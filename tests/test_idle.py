@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from forq import Queue
 from forq.supervisor.loop.timers import IDLE_INTERVAL, Timers
-from tests.helpers import wait_job
+from tests.helpers import wait_for, wait_job
+from tests.redis_server import RedisServer
 from tests.supervisors import SupervisorProcess, write_config
 
 
@@ -98,3 +100,37 @@ def test_a_child_started_from_idle_is_policed_at_once(tmp_path, redis_url, queue
                            context=lambda: sup.log()[-3000:])
             assert job.state == "dead", (job.state, job.reason)
             assert job.error["type"] == "MemoryLimit", job.reason
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_supervisor_trims_every_tenth_pass_and_a_queue_whose_job_ended_at_once(
+        tmp_path):
+    """Counted by a private Redis (INFO commandstats): each reaper pass's resume_tasks
+    sends one HLEN, each trim one ZREMRANGEBYRANK (of the finished index; nothing else
+    sends one while jobs succeed). Idle, a trim every `TRIM_IDLE_EVERY` passes. Then ten
+    jobs one after another, each longer than a pass: each end is followed by a trim (the
+    idle cadence alone would give two or three)."""
+    from forq.supervisor.redis_io.reaper import TRIM_IDLE_EVERY
+
+    with RedisServer() as server:
+        queue = Queue("idle-trim", url=server.url)
+        config = write_config(tmp_path / "forq.toml", server.url, {queue.name: 1},
+                              reaper_interval="50ms")
+
+        def counts() -> tuple[int, int]:
+            stats = queue.redis.info("commandstats")
+            return (int(stats.get("cmdstat_zremrangebyrank", {}).get("calls", 0)),
+                    int(stats.get("cmdstat_hlen", {}).get("calls", 0)))
+
+        with SupervisorProcess(config):
+            wait_for(lambda: counts()[1] >= 4 * TRIM_IDLE_EVERY, timeout=30,
+                     message="forty passes")
+            trims, passes = counts()
+            assert 1 <= trims <= passes // TRIM_IDLE_EVERY + 1, (trims, passes)
+            trims, passes = counts()
+            for _ in range(10):
+                job = queue.enqueue("tests.lineage", 0.1)
+                assert wait_job(queue, job.id, ("succeeded",), timeout=20).state == "succeeded"
+            wait_for(lambda: counts()[1] > passes + 1, timeout=10, message="one more pass")
+            after, during = counts()
+            assert after - trims >= 9, (after - trims, during - passes)

@@ -8,13 +8,16 @@ crashed child (`expire`), so a crash is back in pending within milliseconds.
 Each timed pass also sweeps the jobs whose expiry before start passed while they
 waited (sweep_expired.lua, at most `SWEEP_BATCH` per queue a pass): dead, never run,
 and trims the records of ended jobs past their keep age or count (trim.lua, at most
-`TRIM_BATCH` index entries per queue a pass; docs/operations/retention.md).
+`TRIM_BATCH` index entries per queue a pass; docs/operations/retention.md): a queue
+with jobs that ended here since its last trim (or more left to trim) every pass, any
+other every `TRIM_IDLE_EVERY`-th pass, so an idle fleet does not trim what is not there
+(its records still age out, a few seconds late; the supervisor whose jobs end trims).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -31,6 +34,8 @@ from forq.supervisor.redis_io.shard_health import ShardHealth
 from forq.supervisor.redis_io.shards import execute_by_shard
 
 log = logging.getLogger("forq.supervisor")
+
+TRIM_IDLE_EVERY = 10  # passes between the trims of a queue none of whose jobs end here
 
 
 def describe_trip(raw: str) -> str:
@@ -49,6 +54,20 @@ class Reaper:
         self.on_reclaimed = on_reclaimed  # jobs went back to pending: claim
         self.max_crashes: dict[str, int] = {}  # each queue's default, for jobs without one
         self.tripped: dict[str, set[str]] = {}  # each queue's tripped tasks at the last pass
+        self.passes = 0
+        self.to_trim: set[str] = set()  # queues with ends here since their last trim
+
+    def ended(self, names: Iterable[str]) -> None:
+        """Jobs of these queues ended here (their reports answered): trim them next pass."""
+        self.to_trim.update(names)
+
+    def trims_due(self, names: list[str]) -> list[str]:
+        """The queues this pass trims: every one on the first pass and each
+        `TRIM_IDLE_EVERY`-th, else those with ends here since their last trim."""
+        due = names if self.passes % TRIM_IDLE_EVERY == 1 else [
+            name for name in names if name in self.to_trim]
+        self.to_trim.difference_update(due)
+        return due
 
     def send(self, pipe: Any, names: list[str]) -> None:
         for name in names:
@@ -66,9 +85,12 @@ class Reaper:
 
     def trimmed(self, name: str, reply: Any) -> None:
         if isinstance(reply, Exception):
+            self.to_trim.add(name)
             log.warning("retention trim of %s failed: %s", name, reply)
             return
         result = parse_trim(reply)
+        if result.more:  # its budget ran out: the rest next pass
+            self.to_trim.add(name)
         if result.succeeded or result.dead:
             log.debug("trimmed %d succeeded and %d dead record(s) in %s", result.succeeded,
                       result.dead, name)
@@ -92,16 +114,19 @@ class Reaper:
             names = [name for name in names if shards.ready(name)]
             if not names:
                 return
+        self.passes += 1
+        trims = self.trims_due(names)
         pipe = client.pipeline(transaction=False)
         self.send(pipe, names)
         self.send_sweeps(pipe, names)
         for name in names:  # the circuit breakers' cool-downs: two reads when none tripped
             leasing(self.queue_for(name)).resume_tasks(client=pipe)
-        self.send_trims(pipe, names)
+        self.send_trims(pipe, trims)
         relay.send(pipe, names)
         try:
             sent = execute_by_shard(pipe, shards.failing() if shards is not None else ())
         except (redis.RedisError, OSError) as exc:
+            self.to_trim.update(trims)
             health.failed("reclaim", exc)
             return
         replies = sent.replies
@@ -109,19 +134,20 @@ class Reaper:
             shards.failed(sent.failed, "reclaim")
             shards.worked(sent.answered - set(sent.failed))
         elif any(isinstance(reply, Exception) for reply in replies):
+            self.to_trim.update(trims)
             health.failed("reclaim", next(r for r in replies if isinstance(r, Exception)))
             return
-        n = len(names)
+        n, t = len(names), len(trims)
         for name, reply in zip(names, replies[:n], strict=True):
             self.answered(name, reply, say=True)
         for name, reply in zip(names, replies[n:2 * n], strict=True):
             self.swept(name, reply)
         for name, reply in zip(names, replies[2 * n:3 * n], strict=True):
             self.resumed(name, reply)
-        for name, reply in zip(names, replies[3 * n:4 * n], strict=True):
+        for name, reply in zip(trims, replies[3 * n:3 * n + t], strict=True):
             self.trimmed(name, reply)
         try:
-            relay.deliver(client, names, replies[4 * n:])
+            relay.deliver(client, names, replies[3 * n + t:])
         except (redis.RedisError, OSError) as exc:
             health.failed("relay", exc)
 

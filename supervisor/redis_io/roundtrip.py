@@ -128,6 +128,7 @@ class RoundTrip:
             batch = [item for i, item in enumerate(batch) if i not in retry]
             spans = [span for i, span in enumerate(spans) if i not in retry]
         self.reporter.answer_batch(batch, spans, replies)
+        self.reaper.ended(item.child.queue for item in batch)  # their records: trim soon
         again, refused = self.reporter.take_again()
         outbox = again + outbox
         if refused:  # a full Redis: try the batch's opening again after a backoff
