@@ -21,9 +21,15 @@ from forq import AsyncQueue, PayloadError, Queue
 from forq.async_queue import connect_async
 from forq.store.connection import connect
 from forq.store.transitions import ENQUEUE_BATCH
-from tests.helpers import wait_for
 from tests.redis_server import RedisServer
-from tests.test_enqueue_stream import claimed_ids, noscript_errors
+from tests.test_enqueue_stream import (
+    assert_each_outcome_in_order,
+    assert_resent_once_in_order,
+    claimed_ids,
+    cut_after_the_first_call,
+    mixed_jobs,
+    noscript_errors,
+)
 
 
 def run(url: str, name: str, body: Callable[[AsyncQueue], Awaitable[Any]],
@@ -39,22 +45,9 @@ def run(url: str, name: str, body: Callable[[AsyncQueue], Awaitable[Any]],
 
 
 def test_calls_keep_the_jobs_order_and_each_jobs_outcome(queue, redis_url):
-    queue.enqueue("t.first", job_id="taken")
-    n = 3 * ENQUEUE_BATCH + 100
-    jobs = [{"task": "t.bulk", "args": [i]} for i in range(n)]
-    jobs[ENQUEUE_BATCH + 7]["job_id"] = "taken"  # the second call: a duplicate
-    jobs[2 * ENQUEUE_BATCH + 3]["delay"] = "1h"  # the third: the script's general path
-
-    handles = run(redis_url, queue.name, lambda aq: aq.enqueue_many(jobs))
-    statuses = [h.fields["enqueue_status"] for h in handles]
-    assert statuses.count("pending") == n - 2
-    assert statuses[ENQUEUE_BATCH + 7] == "duplicate" and handles[ENQUEUE_BATCH + 7].id == "taken"
-    assert statuses[2 * ENQUEUE_BATCH + 3] == "scheduled"
-    assert [queue.get(h.id).args for h in handles[ENQUEUE_BATCH - 2:ENQUEUE_BATCH + 2]] == \
-        [[i] for i in range(ENQUEUE_BATCH - 2, ENQUEUE_BATCH + 2)]
-    assert claimed_ids(queue) == ["taken"] + [h.id for i, h in enumerate(handles)
-                                              if statuses[i] == "pending"]
-    assert queue.name in queue.redis.smembers("forq:queues")
+    jobs = mixed_jobs(queue)
+    assert_each_outcome_in_order(queue, run(redis_url, queue.name,
+                                            lambda aq: aq.enqueue_many(jobs)))
 
 
 def test_an_error_reply_stops_the_calls_after_it_and_leaves_the_connection_in_step(queue, r,
@@ -104,16 +97,10 @@ def test_a_connection_cut_midway_loses_no_job_and_adds_none(retries):
         n = 40 * ENQUEUE_BATCH
         cut: dict[str, int] = {}
 
-        def cut_after_the_first_call() -> None:
-            wait_for(lambda: watcher.zcard(queue.keys.pending) > 1, timeout=30, interval=0.001,
-                     message="the first call's jobs")
-            cut["landed"] = watcher.zcard(queue.keys.pending) - 1
-            cut["killed"] = int(watcher.execute_command("CLIENT", "KILL", "TYPE", "normal",
-                                                        "SKIPME", "yes"))
-
         async def body(aq: AsyncQueue) -> Any:
             await aq.enqueue("t.warm")  # loaded and registered: what follows is the stream
-            killer = threading.Thread(target=cut_after_the_first_call)
+            killer = threading.Thread(target=cut_after_the_first_call,
+                                      args=(watcher, queue.keys.pending, cut))
             killer.start()
             try:
                 if retries:
@@ -130,11 +117,7 @@ def test_a_connection_cut_midway_loses_no_job_and_adds_none(retries):
         if not retries:
             assert result == "pending"
             return
-        statuses = [h.fields["enqueue_status"] for h in result]
-        assert set(statuses) <= {"pending", "duplicate"}
-        assert statuses.count("duplicate") <= 2 * ENQUEUE_BATCH  # at most two calls in flight
-        assert len({h.id for h in result}) == n
-        assert claimed_ids(queue)[1:] == [h.id for h in result]
+        assert_resent_once_in_order(queue, result, n)
 
 
 def test_a_task_cancelled_midway_leaves_the_client_in_step():

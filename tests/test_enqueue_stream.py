@@ -6,6 +6,7 @@ by loading the script, and a connection lost midway costs no job and adds none."
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import redis
@@ -34,15 +35,30 @@ def noscript_errors(r: redis.Redis) -> int:
     return int(r.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
 
 
-def test_calls_keep_the_jobs_order_and_each_jobs_outcome(queue, r):
+def cut_after_the_first_call(watcher: redis.Redis, pending: str, cut: dict[str, int]) -> None:
+    """Once a call's jobs are pending (beyond the one warm-up job), drop every other
+    client's connection; say how many jobs had landed and how many clients went."""
+    wait_for(lambda: watcher.zcard(pending) > 1, timeout=30, interval=0.001,
+             message="the first call's jobs")
+    cut["landed"] = watcher.zcard(pending) - 1
+    cut["killed"] = int(watcher.execute_command("CLIENT", "KILL", "TYPE", "normal",
+                                                "SKIPME", "yes"))
+
+
+def mixed_jobs(queue: Queue) -> list[dict[str, Any]]:
+    """Four calls' worth: a duplicate in the second (of a job enqueued first), a delayed
+    job in the third (the script's general path)."""
     queue.enqueue("t.first", job_id="taken")
-    n = 3 * ENQUEUE_BATCH + 100
-    jobs = [{"task": "t.bulk", "args": [i]} for i in range(n)]
-    jobs[ENQUEUE_BATCH + 7]["job_id"] = "taken"  # the second call: a duplicate
-    jobs[2 * ENQUEUE_BATCH + 3]["delay"] = "1h"  # the third: the script's general path
-    handles = queue.enqueue_many(jobs)
+    jobs: list[dict[str, Any]] = [{"task": "t.bulk", "args": [i]}
+                                  for i in range(3 * ENQUEUE_BATCH + 100)]
+    jobs[ENQUEUE_BATCH + 7]["job_id"] = "taken"
+    jobs[2 * ENQUEUE_BATCH + 3]["delay"] = "1h"
+    return jobs
+
+
+def assert_each_outcome_in_order(queue: Queue, handles: list[Any]) -> None:
     statuses = [h.fields["enqueue_status"] for h in handles]
-    assert statuses.count("pending") == n - 2
+    assert statuses.count("pending") == len(handles) - 2
     assert statuses[ENQUEUE_BATCH + 7] == "duplicate" and handles[ENQUEUE_BATCH + 7].id == "taken"
     assert statuses[2 * ENQUEUE_BATCH + 3] == "scheduled"
     args = [queue.get(h.id).args for h in handles[ENQUEUE_BATCH - 2:ENQUEUE_BATCH + 2]]
@@ -50,6 +66,21 @@ def test_calls_keep_the_jobs_order_and_each_jobs_outcome(queue, r):
     expected = ["taken"] + [h.id for i, h in enumerate(handles)
                             if statuses[i] == "pending"]
     assert claimed_ids(queue) == expected
+    assert queue.name in queue.redis.smembers("forq:queues")
+
+
+def assert_resent_once_in_order(queue: Queue, handles: list[Any], n: int) -> None:
+    """After a cut and the client's retries: every job once, in order, and no more
+    reported duplicate than two calls' worth (the two in flight)."""
+    statuses = [h.fields["enqueue_status"] for h in handles]
+    assert set(statuses) <= {"pending", "duplicate"}
+    assert statuses.count("duplicate") <= 2 * ENQUEUE_BATCH
+    assert len({h.id for h in handles}) == n
+    assert claimed_ids(queue)[1:] == [h.id for h in handles]
+
+
+def test_calls_keep_the_jobs_order_and_each_jobs_outcome(queue, r):
+    assert_each_outcome_in_order(queue, queue.enqueue_many(mixed_jobs(queue)))
 
 
 def test_an_error_reply_stops_the_calls_after_it_and_leaves_the_connection_in_step(queue, r):
@@ -98,15 +129,8 @@ def test_a_connection_cut_midway_loses_no_job_and_adds_none(retries):
         watcher = connect(server.url)
         n = 40 * ENQUEUE_BATCH
         cut: dict[str, int] = {}
-
-        def cut_after_the_first_call() -> None:
-            wait_for(lambda: watcher.zcard(queue.keys.pending) > 1, timeout=30, interval=0.001,
-                     message="the first call's jobs")
-            cut["landed"] = watcher.zcard(queue.keys.pending) - 1
-            cut["killed"] = int(watcher.execute_command("CLIENT", "KILL", "TYPE", "normal",
-                                                        "SKIPME", "yes"))
-
-        killer = threading.Thread(target=cut_after_the_first_call)
+        killer = threading.Thread(target=cut_after_the_first_call,
+                                  args=(watcher, queue.keys.pending, cut))
         killer.start()
         try:
             if retries:
@@ -120,11 +144,7 @@ def test_a_connection_cut_midway_loses_no_job_and_adds_none(retries):
         if not retries:
             assert queue.enqueue("t.after").fields["enqueue_status"] == "pending"
             return
-        statuses = [h.fields["enqueue_status"] for h in handles]
-        assert set(statuses) <= {"pending", "duplicate"}
-        assert statuses.count("duplicate") <= 2 * ENQUEUE_BATCH  # at most two calls in flight
-        assert len({h.id for h in handles}) == n
-        assert claimed_ids(queue)[1:] == [h.id for h in handles]
+        assert_resent_once_in_order(queue, handles, n)
 
 
 def test_the_ids_an_enqueue_many_makes_are_distinct_across_blocks_of_random_bytes(queue):
