@@ -380,10 +380,10 @@ def test_wait_keeps_reading_the_job_when_the_stream_moved_on(queue):
 def test_wait_under_a_short_socket_timeout_blocks_less(redis_url, queue_name, queue):
     from forq.store.connection import connect
 
-    client = connect(redis_url, socket_timeout=0.3)
+    client = connect(redis_url, socket_timeout=1.0)
     short = Queue(queue_name, redis=client)
     job = short.enqueue("t")
-    thread = _finish_later(queue, job.id, "ack", delay=0.8)
+    thread = _finish_later(queue, job.id, "ack", delay=1.5)
     assert job.wait(timeout=10) == {"ok": 1}  # no socket timeout from a 1 s block
     thread.join()
     assert [e.kind for e in short.events(last=1, follow=True, timeout=0.5)] == ["succeeded"]
