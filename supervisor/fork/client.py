@@ -32,11 +32,17 @@ log = logging.getLogger("forq.supervisor")
 
 def pid_of(pidfd: int) -> int:
     """The pid a pidfd refers to, in our pid namespace (from the kernel, not from
-    whoever sent us the pidfd)."""
-    with open(f"/proc/self/fdinfo/{pidfd}") as f:
-        for line in f:
-            if line.startswith("Pid:"):
-                return int(line.split()[1])
+    whoever sent us the pidfd). Read with os.open: a text-mode open() of the same file
+    cost the supervisor 48 µs of CPU a job (its fstat, isatty, lseek and two reads),
+    this 19 (bench/RESULTS.md, Findings XIV)."""
+    fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        info = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    for line in info.splitlines():
+        if line.startswith(b"Pid:"):
+            return int(line.split()[1])
     raise OSError(f"fd {pidfd} is not a pidfd")
 
 
