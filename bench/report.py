@@ -555,7 +555,8 @@ scale, ceiling, leases), `python -m bench.appsize` for the application-size axis
 `--slots`, `--only forq,bullmq`), `python -m bench.leases` for one supervisor holding
 1,000 leases, `python -m bench.redis_cost` for a lone supervisor's Redis cost per job,
 pick-up and idle CPU against issue 27's targets (`--baseline` another checkout's python,
-`--base-commit` another commit's scripts),
+`--base-commit` another commit's scripts), `python -m bench.script_split` for where the
+lease scripts' Redis time goes (their commands or Lua around them),
 `--no-profile`. `.venv/bin/python -m bench.supervisor` gives the supervisor's own
 figures (issue 3) alone. The peers run from `bench/.venv-peers` (created on first use
 with pip), each worker as its own CLI would start it (`rq worker -w ...`,
