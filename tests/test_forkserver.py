@@ -586,3 +586,28 @@ def test_a_service_variable_set_by_a_handler_module_is_not_in_its_jobs(tmp_path,
         assert queue.enqueue("tests.open_fds").wait(timeout=10)["env_notify"] is None
     finally:
         sup.stop()
+
+
+def test_a_fork_reply_s_pid_is_the_kernel_s_word_for_its_pidfd():
+    """The supervisor names a child by what its pidfd says, not by the reply's pid: the
+    pidfd of a live child reads as its pid; an fd that is no pidfd, or no fd, is refused."""
+    from forq.supervisor.fork.client import pid_of
+
+    child = os.fork()
+    if child == 0:
+        os.pause()
+        os._exit(0)
+    pidfd = os.pidfd_open(child)
+    read_end, write_end = os.pipe()
+    try:
+        assert pid_of(pidfd) == child
+        with pytest.raises(OSError, match="not a pidfd"):
+            pid_of(read_end)
+        os.close(write_end)
+        with pytest.raises(OSError):
+            pid_of(write_end)  # closed: no such fd
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        for fd in (pidfd, read_end):
+            os.close(fd)
