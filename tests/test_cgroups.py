@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from forq import Queue
@@ -27,7 +26,7 @@ from forq.supervisor.children.running import RunningChild
 from forq.supervisor.fork.child import ChildSpec, run_child
 from forq.supervisor.isolation import cgroups
 from tests import background, vm
-from tests.helpers import wait_for, wait_job
+from tests.helpers import gone, wait_for, wait_job
 from tests.supervisors import TEST_IMPORTS, SupervisorProcess, wait_children, write_config
 
 IN_VM = os.environ.get("FORQ_IN_VM") == "1"
@@ -158,13 +157,6 @@ def test_an_oom_kill_outside_the_job_limit_is_a_crash(tmp_path, redis_url, queue
         assert sup.proc.poll() is None  # the kernel chose the job, not the supervisor
 
 
-def _ended(pid: int) -> bool:
-    """Gone or a zombie; it may go between the two looks (a CI run in the VM saw
-    NoSuchProcess from the second)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.timeout(120 * SLOW)
@@ -174,7 +166,7 @@ def test_a_process_that_left_the_job_process_group_ends_with_the_job(tmp_path, r
         jid = queue.enqueue("tests.escape").id
         job = wait_done(queue, jid, sup)
         assert job.state == "succeeded", job.history
-        wait_for(lambda: _ended(job.result), timeout=10 * SLOW,
+        wait_for(lambda: gone(job.result), timeout=10 * SLOW,
                  message=f"the escaped process {job.result} killed")
         wait_for(lambda: not job_cgroups(base), timeout=10 * SLOW, message="job cgroups removed")
 

@@ -17,14 +17,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from forq import Queue
 from forq.fleet import live_supervisors
 from forq.supervisor.cli.main import main as forq_main
 from forq.supervisor.fork.fingerprint import LENGTH, is_fingerprint
-from tests.helpers import wait_for, wait_job
+from tests.helpers import gone, wait_for, wait_job
 from tests.supervisors import (
     TEST_IMPORTS,
     SupervisorProcess,
@@ -67,11 +66,6 @@ def write_app(root: Path, version: str, extra: str = "") -> None:
     (package / "tasks.py").write_text(TASKS.format(version=version, extra=extra))
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def start(tmp_path: Path, redis_url: str, queue: Queue, concurrency: int = 2,

@@ -16,7 +16,7 @@ import pytest
 from forq import Queue
 from forq.supervisor.fork.client import REPLY_TIMEOUT
 from forq.testing.redis import delete_queue
-from tests.helpers import wait_for, wait_job
+from tests.helpers import gone, wait_for, wait_job
 from tests.supervisors import (
     TEST_IMPORTS,
     SupervisorProcess,
@@ -26,13 +26,6 @@ from tests.supervisors import (
     wait_children,
     write_config,
 )
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def start(tmp_path, redis_url, queue: Queue, concurrency: int = 1, **options) -> SupervisorProcess:

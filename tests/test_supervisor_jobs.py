@@ -26,7 +26,7 @@ from forq import Queue
 from forq.job import Job
 from forq.supervisor.isolation.limits import KILL_GRACE
 from tests import helpers
-from tests.helpers import wait_for
+from tests.helpers import gone, wait_for
 from tests.supervisors import REPO, SupervisorProcess, children_of, wait_children, write_config
 
 TERMINAL = ("succeeded", "dead", "cancelled")
@@ -71,12 +71,6 @@ def forq(redis_url: str, *args: str) -> Any:
     return json.loads(proc.stdout)
 
 
-def gone(pid: int) -> bool:
-    """The process no longer runs (a zombie awaiting its reaper counts as gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def job_processes(job_id: str) -> list[int]:

@@ -30,7 +30,7 @@ import pytest
 
 from forq import Queue
 from forq.store.connection import connect
-from tests.helpers import wait_for
+from tests.helpers import gone, wait_for
 from tests.redis_server import RedisServer
 from tests.supervisors import REPO, SupervisorProcess, children_of, write_config
 
@@ -74,12 +74,6 @@ def ended_pids(path: Path, job_id: str) -> list[int]:
     return [pid for j, pid, ev in runs(path) if j == job_id and ev == "end"]
 
 
-def gone(pid: int) -> bool:
-    """The process no longer runs (reaped, or a zombie nobody has reaped yet)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def events(job) -> list[str]:
