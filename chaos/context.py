@@ -132,8 +132,8 @@ class Context:
     operator: dict[str, int] = field(default_factory=dict)  # what chaos/changes.py did
     # each debounced enqueue that returned, in the order sent: [key, v, id returned, status]
     debounce_calls: list[list[Any]] = field(default_factory=list)
-    # a soak's retention trims ended records after their window: the monitor copies each
-    # one as it enters the retention index (id -> (queue, record, history)), so the
+    # retention trims ended records (a soak's after its window, any run's past the default
+    # counts): the monitor copies each one as it enters the retention index (id -> (queue, record, history)), so the
     # checker still reads the story of a job whose record is gone by the end
     kept: dict[str, tuple[str, dict[str, str], list[str]]] = field(default_factory=dict)
 

@@ -155,10 +155,13 @@ class Injector(threading.Thread):
                 # chunk's jobs take 2-40 ms each: kill it after its first one or few
                 time.sleep(self.rng.uniform(0.01, 0.05) if chunks else self.rng.uniform(0.02, 0.1))
                 try:
-                    at = time.time()
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
+                # after the kill, not before: a chunk's process may start its next job
+                # until the signal lands, and on a loaded host this thread can wait
+                # between the two (the checker counts a job started by then as killed)
+                at = time.time()
                 inc = sp.current
                 # a chunk's: its title names its first job; the checker finds the chunk
                 self.record("child_kill", t=at, sup=sp.name, sup_id=inc.sup_id if inc else "",

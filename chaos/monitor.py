@@ -6,8 +6,10 @@
   lease_ttl + reaper_interval (+ tolerance) ago.
 * A supervisor that exits on its own (not killed or drained by chaos) is recorded
   and restarted.
-* In a soak with retention (chaos/soak.py), each ended job's record is copied as it
-  enters its queue's retention index, before the reaper trims it (`Context.kept`).
+* Each ended job's record is copied as it enters its queue's retention index, before
+  the reaper trims it (`Context.kept`): a soak's short window (chaos/soak.py) trims
+  within seconds, and the defaults' counts (10,000 succeeded and 10,000 dead records a
+  queue) within a run of ten minutes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import redis
 
 from forq.store.keys import QueueKeys
 
-from . import soak
 from .context import OTHER_QUEUE, QUEUE, Context
 from .producer import client
 
@@ -142,8 +143,7 @@ class Monitor(threading.Thread):
             try:
                 self.check_supervisors()
                 self.snapshot(script)
-                if self.ctx.settings.soak and soak.redis_bounded():
-                    self.keep(r)
+                self.keep(r)
             except Exception as exc:  # noqa: BLE001
                 self.ctx.errors.append(f"monitor: {type(exc).__name__}: {exc}")
 
