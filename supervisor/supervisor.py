@@ -118,7 +118,8 @@ class Supervisor:
             self.loop, lambda: self.children.unique(),
             lambda *end: self.children.ended(*end),
             # a new fork server (start, reload) may import for longer than a lease lasts
-            while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()))
+            while_waiting=(config.lease_ttl / 3, lambda: self.renewal.extend()),
+            running=lambda: bool(self.children.by_job))
         self.children = Children(
             self.loop, self.launcher, self.spawner, self.leases,
             HeldLeases(self.leases, on_change=self.metrics.set_held), self.metrics,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -389,6 +390,44 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
         for process in tree[1:]:  # reparented by now: psutil would call it another
             try:
                 os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+
+def test_a_held_tree_tells_the_cpu_of_every_process_and_nothing_once_its_root_is_reaped():
+    """`RootFiles.cpu` (the heartbeat's CPU figure for `forq top`, read through the held
+    files): the root's time, a descendant's and what the root reaped, as a walk by
+    path (`tree_cpu`) tells it; 0.0 once the root is reaped, never a stranger's."""
+    from forq.supervisor.isolation.memory import RootFiles, tree_cpu
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+    script = ("import subprocess, sys, time\n"
+              # a child that burned 0.2 s and was reaped: the root's cutime
+              f"subprocess.run([sys.executable, '-c', {burn.format(s=0.2)!r}])\n"
+              # a live one that burned 0.3 s and now sleeps
+              f"live = subprocess.Popen([sys.executable, '-c', {burn.format(s=0.3)!r}"
+              " + 'print(1, flush=True); time.sleep(30)'], stdout=subprocess.PIPE)\n"
+              "live.stdout.readline(); print(live.pid, flush=True); time.sleep(30)\n")
+    root = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    live = 0
+    try:
+        assert root.stdout is not None
+        live = int(root.stdout.readline())
+        files = RootFiles(root.pid)
+        held, walked = files.cpu(), tree_cpu(root.pid)
+        assert held >= 0.5, held  # 0.2 reaped + 0.3 live, and the interpreters' start-up
+        assert abs(held - walked) < 0.05, (held, walked)
+        root.kill()
+        root.wait(timeout=10)
+        assert files.cpu() == 0.0
+        files.close()
+    finally:
+        root.kill()
+        root.wait(timeout=10)
+        if live:  # reparented once its parent died: ours to end
+            try:
+                os.kill(live, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

@@ -189,6 +189,11 @@ class RunningChild:
         if self.spec.cgroup:
             used = JobCgroups.cpu(self.spec.cgroup)
             cpu = None if used is None else (used[0] + used[1]) / 1e6
+        elif self.proc is not None:  # its held /proc files answer for it alone
+            try:
+                cpu = self.proc.cpu()
+            except SampleError:
+                cpu = None
         elif self.forked_by_server and not self.alive():
             cpu = None  # reaped by its fork server: its pid may be a stranger's
         else:

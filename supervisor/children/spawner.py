@@ -54,7 +54,8 @@ OnExit = Callable[[RunningChild, int, int, str], None]
 class Spawner:
     def __init__(self, loop: EventLoop, children: Callable[[], Iterable[RunningChild]],
                  on_exit: OnExit,
-                 while_waiting: tuple[float, Callable[[], object]] | None = None) -> None:
+                 while_waiting: tuple[float, Callable[[], object]] | None = None,
+                 running: Callable[[], bool] = lambda: False) -> None:
         self.loop = loop
         self.children = children  # every running child, whoever forked it
         self.on_exit = on_exit
@@ -77,16 +78,17 @@ class Spawner:
         self.starting: tuple[ForkServer, bool, Callable[[ForkServerError | None], None],
                              list] | None = None
         # what a job leaves behind that no fork server ended (`strays`)
-        self.strays = Strays(loop, self._started_here,
-                             lambda: any(True for _ in self.children()))
+        self.strays = Strays(loop, self._servers_here, self._alone_here, running)
 
-    def _started_here(self) -> list[int]:
-        """The pids of the children the supervisor started: its fork servers (each its
-        `proc`: the process it exec'd; one still starting too) and the job children it
-        exec'd alone."""
+    def _servers_here(self) -> list[int]:
+        """The pids of the fork servers the supervisor started (each its `proc`: the
+        process it exec'd; one still starting too)."""
         starting = [self.starting[0]] if self.starting is not None else []
-        servers = [s.pid for s in [self.server, *self.retiring, *starting] if s is not None]
-        return servers + [c.pid for c in self.children() if not c.forked_by_server]
+        return [s.pid for s in [self.server, *self.retiring, *starting] if s is not None]
+
+    def _alone_here(self) -> list[int]:
+        """The pids of the job children the supervisor exec'd alone."""
+        return [c.pid for c in self.children() if not c.forked_by_server]
 
     def configure(self, enabled: bool, launch: Launch) -> None:
         """At start: the fork server (and the task table), waited for. Raises

@@ -178,6 +178,7 @@ class RootFiles:
         self.fds: list[int] = []
         try:
             self.statm = self._open(f"/proc/{pid}/statm")
+            self.stat = self._open(f"/proc/{pid}/stat")  # its CPU time (`cpu`)
             self.task = self._open(f"/proc/{pid}/task", os.O_DIRECTORY)
             # without the kernel's children files: psutil, by path
             self.children = (self._open(f"/proc/{pid}/task/{pid}/children")
@@ -200,10 +201,7 @@ class RootFiles:
             return found if found[0] else None
         try:
             count, total = 1, _resident(os.pread(self.statm, 4096, 0))
-            if os.fstat(self.task).st_nlink == 3:  # one thread: one children file
-                kids = [int(p) for p in _pread_all(self.children).split()]
-            else:
-                kids = _direct_children(self.pid)
+            kids = self._kids()
         except OSError as exc:
             if gone(exc):
                 return None
@@ -216,6 +214,29 @@ class RootFiles:
             processes, resident = _walk(kid, shared)
             count, total = count + processes, total + resident
         return count, total + (shared.bytes if shared is not None else 0)
+
+    def cpu(self) -> float:
+        """CPU seconds the root and its live descendants used so far, with what they
+        reaped (`tree_cpu`, by the held files: the heartbeat asks it of every child);
+        0.0 once the root is gone. Raises SampleError."""
+        if self.children < 0:
+            return tree_cpu(self.pid)
+        try:
+            fields = os.pread(self.stat, 4096, 0).rsplit(b")", 1)[1].split()
+            ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+            kids = self._kids()
+        except OSError as exc:
+            if gone(exc):
+                return 0.0
+            raise _failed("CPU time", self.pid, exc) from exc
+        except (ValueError, IndexError) as exc:
+            raise SampleError(f"CPU time of process {self.pid}: unreadable stat") from exc
+        return ticks / CLOCK_TICKS + sum(tree_cpu(kid) for kid in kids)
+
+    def _kids(self) -> list[int]:
+        if os.fstat(self.task).st_nlink == 3:  # one thread: one children file
+            return [int(p) for p in _pread_all(self.children).split()]
+        return _direct_children(self.pid)
 
     def close(self) -> None:
         for fd in self.fds:
