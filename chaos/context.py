@@ -133,8 +133,9 @@ class Context:
     # each debounced enqueue that returned, in the order sent: [key, v, id returned, status]
     debounce_calls: list[list[Any]] = field(default_factory=list)
     # retention trims ended records (a soak's after its window, any run's past the default
-    # counts): the monitor copies each one as it enters the retention index (id -> (queue, record, history)), so the
-    # checker still reads the story of a job whose record is gone by the end
+    # counts): the monitor copies each one as it enters the retention index (id ->
+    # (queue, record, history)), so the checker still reads the story of a job whose
+    # record is gone by the end
     kept: dict[str, tuple[str, dict[str, str], list[str]]] = field(default_factory=dict)
 
     def log(self, message: str) -> None:

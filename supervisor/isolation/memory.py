@@ -215,10 +215,11 @@ class RootFiles:
             count, total = count + processes, total + resident
         return count, total + (shared.bytes if shared is not None else 0)
 
-    def cpu(self) -> float:
+    def cpu(self) -> float | None:
         """CPU seconds the root and its live descendants used so far, with what they
         reaped (`tree_cpu`, by the held files: the heartbeat asks it of every child);
-        0.0 once the root is gone. Raises SampleError."""
+        None once the root is gone (its end's own figure is the wait4 rusage). Raises
+        SampleError."""
         if self.children < 0:
             return tree_cpu(self.pid)
         try:
@@ -227,7 +228,7 @@ class RootFiles:
             kids = self._kids()
         except OSError as exc:
             if gone(exc):
-                return 0.0
+                return None
             raise _failed("CPU time", self.pid, exc) from exc
         except (ValueError, IndexError) as exc:
             raise SampleError(f"CPU time of process {self.pid}: unreadable stat") from exc
