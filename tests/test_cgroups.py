@@ -157,8 +157,6 @@ def test_an_oom_kill_outside_the_job_limit_is_a_crash(tmp_path, redis_url, queue
         assert sup.proc.poll() is None  # the kernel chose the job, not the supervisor
 
 
-
-
 @pytest.mark.timeout(120 * SLOW)
 def test_a_process_that_left_the_job_process_group_ends_with_the_job(tmp_path, redis_url,
                                                                      queue, base):

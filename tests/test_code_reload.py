@@ -66,8 +66,6 @@ def write_app(root: Path, version: str, extra: str = "") -> None:
     (package / "tasks.py").write_text(TASKS.format(version=version, extra=extra))
 
 
-
-
 def start(tmp_path: Path, redis_url: str, queue: Queue, concurrency: int = 2,
           **options: Any) -> SupervisorProcess:
     options.setdefault("drain_timeout", "2s")

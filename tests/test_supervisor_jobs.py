@@ -71,8 +71,6 @@ def forq(redis_url: str, *args: str) -> Any:
     return json.loads(proc.stdout)
 
 
-
-
 def job_processes(job_id: str) -> list[int]:
     """Live processes titled for this job (a child and any grandchild it forked)."""
     found = []

@@ -388,10 +388,7 @@ def test_a_held_tree_sample_counts_every_process_and_ends_with_its_root():
     finally:
         root.kill()
         for process in tree[1:]:  # reparented by now: psutil would call it another
-            try:
-                os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_orphan(process.pid)
 
 
 
@@ -416,7 +413,8 @@ def test_a_held_tree_tells_the_cpu_of_every_process_and_nothing_once_its_root_is
         live = int(root.stdout.readline())
         files = RootFiles(root.pid)
         held, walked = files.cpu(), tree_cpu(root.pid)
-        assert held is not None and held >= 0.5, held  # 0.2 reaped + 0.3 live, and the interpreters' start-up
+        # 0.2 s reaped, 0.3 s live, and the interpreters' start-up
+        assert held is not None and held >= 0.5, held
         assert abs(held - walked) < 0.05, (held, walked)
         root.kill()
         root.wait(timeout=10)
@@ -426,10 +424,15 @@ def test_a_held_tree_tells_the_cpu_of_every_process_and_nothing_once_its_root_is
         root.kill()
         root.wait(timeout=10)
         if live:  # reparented once its parent died: ours to end
-            try:
-                os.kill(live, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_orphan(live)
+
+
+def _kill_orphan(pid: int) -> None:
+    """SIGKILL a test's process left behind by its killed parent, if it still runs."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _holder(mib: int) -> subprocess.Popen:

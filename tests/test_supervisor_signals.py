@@ -74,8 +74,6 @@ def ended_pids(path: Path, job_id: str) -> list[int]:
     return [pid for j, pid, ev in runs(path) if j == job_id and ev == "end"]
 
 
-
-
 def events(job) -> list[str]:
     return [h["event"] for h in job.history]
 
